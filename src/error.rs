@@ -1,0 +1,138 @@
+//! The error type of a proxied exchange and its single mapping to an HTTP answer.
+//!
+//! Every failure a client can see is one [`ProxyError`] variant; [`ProxyError::status`] and
+//! [`ProxyError::reason`] are the only place that decides the status code and the short body. Nothing here logs
+//! or counts: the caller does that once, with the outcome this module names.
+
+use std::time::Duration;
+
+use http::StatusCode;
+
+use crate::admission::Shed;
+
+/// Why an exchange did not produce the upstream's own answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("{0}")]
+    Shed(Shed),
+    #[error("no route for this request")]
+    NoRoute,
+    #[error("tunnels (Upgrade, WebSocket, CONNECT) are not supported yet")]
+    TunnelNotSupported,
+    #[error("request has no Host")]
+    MissingHost,
+    #[error("could not connect to upstream: {0}")]
+    Connect(String),
+    #[error("connect to upstream timed out after {0:?}")]
+    ConnectTimeout(Duration),
+    #[error("upstream failed: {0}")]
+    Upstream(#[source] hyper::Error),
+    #[error("upstream did not answer within {0:?}")]
+    UpstreamTimeout(Duration),
+}
+
+/// What the metrics call an outcome; one per way a request can end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Ok,
+    ShedQueueFull,
+    ShedQueueTimeout,
+    UpstreamError,
+    UpstreamTimeout,
+    ClientAbort,
+    BadRequest,
+    HeaderTooLarge,
+    ClientTimeout,
+    NotImplemented,
+    NoRoute,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 11] = [
+        Outcome::Ok,
+        Outcome::ShedQueueFull,
+        Outcome::ShedQueueTimeout,
+        Outcome::UpstreamError,
+        Outcome::UpstreamTimeout,
+        Outcome::ClientAbort,
+        Outcome::BadRequest,
+        Outcome::HeaderTooLarge,
+        Outcome::ClientTimeout,
+        Outcome::NotImplemented,
+        Outcome::NoRoute,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::ShedQueueFull => "shed_queue_full",
+            Outcome::ShedQueueTimeout => "shed_queue_timeout",
+            Outcome::UpstreamError => "upstream_error",
+            Outcome::UpstreamTimeout => "upstream_timeout",
+            Outcome::ClientAbort => "client_abort",
+            Outcome::BadRequest => "bad_request",
+            Outcome::HeaderTooLarge => "header_too_large",
+            Outcome::ClientTimeout => "client_timeout",
+            Outcome::NotImplemented => "not_implemented",
+            Outcome::NoRoute => "no_route",
+        }
+    }
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl ProxyError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::Shed(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::NoRoute => StatusCode::NOT_FOUND,
+            ProxyError::TunnelNotSupported => StatusCode::NOT_IMPLEMENTED,
+            ProxyError::MissingHost => StatusCode::BAD_REQUEST,
+            ProxyError::Connect(_) | ProxyError::ConnectTimeout(_) | ProxyError::Upstream(_) => {
+                StatusCode::BAD_GATEWAY
+            }
+            ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// The short plain-text body; names the reason without leaking upstream internals.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ProxyError::Shed(Shed::QueueFull) => "queue full\n",
+            ProxyError::Shed(Shed::QueueTimeout) => "queue timeout\n",
+            ProxyError::NoRoute => "no route\n",
+            ProxyError::TunnelNotSupported => {
+                "tunnels (Upgrade, WebSocket, CONNECT) are not supported yet\n"
+            }
+            ProxyError::MissingHost => "missing Host header\n",
+            ProxyError::Connect(_) => "upstream connect failed\n",
+            ProxyError::ConnectTimeout(_) => "upstream connect timeout\n",
+            ProxyError::Upstream(_) => "upstream error\n",
+            ProxyError::UpstreamTimeout(_) => "upstream timeout\n",
+        }
+    }
+
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            ProxyError::Shed(Shed::QueueFull) => Outcome::ShedQueueFull,
+            ProxyError::Shed(Shed::QueueTimeout) => Outcome::ShedQueueTimeout,
+            ProxyError::NoRoute => Outcome::NoRoute,
+            ProxyError::TunnelNotSupported => Outcome::NotImplemented,
+            ProxyError::MissingHost => Outcome::BadRequest,
+            ProxyError::Connect(_) | ProxyError::ConnectTimeout(_) | ProxyError::Upstream(_) => {
+                Outcome::UpstreamError
+            }
+            ProxyError::UpstreamTimeout(_) => Outcome::UpstreamTimeout,
+        }
+    }
+
+    /// Shed answers tell the client when to come back.
+    pub fn retry_after(&self) -> Option<&'static str> {
+        match self {
+            ProxyError::Shed(_) => Some("1"),
+            _ => None,
+        }
+    }
+}

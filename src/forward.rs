@@ -1,0 +1,491 @@
+//! Forwarding: the request as the upstream sees it, and the bodies relayed both ways.
+//!
+//! Owns header rewriting (hop-by-hop headers removed, `X-Forwarded-*` set, Host kept), the request body that
+//! times out when the client stops sending, and the response body that holds the lease until its last byte: it
+//! returns the connection when the body ends, and when the client leaves early it reads the rest of the response
+//! (bounded) so the connection can still be reused. It never decides admission or counts connections.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use tokio::time::{Instant, Sleep};
+
+use crate::error::{Outcome, ProxyError};
+use crate::metrics::OutcomeCounters;
+use crate::pool::{Lease, UpstreamPool};
+use crate::server::activity::InFlight;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What the proxy knows about the client a request came from.
+#[derive(Clone)]
+pub struct ClientInfo {
+    pub peer: SocketAddr,
+    /// Whether the peer is a trusted proxy whose `X-Forwarded-*` we extend rather than replace.
+    pub trusted: bool,
+}
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+
+/// Removes the hop-by-hop headers of RFC 9110 §7.6.1, including every header the `Connection` field names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in [
+        header::CONNECTION,
+        KEEP_ALIVE,
+        PROXY_CONNECTION,
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+    ] {
+        headers.remove(name);
+    }
+}
+
+/// The request as it goes upstream: HTTP/1.1, origin form, with Host and `X-Forwarded-*`.
+pub fn to_upstream(
+    request: Request<Incoming>,
+    client: &ClientInfo,
+    pool: &UpstreamPool,
+) -> Result<Request<RequestBody>, ProxyError> {
+    let (mut parts, body) = request.into_parts();
+    let client_version = parts.version;
+    let host = match parts.headers.get(header::HOST) {
+        Some(host) => host.clone(),
+        None => match parts.uri.authority() {
+            Some(authority) => {
+                HeaderValue::from_str(authority.as_str()).map_err(|_| ProxyError::MissingHost)?
+            }
+            // HTTP/1.0 had no Host; the upstream still gets one.
+            None if client_version == Version::HTTP_10 => pool.authority.clone(),
+            None => return Err(ProxyError::MissingHost),
+        },
+    };
+    // A message with both framings is a smuggling attempt's tell; the upstream only ever sees one of them.
+    if parts.headers.contains_key(header::TRANSFER_ENCODING) {
+        parts.headers.remove(header::CONTENT_LENGTH);
+    }
+    strip_hop_by_hop(&mut parts.headers);
+    // We answer `Expect: 100-continue` ourselves once admitted (hyper sends 100 when the body is first read).
+    parts.headers.remove(header::EXPECT);
+    parts.headers.insert(header::HOST, host.clone());
+    set_forwarded(&mut parts.headers, client, host);
+    parts.uri = origin_form(&parts.uri, &parts.method);
+    parts.version = Version::HTTP_11;
+    let body = RequestBody::new(body, pool.limits.body_idle_timeout);
+    Ok(Request::from_parts(parts, body))
+}
+
+fn origin_form(uri: &Uri, method: &Method) -> Uri {
+    if method == Method::OPTIONS && uri.path() == "*" {
+        return uri.clone();
+    }
+    match uri.path_and_query() {
+        Some(pq) => Uri::from(pq.clone()),
+        None => Uri::from_static("/"),
+    }
+}
+
+fn set_forwarded(headers: &mut HeaderMap, client: &ClientInfo, host: HeaderValue) {
+    let ip = client.peer.ip().to_string();
+    let for_value = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+        Some(previous) if client.trusted => format!("{previous}, {ip}"),
+        _ => ip,
+    };
+    if let Ok(value) = HeaderValue::from_str(&for_value) {
+        headers.insert(X_FORWARDED_FOR, value);
+    }
+    if !(client.trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
+        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+    }
+    if !(client.trusted && headers.contains_key(&X_FORWARDED_HOST)) {
+        headers.insert(X_FORWARDED_HOST, host);
+    }
+    if !client.trusted {
+        headers.remove(header::FORWARDED);
+    }
+}
+
+/// Whether the upstream keeps the connection open after this response.
+pub fn keeps_alive(version: Version, headers: &HeaderMap) -> bool {
+    let connection_has = |token: &str| {
+        headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case(token))
+    };
+    match version {
+        Version::HTTP_11 => !connection_has("close"),
+        Version::HTTP_10 => connection_has("keep-alive") && !connection_has("close"),
+        _ => false,
+    }
+}
+
+/// Pauses a body that has made no progress for `timeout`; the timer is only armed while it waits.
+struct IdleTimer {
+    timeout: Duration,
+    sleep: Option<Pin<Box<Sleep>>>,
+    progressed: bool,
+}
+
+impl IdleTimer {
+    fn new(timeout: Duration) -> Self {
+        IdleTimer {
+            timeout,
+            sleep: None,
+            progressed: true,
+        }
+    }
+
+    fn progressed(&mut self) {
+        self.progressed = true;
+    }
+
+    /// Called when the inner body is pending: true once it has been pending for the whole timeout.
+    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        let deadline = Instant::now() + self.timeout;
+        let sleep = self.sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if self.progressed {
+            sleep.as_mut().reset(deadline);
+            self.progressed = false;
+        }
+        sleep.as_mut().poll(cx).is_ready()
+    }
+}
+
+use std::future::Future;
+
+/// The client's request body on its way upstream; fails if the client stops sending for too long.
+pub struct RequestBody {
+    inner: Option<Incoming>,
+    timer: IdleTimer,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0} sent nothing for {1:?}")]
+pub struct BodyStalled(&'static str, Duration);
+
+impl RequestBody {
+    pub fn new(inner: Incoming, idle_timeout: Duration) -> Self {
+        RequestBody {
+            inner: Some(inner),
+            timer: IdleTimer::new(idle_timeout),
+        }
+    }
+
+    pub fn empty() -> Self {
+        RequestBody {
+            inner: None,
+            timer: IdleTimer::new(Duration::from_secs(1)),
+        }
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match Pin::new(inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                this.timer.progressed();
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(err))) => Poll::Ready(Some(Err(err.into()))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending if this.timer.expired(cx) => {
+                Poll::Ready(Some(Err(BodyStalled("client", this.timer.timeout).into())))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.as_ref().map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
+    }
+}
+
+/// How an exchange's end is counted once the response body is done with.
+pub struct Completion {
+    pub counters: Arc<OutcomeCounters>,
+    pub status: StatusCode,
+}
+
+/// An upstream response body in flight, holding the lease until its end.
+pub struct UpstreamBody {
+    /// Taken only by `Drop`, to drain what the client left.
+    inner: Option<Incoming>,
+    lease: Option<Lease>,
+    timer: IdleTimer,
+    completion: Option<Completion>,
+}
+
+impl UpstreamBody {
+    pub fn new(inner: Incoming, lease: Lease, completion: Completion) -> Self {
+        let idle_timeout = lease.pool().limits.body_idle_timeout;
+        UpstreamBody {
+            inner: Some(inner),
+            lease: Some(lease),
+            timer: IdleTimer::new(idle_timeout),
+            completion: Some(completion),
+        }
+    }
+
+    fn finish(&mut self, outcome: Outcome, reusable: bool) {
+        if let Some(mut lease) = self.lease.take() {
+            if !reusable {
+                lease.forbid_reuse();
+            }
+        }
+        if let Some(done) = self.completion.take() {
+            done.counters.record(outcome, Some(done.status));
+        }
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match Pin::new(inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                this.timer.progressed();
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(err))) => {
+                this.finish(Outcome::UpstreamError, false);
+                Poll::Ready(Some(Err(err.into())))
+            }
+            Poll::Ready(None) => {
+                this.finish(Outcome::Ok, true);
+                Poll::Ready(None)
+            }
+            Poll::Pending if this.timer.expired(cx) => {
+                this.finish(Outcome::UpstreamTimeout, false);
+                Poll::Ready(Some(Err(BodyStalled("upstream", this.timer.timeout).into())))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.as_ref().map_or_else(SizeHint::default, Body::size_hint)
+    }
+}
+
+impl Drop for UpstreamBody {
+    fn drop(&mut self) {
+        let Some(lease) = self.lease.take() else { return };
+        if self.is_end_stream() {
+            // HEAD, 204, 304 and empty bodies: nothing left to read, the exchange is complete.
+            self.lease = Some(lease);
+            self.finish(Outcome::Ok, true);
+            return;
+        }
+        if let Some(done) = self.completion.take() {
+            done.counters.record(Outcome::ClientAbort, Some(done.status));
+        }
+        // The client left mid-body. Dropping the connection now would leave the upstream working on the old
+        // request while a replacement brings new work; read the rest instead and keep the connection.
+        let body = self.inner.take();
+        match (tokio::runtime::Handle::try_current(), body) {
+            (Ok(runtime), Some(body)) => {
+                runtime.spawn(drain_then_release(body, lease));
+            }
+            _ => {
+                let mut lease = lease;
+                lease.forbid_reuse();
+            }
+        }
+    }
+}
+
+async fn drain_then_release(mut body: Incoming, mut lease: Lease) {
+    let limits = &lease.pool().limits;
+    let (max_bytes, limit) = (limits.abort_drain_bytes, limits.abort_drain_timeout);
+    let drained = tokio::time::timeout(limit, async {
+        let mut read: u64 = 0;
+        while let Some(frame) = body.frame().await {
+            match frame {
+                Ok(frame) => {
+                    read += frame.data_ref().map_or(0, |d| d.len() as u64);
+                    if read > max_bytes {
+                        return false;
+                    }
+                }
+                Err(_) => return false,
+            }
+        }
+        true
+    })
+    .await;
+    if !matches!(drained, Ok(true)) {
+        lease.forbid_reuse();
+    }
+    drop(body);
+    drop(lease);
+}
+
+/// The body of every answer floodgate sends: the upstream's, or a short one of its own.
+pub struct ResponseBody {
+    kind: Kind,
+    /// Ends the request's in-flight period on its client connection when the answer is done with.
+    _in_flight: Option<InFlight>,
+}
+
+enum Kind {
+    Upstream(UpstreamBody),
+    Local(Option<Bytes>),
+}
+
+impl ResponseBody {
+    pub fn upstream(body: UpstreamBody) -> Self {
+        ResponseBody {
+            kind: Kind::Upstream(body),
+            _in_flight: None,
+        }
+    }
+
+    pub fn local(text: &'static str) -> Self {
+        ResponseBody {
+            kind: Kind::Local(Some(Bytes::from_static(text.as_bytes()))),
+            _in_flight: None,
+        }
+    }
+
+    pub fn owned(bytes: Bytes) -> Self {
+        ResponseBody {
+            kind: Kind::Local(Some(bytes)),
+            _in_flight: None,
+        }
+    }
+
+    pub fn tracked(mut self, in_flight: InFlight) -> Self {
+        self._in_flight = Some(in_flight);
+        self
+    }
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match &mut self.kind {
+            Kind::Upstream(body) => Pin::new(body).poll_frame(cx),
+            Kind::Local(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Upstream(body) => body.is_end_stream(),
+            Kind::Local(bytes) => bytes.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Upstream(body) => body.size_hint(),
+            Kind::Local(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
+        }
+    }
+}
+
+/// A plain-text answer of floodgate's own.
+pub fn local_response(error: &ProxyError) -> Response<ResponseBody> {
+    let mut response = Response::new(ResponseBody::local(error.reason()));
+    *response.status_mut() = error.status();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    if let Some(retry_after) = error.retry_after() {
+        headers.insert(header::RETRY_AFTER, HeaderValue::from_static(retry_after));
+    }
+    response
+}
+
+/// Turns the upstream's response head into the client's, deciding whether the connection may be reused.
+pub fn to_client(response: Response<Incoming>, mut lease: Lease, counters: Arc<OutcomeCounters>) -> Response<ResponseBody> {
+    let (mut parts, body) = response.into_parts();
+    if !keeps_alive(parts.version, &parts.headers) {
+        lease.forbid_reuse();
+    }
+    strip_hop_by_hop(&mut parts.headers);
+    parts.version = Version::HTTP_11;
+    let completion = Completion {
+        counters,
+        status: parts.status,
+    };
+    Response::from_parts(parts, ResponseBody::upstream(UpstreamBody::new(body, lease, completion)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_and_the_ones_connection_names_are_removed() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, X-Secret"));
+        headers.insert("x-secret", HeaderValue::from_static("1"));
+        headers.insert(KEEP_ALIVE, HeaderValue::from_static("timeout=5"));
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        headers.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut headers);
+        assert_eq!(headers.len(), 1, "{headers:?}");
+        assert!(headers.contains_key("x-kept"));
+    }
+
+    #[test]
+    fn keep_alive_follows_version_and_connection_header() {
+        let mut headers = HeaderMap::new();
+        assert!(keeps_alive(Version::HTTP_11, &headers));
+        assert!(!keeps_alive(Version::HTTP_10, &headers));
+        headers.insert(header::CONNECTION, HeaderValue::from_static("Close"));
+        assert!(!keeps_alive(Version::HTTP_11, &headers));
+        headers.insert(header::CONNECTION, HeaderValue::from_static("keep-alive"));
+        assert!(keeps_alive(Version::HTTP_10, &headers));
+    }
+}

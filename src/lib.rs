@@ -1,0 +1,37 @@
+//! floodgate: any number of clients in, at most N keep-alive connections out per upstream.
+//!
+//! A reverse proxy for services whose cost follows the concurrency their clients drive at them (a stock Ktor
+//! service spends a thread, and its memory, per concurrent connection). floodgate holds a bounded pool of
+//! keep-alive connections to each upstream, admits requests through a bounded FIFO queue, sheds what cannot be
+//! served in time (503 + `Retry-After`), and shows what it does on an admin listener.
+//!
+//! A request's path, one module per step:
+//! ```text
+//! client ──► server (HTTP/1.1 + h2c, client deadlines) ──► proxy (the steps, in order)
+//!        ──► route (Host / path prefix → upstream) ──► forward (rewrite the head)
+//!        ──► pool::admit (idle connection │ free slot │ wait in the admission queue │ shed 503)
+//!        ──► pool (dial if needed; never more than max_connections) ──► forward (relay bodies)
+//!        ──► end of the response body: connection back to idle (or closed), then the slot
+//! metrics/admin observe from the side; they are never behind admission.
+//! ```
+//! The invariant lives in [`pool::Slot`]: a connection exists only while its task holds a slot, and a slot is
+//! given back only once the socket is closed on both sides.
+
+#![forbid(unsafe_code)]
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)
+)]
+
+pub mod admin;
+pub mod admission;
+pub mod config;
+pub mod demo;
+pub mod error;
+pub mod forward;
+pub mod metrics;
+pub mod net;
+pub mod pool;
+pub mod proxy;
+pub mod route;
+pub mod server;

@@ -1,0 +1,46 @@
+//! The slot: the right for one upstream connection to exist.
+//!
+//! There are exactly `max_connections` slots per upstream. A slot is taken before a connection is dialled and
+//! belongs to that connection's own task until the socket is fully closed; dropping it is the only way to give it
+//! back, and giving it back hands it straight to the first waiter if there is one. Nothing else in the crate
+//! counts connections, so no code path has to remember to release.
+
+use std::sync::Arc;
+
+use super::UpstreamPool;
+
+/// The right to own one upstream connection. Dropping it frees the right (or passes it to a waiter).
+#[must_use = "dropping a slot frees it at once"]
+pub struct Slot {
+    pool: Option<Arc<UpstreamPool>>,
+}
+
+impl Slot {
+    /// Only the pool makes slots, with its count already raised (or a freed slot being handed on).
+    pub(super) fn issued(pool: Arc<UpstreamPool>) -> Slot {
+        Slot { pool: Some(pool) }
+    }
+
+    /// Turns the slot back into a bare count, for the pool's bookkeeping while it hands the right on.
+    pub(super) fn into_count(mut self) -> Option<Arc<UpstreamPool>> {
+        self.pool.take()
+    }
+
+    pub fn pool(&self) -> Option<&Arc<UpstreamPool>> {
+        self.pool.as_ref()
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            UpstreamPool::slot_freed(&pool);
+        }
+    }
+}
+
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Slot")
+    }
+}

@@ -1,0 +1,268 @@
+//! The request's path through floodgate, built in one place: tunnel check → route → rewrite → admission →
+//! exchange → answer.
+//!
+//! Owns the order of the steps and the one place where a [`ProxyError`] becomes a response and is counted. The
+//! exchange with the upstream runs in its own task, so a client that leaves while its request is at the upstream
+//! does not cancel it: the response is still read to its end and the connection reused.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{header, Method, Request, Response, Version};
+use hyper::body::{Body, Incoming};
+use tokio::net::TcpStream;
+use tokio::sync::oneshot;
+
+use crate::admission::Shed;
+use crate::error::ProxyError;
+use crate::forward::{self, ClientInfo, RequestBody, ResponseBody};
+use crate::metrics::Metrics;
+use crate::net;
+use crate::pool::{Lease, Refused, UpstreamPool};
+use crate::route::Router;
+
+/// Everything a request needs, shared by all connections.
+pub struct Proxy {
+    pub router: Router,
+    pub pools: BTreeMap<String, Arc<UpstreamPool>>,
+    pub metrics: Arc<Metrics>,
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    shed_warned_at: AtomicU64,
+    started: Instant,
+}
+
+impl Proxy {
+    pub fn new(
+        router: Router,
+        pools: BTreeMap<String, Arc<UpstreamPool>>,
+        metrics: Arc<Metrics>,
+        trusted_proxies: Vec<ipnet::IpNet>,
+    ) -> Self {
+        Proxy {
+            router,
+            pools,
+            metrics,
+            trusted_proxies,
+            shed_warned_at: AtomicU64::new(0),
+            started: Instant::now(),
+        }
+    }
+
+    pub fn is_trusted(&self, peer: std::net::IpAddr) -> bool {
+        self.trusted_proxies.iter().any(|net| net.contains(&peer))
+    }
+
+    /// Serves one request. `client_stream` is the HTTP/1 client socket, watched for the client leaving while
+    /// its request (with an unread body) waits in the queue.
+    pub async fn serve(
+        self: Arc<Self>,
+        request: Request<Incoming>,
+        client: ClientInfo,
+        client_stream: Option<Arc<TcpStream>>,
+    ) -> Response<ResponseBody> {
+        if request.method() == Method::CONNECT || request.headers().contains_key(header::UPGRADE) {
+            return self.refuse(ProxyError::TunnelNotSupported);
+        }
+        let host = request
+            .uri()
+            .authority()
+            .map(|a| a.as_str())
+            .or_else(|| request.headers().get(header::HOST).and_then(|h| h.to_str().ok()));
+        let Some(pool) = self.router.pick(host, request.uri().path()).cloned() else {
+            return self.refuse(ProxyError::NoRoute);
+        };
+        let has_body = !request.body().is_end_stream();
+        let is_http1 = request.version() <= Version::HTTP_11;
+        let upstream_request = match forward::to_upstream(request, &client, &pool) {
+            Ok(request) => request,
+            Err(err) => return self.refuse(err),
+        };
+
+        let arrived = tokio::time::Instant::now();
+        let deadline = arrived + pool.limits.queue_timeout;
+        // hyper notices a vanished HTTP/1 client by itself unless a body is still unread; then we watch.
+        let client_gone = async {
+            match client_stream {
+                Some(stream) if is_http1 && has_body => net::peer_closed(&stream).await,
+                _ => std::future::pending().await,
+            }
+        };
+        let lease = match pool.admit(false, deadline, client_gone).await {
+            Ok(lease) => lease,
+            Err(Refused::Shed(shed)) => {
+                self.warn_shed(&pool, shed);
+                return self.answer_error(&pool, ProxyError::Shed(shed));
+            }
+            Err(Refused::ClientGone) => {
+                // Nobody will read this answer; it is counted as the client's abort.
+                pool.metrics.requests.record(crate::error::Outcome::ClientAbort, None);
+                return forward::local_response(&ProxyError::Shed(Shed::QueueTimeout));
+            }
+        };
+        pool.metrics.queue_waited(arrived.elapsed());
+
+        let (reply, answer) = oneshot::channel();
+        tokio::spawn(exchange(lease, upstream_request, reply));
+        match answer.await {
+            Ok(Ok(response)) => response,
+            Ok(Err(err)) => self.answer_error(&pool, err),
+            Err(_) => self.answer_error(&pool, ProxyError::Connect("exchange ended without an answer".into())),
+        }
+    }
+
+    fn refuse(&self, err: ProxyError) -> Response<ResponseBody> {
+        let response = forward::local_response(&err);
+        self.metrics.client_side(err.outcome(), Some(response.status()));
+        response
+    }
+
+    fn answer_error(&self, pool: &UpstreamPool, err: ProxyError) -> Response<ResponseBody> {
+        if !matches!(err, ProxyError::Shed(_)) {
+            tracing::debug!(upstream = %pool.name, error = %err, "request failed");
+        }
+        let response = forward::local_response(&err);
+        pool.metrics.requests.record(err.outcome(), Some(response.status()));
+        response
+    }
+
+    /// At most one shedding warning a second, so overload does not also flood the logs.
+    fn warn_shed(&self, pool: &UpstreamPool, shed: Shed) {
+        let now = self.started.elapsed().as_secs() + 1;
+        let last = self.shed_warned_at.load(Ordering::Relaxed);
+        if now > last && self.shed_warned_at.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+            let snapshot = pool.snapshot();
+            tracing::warn!(
+                upstream = %pool.name,
+                reason = %shed,
+                queue_depth = snapshot.queue_depth,
+                max_queue = snapshot.max_queue,
+                "shedding requests"
+            );
+        }
+    }
+}
+
+type Answer = Result<Response<ResponseBody>, ProxyError>;
+
+/// Sends the request upstream and hands back the response head. Runs in its own task: if the client goes away,
+/// the answer is dropped here, and its body then drains so the connection survives.
+async fn exchange(mut lease: Lease, request: Request<RequestBody>, reply: oneshot::Sender<Answer>) {
+    let pool = lease.pool().clone();
+    let answer = match send(&pool, &mut lease, request).await {
+        Ok(response) => Ok(forward::to_client(response, lease, pool.metrics.requests.clone())),
+        Err(err) => Err(err),
+    };
+    let _ = reply.send(answer);
+}
+
+/// The sending loop, with the retry rules: a request the upstream never received is retried on another
+/// connection; one that may have reached it is retried once, on a fresh connection, only if it is a GET or HEAD
+/// without a body and the connection was a reused one (the upstream closed it while idle).
+async fn send(
+    pool: &Arc<UpstreamPool>,
+    lease: &mut Lease,
+    mut request: Request<RequestBody>,
+) -> Result<Response<Incoming>, ProxyError> {
+    // Cloning the head costs an allocation, so only requests on reused connections keep one.
+    let mut replay = if lease.reused() { replayable(&request) } else { None };
+    // Every unsent attempt uses up a stale idle connection or a fresh dial, so this bound is never the limit in
+    // practice; it only guarantees termination.
+    let mut attempts_left = pool.limits.max_connections + 2;
+    loop {
+        attempts_left = attempts_left.saturating_sub(1);
+        let reused = lease.reused();
+        let conn = match lease.connection().await {
+            Ok(conn) => conn,
+            Err(err) => {
+                if reused && attempts_left > 0 {
+                    // A stale idle connection: nothing was sent on it.
+                    *lease = readmit(pool).await?;
+                    continue;
+                }
+                lease.forbid_reuse();
+                return Err(err);
+            }
+        };
+        let dispatched = Instant::now();
+        let limit = pool.limits.request_timeout;
+        match tokio::time::timeout(limit, conn.sender.try_send_request(request)).await {
+            Err(_) => {
+                lease.forbid_reuse();
+                return Err(ProxyError::UpstreamTimeout(limit));
+            }
+            Ok(Ok(response)) => {
+                pool.metrics.responded(dispatched.elapsed());
+                return Ok(response);
+            }
+            Ok(Err(mut failed)) => {
+                lease.forbid_reuse();
+                if let Some(unsent) = failed.take_message() {
+                    if reused && attempts_left > 0 {
+                        request = unsent;
+                        *lease = readmit(pool).await?;
+                        continue;
+                    }
+                } else if reused {
+                    if let Some(again) = replay.take().and_then(|head| head.rebuild()) {
+                        tracing::debug!(upstream = %pool.name, "retrying an idempotent request on a fresh connection");
+                        request = again;
+                        *lease = readmit_fresh(pool).await?;
+                        continue;
+                    }
+                }
+                return Err(ProxyError::Upstream(failed.into_error()));
+            }
+        }
+    }
+}
+
+/// A retry goes to the front of the queue: it was admitted once already.
+async fn readmit(pool: &Arc<UpstreamPool>) -> Result<Lease, ProxyError> {
+    let deadline = tokio::time::Instant::now() + pool.limits.queue_timeout;
+    match pool.admit(true, deadline, std::future::pending()).await {
+        Ok(lease) => Ok(lease),
+        Err(Refused::Shed(shed)) => Err(ProxyError::Shed(shed)),
+        Err(Refused::ClientGone) => Err(ProxyError::Shed(Shed::QueueTimeout)),
+    }
+}
+
+/// Like [`readmit`], but never on a reused connection: the replay must not meet another stale one.
+async fn readmit_fresh(pool: &Arc<UpstreamPool>) -> Result<Lease, ProxyError> {
+    loop {
+        let lease = readmit(pool).await?;
+        if !lease.reused() {
+            return Ok(lease);
+        }
+        // An idle connection was handed over; close it (its slot then comes back to us first) and wait again.
+        let mut lease = lease;
+        lease.forbid_reuse();
+    }
+}
+
+/// The head of a GET/HEAD without a body, kept to resend it if a reused connection fails after sending.
+struct ReplayHead {
+    method: Method,
+    uri: http::Uri,
+    headers: http::HeaderMap,
+}
+
+impl ReplayHead {
+    fn rebuild(self) -> Option<Request<RequestBody>> {
+        let mut request = Request::new(RequestBody::empty());
+        *request.method_mut() = self.method;
+        *request.uri_mut() = self.uri;
+        *request.headers_mut() = self.headers;
+        Some(request)
+    }
+}
+
+fn replayable(request: &Request<RequestBody>) -> Option<ReplayHead> {
+    let idempotent = request.method() == Method::GET || request.method() == Method::HEAD;
+    (idempotent && request.body().is_end_stream()).then(|| ReplayHead {
+        method: request.method().clone(),
+        uri: request.uri().clone(),
+        headers: request.headers().clone(),
+    })
+}

@@ -1,0 +1,95 @@
+//! Routing: which upstream a request goes to.
+//!
+//! Owns the matching rules: Host compared case-insensitively with any port ignored (`:authority` for HTTP/2),
+//! path prefixes matched on segment boundaries, the most specific route first. It never changes the request:
+//! paths are forwarded as they came.
+
+use std::sync::Arc;
+
+use crate::pool::UpstreamPool;
+
+struct Route {
+    host: Option<String>,
+    prefix: Option<String>,
+    pool: Arc<UpstreamPool>,
+}
+
+/// The routes, most specific first: host and prefix, then host, then the longest prefix, then catch-alls.
+pub struct Router {
+    routes: Vec<Route>,
+}
+
+impl Router {
+    pub fn new(routes: impl IntoIterator<Item = (Option<String>, Option<String>, Arc<UpstreamPool>)>) -> Router {
+        let mut routes: Vec<Route> = routes
+            .into_iter()
+            .map(|(host, prefix, pool)| Route {
+                host: host.map(|h| strip_port(&h).to_ascii_lowercase()),
+                prefix: prefix.map(|p| {
+                    let trimmed = p.trim_end_matches('/');
+                    if trimmed.is_empty() { "/".to_string() } else { trimmed.to_string() }
+                }),
+                pool,
+            })
+            .collect();
+        routes.sort_by_key(|r| std::cmp::Reverse((r.host.is_some(), r.prefix.as_ref().map_or(0, String::len))));
+        Router { routes }
+    }
+
+    pub fn pick(&self, host: Option<&str>, path: &str) -> Option<&Arc<UpstreamPool>> {
+        let host = host.map(strip_port);
+        self.routes
+            .iter()
+            .find(|route| {
+                let host_ok = match (&route.host, host) {
+                    (None, _) => true,
+                    (Some(want), Some(got)) => want.eq_ignore_ascii_case(got),
+                    (Some(_), None) => false,
+                };
+                host_ok && route.prefix.as_deref().is_none_or(|prefix| prefix_matches(prefix, path))
+            })
+            .map(|route| &route.pool)
+    }
+}
+
+/// `/api` matches `/api`, `/api/` and `/api/x`, never `/apix`.
+fn prefix_matches(prefix: &str, path: &str) -> bool {
+    if prefix == "/" {
+        return true;
+    }
+    match path.strip_prefix(prefix) {
+        Some(rest) => rest.is_empty() || rest.starts_with('/') || rest.starts_with('?'),
+        None => false,
+    }
+}
+
+/// `Example.com:8080` → `Example.com`, `[::1]:80` → `[::1]`.
+fn strip_port(host: &str) -> &str {
+    if host.starts_with('[') {
+        return host.find(']').and_then(|end| host.get(..=end)).unwrap_or(host);
+    }
+    match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_match_on_segment_boundaries() {
+        assert!(prefix_matches("/api", "/api"));
+        assert!(prefix_matches("/api", "/api/x"));
+        assert!(!prefix_matches("/api", "/apix"));
+        assert!(prefix_matches("/", "/anything"));
+    }
+
+    #[test]
+    fn ports_are_ignored_and_ipv6_literals_kept() {
+        assert_eq!(strip_port("Example.COM:8080"), "Example.COM");
+        assert_eq!(strip_port("example.com"), "example.com");
+        assert_eq!(strip_port("[::1]:80"), "[::1]");
+    }
+}

@@ -1,0 +1,113 @@
+//! What a client connection is doing, for its timeouts: waiting for a request, reading a request head, or
+//! serving requests.
+//!
+//! Owns the three client-side deadlines: `first_byte_timeout` (handled before this, while sniffing),
+//! `header_read_timeout` from the first byte of a request head until the request is dispatched, and
+//! `client_idle_timeout` between requests. hyper's own header timer also runs while a keep-alive connection is
+//! idle, so it cannot give the two their own values; this replaces it for HTTP/1 and HTTP/2 alike. It never
+//! closes anything itself: it tells the connection's task which deadline passed.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::net::ReadObserver;
+
+const NO_HEAD: u64 = u64::MAX;
+
+/// A deadline that passed on a client connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expired {
+    /// Idle between requests for `client_idle_timeout`: close politely.
+    Idle,
+    /// A request head started arriving `header_read_timeout` ago and is still incomplete: cut it off.
+    HeaderRead,
+}
+
+/// Shared by the connection's task, its reads (HTTP/1) and its requests.
+pub struct ClientActivity {
+    started: Instant,
+    in_flight: AtomicUsize,
+    /// Milliseconds since `started`.
+    idle_since: AtomicU64,
+    head_since: AtomicU64,
+    changed: Notify,
+}
+
+impl ClientActivity {
+    /// `head_started`: the first bytes of a request are already here (they were sniffed).
+    pub fn new(head_started: bool) -> Arc<Self> {
+        Arc::new(ClientActivity {
+            started: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            idle_since: AtomicU64::new(0),
+            head_since: AtomicU64::new(if head_started { 0 } else { NO_HEAD }),
+            changed: Notify::new(),
+        })
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX - 1)
+    }
+
+    fn at(&self, ms: u64, plus: Duration) -> Instant {
+        self.started + Duration::from_millis(ms) + plus
+    }
+
+    /// A request was dispatched; the returned guard ends it when the answer is done with.
+    pub fn request_started(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.head_since.store(NO_HEAD, Ordering::Release);
+        InFlight(self.clone())
+    }
+
+    /// Resolves when a deadline passes.
+    pub async fn expired(&self, header_read_timeout: Duration, idle_timeout: Duration) -> Expired {
+        loop {
+            if self.in_flight.load(Ordering::Acquire) > 0 {
+                self.changed.notified().await;
+                continue;
+            }
+            let head = self.head_since.load(Ordering::Acquire);
+            let (deadline, expiry) = if head == NO_HEAD {
+                (self.at(self.idle_since.load(Ordering::Acquire), idle_timeout), Expired::Idle)
+            } else {
+                (self.at(head, header_read_timeout), Expired::HeaderRead)
+            };
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => {
+                    let unchanged = self.in_flight.load(Ordering::Acquire) == 0
+                        && self.head_since.load(Ordering::Acquire) == head;
+                    if unchanged {
+                        return expiry;
+                    }
+                }
+                _ = self.changed.notified() => {}
+            }
+        }
+    }
+}
+
+impl ReadObserver for ClientActivity {
+    fn on_read(&self) {
+        if self.in_flight.load(Ordering::Acquire) == 0 && self.head_since.load(Ordering::Acquire) == NO_HEAD {
+            self.head_since.store(self.now_ms(), Ordering::Release);
+            self.changed.notify_one();
+        }
+    }
+}
+
+/// One dispatched request on a client connection; dropping it ends the request.
+pub struct InFlight(Arc<ClientActivity>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle_since.store(self.0.now_ms(), Ordering::Release);
+            self.0.changed.notify_one();
+        }
+    }
+}

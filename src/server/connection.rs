@@ -1,0 +1,170 @@
+//! One client connection: protocol sniffing, serving HTTP/1.1 or HTTP/2 with hyper, and its deadlines.
+//!
+//! Owns the client-side timeouts (first bytes, request head, idle keep-alive) and the connection's part in a
+//! graceful shutdown. It never takes an upstream slot: requests are handed to the [`Proxy`], which admits them.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::server::conn::{http1, http2};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+use super::activity::{ClientActivity, Expired};
+use crate::config::Config;
+use crate::error::Outcome;
+use crate::forward::ClientInfo;
+use crate::net::{ReadObserver, SharedStream};
+use crate::proxy::Proxy;
+
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    Http1,
+    Http2,
+}
+
+/// Waits for the first bytes and tells HTTP/2 prior knowledge from HTTP/1 by peeking, so nothing is consumed.
+async fn sniff(stream: &TcpStream) -> std::io::Result<Protocol> {
+    let mut buf = [0u8; 24];
+    loop {
+        let n = stream.peek(&mut buf).await?;
+        let seen = buf.get(..n).unwrap_or_default();
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        if n == buf.len() && seen == H2_PREFACE {
+            return Ok(Protocol::Http2);
+        }
+        if !H2_PREFACE.starts_with(seen) || n == buf.len() {
+            return Ok(Protocol::Http1);
+        }
+        // A preface split across packets is rare; peek returns at once while data is pending, so pause briefly
+        // instead of spinning until the rest arrives (the caller's deadline bounds this).
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Serves one accepted connection until it closes, a deadline passes, or shutdown has drained it.
+pub async fn serve(stream: TcpStream, peer: SocketAddr, proxy: Arc<Proxy>, config: Arc<Config>, shutdown: CancellationToken) {
+    let _ = stream.set_nodelay(true);
+    let protocol = match tokio::time::timeout(config.first_byte_timeout, sniff(&stream)).await {
+        Ok(Ok(protocol)) => protocol,
+        Ok(Err(_)) => return,
+        Err(_) => {
+            tracing::debug!(%peer, "client sent nothing before first_byte_timeout; closing");
+            return;
+        }
+    };
+    let stream = Arc::new(stream);
+    let activity = ClientActivity::new(protocol == Protocol::Http1);
+    let observer: Option<Arc<dyn ReadObserver>> = match protocol {
+        Protocol::Http1 => Some(activity.clone()),
+        Protocol::Http2 => None,
+    };
+    let io = TokioIo::new(SharedStream::new(stream.clone(), observer));
+    let client = ClientInfo {
+        peer,
+        trusted: proxy.is_trusted(peer.ip()),
+    };
+    let watched = (protocol == Protocol::Http1).then(|| stream.clone());
+    let service = {
+        let activity = activity.clone();
+        let proxy = proxy.clone();
+        service_fn(move |request| {
+            let in_flight = activity.request_started();
+            let proxy = proxy.clone();
+            let client = client.clone();
+            let watched = watched.clone();
+            async move {
+                let response = proxy.serve(request, client, watched).await;
+                Ok::<_, Infallible>(response.map(|body| body.tracked(in_flight)))
+            }
+        })
+    };
+    let deadlines = activity.expired(config.header_read_timeout, config.client_idle_timeout);
+    let result = match protocol {
+        Protocol::Http1 => {
+            let mut builder = http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(None)
+                .max_header_size(config.max_header_bytes)
+                .keep_alive(true);
+            let conn = builder.serve_connection(io, service);
+            drive(conn, deadlines, shutdown, |c| c.graceful_shutdown()).await
+        }
+        Protocol::Http2 => {
+            let mut builder = http2::Builder::new(TokioExecutor::new());
+            builder
+                .timer(TokioTimer::new())
+                .max_concurrent_streams(config.max_concurrent_streams)
+                .max_header_list_size(u32::try_from(config.max_header_bytes).unwrap_or(u32::MAX));
+            let conn = builder.serve_connection(io, service);
+            drive(conn, deadlines, shutdown, |c| c.graceful_shutdown()).await
+        }
+    };
+    match result {
+        Ended::Error(err) if err.is_parse_too_large() => {
+            proxy.metrics.client_side(Outcome::HeaderTooLarge, Some(http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE))
+        }
+        Ended::Error(err) if err.is_parse() => {
+            proxy.metrics.client_side(Outcome::BadRequest, Some(http::StatusCode::BAD_REQUEST))
+        }
+        Ended::Error(err) => tracing::debug!(%peer, error = %err, "client connection ended with an error"),
+        Ended::HeaderTimeout => {
+            tracing::debug!(%peer, "request head not complete within header_read_timeout; closing");
+            proxy.metrics.client_side(Outcome::ClientTimeout, None);
+        }
+        Ended::Closed => {}
+    }
+}
+
+enum Ended {
+    Closed,
+    Error(hyper::Error),
+    HeaderTimeout,
+}
+
+/// Polls a hyper connection while watching its deadlines and the shutdown signal. Idle expiry and shutdown ask
+/// hyper to finish gracefully (HTTP/1: after the current response; HTTP/2: GOAWAY); an incomplete request head
+/// past its deadline drops the connection.
+async fn drive<C>(
+    conn: C,
+    deadlines: impl std::future::Future<Output = Expired>,
+    shutdown: CancellationToken,
+    graceful: impl Fn(std::pin::Pin<&mut C>),
+) -> Ended
+where
+    C: std::future::Future<Output = hyper::Result<()>>,
+{
+    tokio::pin!(conn);
+    tokio::pin!(deadlines);
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            result = conn.as_mut() => {
+                return match result {
+                    Ok(()) => Ended::Closed,
+                    Err(err) => Ended::Error(err),
+                };
+            }
+            expired = &mut deadlines, if !closing => match expired {
+                Expired::HeaderRead => return Ended::HeaderTimeout,
+                Expired::Idle => {
+                    closing = true;
+                    graceful(conn.as_mut());
+                }
+            },
+            _ = shutdown.cancelled(), if !closing => {
+                closing = true;
+                graceful(conn.as_mut());
+            }
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! The listeners: binding, the accept loop, and graceful shutdown.
+//!
+//! Owns start-up (pools and routes built from the config, both listeners bound) and the lifecycle: accepting
+//! never waits on an upstream, `max_client_connections` bounds what is accepted, and on shutdown `/readyz` turns
+//! 503, accepting stops, and in-flight and queued requests get `shutdown_timeout` to finish.
+
+pub mod activity;
+mod connection;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::admin;
+use crate::config::{Config, Origin};
+use crate::metrics::Metrics;
+use crate::pool::UpstreamPool;
+use crate::proxy::Proxy;
+use crate::route::Router;
+
+/// Why floodgate could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid configuration: {0}")]
+    Config(#[from] crate::config::ConfigError),
+}
+
+/// What the admin listener reads.
+pub struct State {
+    pub proxy: Arc<Proxy>,
+    pub ready: AtomicBool,
+}
+
+/// A bound, not yet running floodgate.
+pub struct Floodgate {
+    config: Arc<Config>,
+    listener: TcpListener,
+    admin: TcpListener,
+    state: Arc<State>,
+}
+
+impl Floodgate {
+    /// Builds the pools and routes and binds both listeners. Must run inside a tokio runtime.
+    pub async fn bind(config: Config) -> Result<Floodgate, StartError> {
+        let metrics = Arc::new(Metrics::new());
+        let mut pools = BTreeMap::new();
+        for (name, upstream) in &config.upstreams {
+            let origin = Origin::parse(&upstream.url).map_err(|message| crate::config::ConfigError {
+                key: format!("upstreams.{name}.url"),
+                message,
+            })?;
+            let pool = UpstreamPool::new(name, origin, upstream.clone(), metrics.upstream(name));
+            pools.insert(name.clone(), pool);
+        }
+        let mut routes = Vec::new();
+        for (index, route) in config.routes.iter().enumerate() {
+            let pool = pools.get(&route.upstream).cloned().ok_or_else(|| crate::config::ConfigError {
+                key: format!("routes[{index}].upstream"),
+                message: format!("unknown upstream `{}`", route.upstream),
+            })?;
+            routes.push((route.host.clone(), route.path_prefix.clone(), pool));
+        }
+        let proxy = Proxy::new(Router::new(routes), pools, metrics, config.trusted_proxies.clone());
+        let listener = bind(config.listen).await?;
+        let admin = bind(config.admin).await?;
+        Ok(Floodgate {
+            config: Arc::new(config),
+            listener,
+            admin,
+            state: Arc::new(State {
+                proxy: Arc::new(proxy),
+                ready: AtomicBool::new(true),
+            }),
+        })
+    }
+
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.listener.local_addr().unwrap_or(self.config.listen)
+    }
+
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin.local_addr().unwrap_or(self.config.admin)
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Serves until `shutdown` resolves, then drains for at most `shutdown_timeout`.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), StartError> {
+        let Floodgate {
+            config,
+            listener,
+            admin,
+            state,
+        } = self;
+        let stop = CancellationToken::new();
+        let admin_task = tokio::spawn(admin::serve(admin, state.clone(), stop.clone()));
+        let connections = TaskTracker::new();
+        let limit = Arc::new(Semaphore::new(config.max_client_connections));
+        let draining = CancellationToken::new();
+        {
+            let state = state.clone();
+            let draining = draining.clone();
+            tokio::spawn(async move {
+                shutdown.await;
+                // /readyz must say so before anything else changes.
+                state.ready.store(false, Ordering::SeqCst);
+                draining.cancel();
+            });
+        }
+        accept_loop(&listener, &state, &config, &limit, &connections, &draining).await;
+        drop(listener);
+        tracing::info!(in_flight = connections.len(), "shutting down: no longer accepting, draining");
+        connections.close();
+        let drained = tokio::time::timeout(config.shutdown_timeout, connections.wait()).await.is_ok();
+        if !drained {
+            tracing::warn!(
+                remaining = connections.len(),
+                timeout = ?config.shutdown_timeout,
+                "shutdown_timeout passed with connections still open"
+            );
+        }
+        for pool in state.proxy.pools.values() {
+            pool.close_idle();
+        }
+        stop.cancel();
+        let _ = admin_task.await;
+        Ok(())
+    }
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr).await.map_err(|source| StartError::Bind { addr, source })
+}
+
+async fn accept_loop(
+    listener: &TcpListener,
+    state: &Arc<State>,
+    config: &Arc<Config>,
+    limit: &Arc<Semaphore>,
+    connections: &TaskTracker,
+    draining: &CancellationToken,
+) {
+    let metrics = state.proxy.metrics.clone();
+    loop {
+        // Wait for room first: past max_client_connections, new clients wait in the kernel's backlog.
+        let permit = tokio::select! {
+            permit = limit.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => return,
+            },
+            _ = draining.cancelled() => return,
+        };
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = draining.cancelled() => return,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                let proxy = state.proxy.clone();
+                let config = config.clone();
+                let draining = draining.clone();
+                let metrics = metrics.clone();
+                connections.spawn(async move {
+                    metrics.client_connections.inc();
+                    connection::serve(stream, peer, proxy, config, draining).await;
+                    metrics.client_connections.dec();
+                    drop(permit);
+                });
+            }
+            Err(err) => {
+                // Typically out of file descriptors: back off instead of spinning on the same error.
+                tracing::warn!(error = %err, "accept failed; backing off");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! Clients that go away never leak a slot and never make the proxy
+//! reconnect to the upstream.
+
+mod support;
+
+use std::time::Duration;
+
+use http::StatusCode;
+use support::*;
+
+const UP: &str = "default";
+const N: usize = 2;
+
+/// Fills every slot with `/stall` requests and waits until the upstream
+/// holds them all. Returns the client tasks.
+async fn occupy_all_slots(
+    proxy: &Proxy,
+    upstream: &Upstream,
+) -> Vec<tokio::task::JoinHandle<StatusCode>> {
+    let before = upstream.inflight();
+    let tasks: Vec<_> = (0..N)
+        .map(|i| {
+            let addr = proxy.listen;
+            tokio::spawn(async move { get(addr, &format!("/stall?occupant={i}")).await.status })
+        })
+        .collect();
+    wait_until_sync(
+        "every slot is held by a stalled request",
+        Duration::from_secs(5),
+        || upstream.inflight() == before + N,
+    )
+    .await;
+    tasks
+}
+
+/// After aborts: the slots all come back, N fresh requests reach the
+/// upstream at the same time, and no new upstream connection was opened.
+async fn assert_slots_intact(proxy: &Proxy, upstream: &Upstream, accepted_before: usize) {
+    proxy.wait_in_use_zero(UP, Duration::from_secs(5)).await;
+    assert_eq!(proxy.upstream_field(UP, "queue_depth").await, 0);
+
+    // All N slots usable: N stalled requests are at the upstream together.
+    upstream.restall();
+    let again = occupy_all_slots(proxy, upstream).await;
+    upstream.release_stalled();
+    for t in again {
+        assert_eq!(t.await.unwrap(), StatusCode::OK);
+    }
+    proxy.wait_in_use_zero(UP, Duration::from_secs(5)).await;
+    assert_eq!(
+        upstream.accepted(),
+        accepted_before,
+        "client aborts must not cost an upstream reconnect"
+    );
+}
+
+#[derive(Clone, Copy)]
+enum QueuedKind {
+    NoBody,
+    CompleteBody,
+    PartialBody,
+}
+
+async fn abort_while_queued(kind: QueuedKind) {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(
+        &upstream,
+        N,
+        &["--max-queue", "100", "--queue-timeout", "20s"],
+    )
+    .await;
+
+    let occupants = occupy_all_slots(&proxy, &upstream).await;
+    let accepted_before = upstream.accepted();
+    assert_eq!(accepted_before, N);
+
+    let mut queued = Vec::new();
+    for i in 0..10 {
+        let mut conn = RawConn::connect(proxy.listen).await;
+        let request = match kind {
+            QueuedKind::NoBody => {
+                format!("GET /abandoned/{i} HTTP/1.1\r\nHost: client.test\r\n\r\n").into_bytes()
+            }
+            QueuedKind::CompleteBody => format!(
+                "POST /abandoned/{i} HTTP/1.1\r\nHost: client.test\r\nContent-Length: 11\r\n\r\nhello world"
+            )
+            .into_bytes(),
+            QueuedKind::PartialBody => {
+                let mut r = format!(
+                    "POST /abandoned/{i} HTTP/1.1\r\nHost: client.test\r\nContent-Length: 100000\r\n\r\n"
+                )
+                .into_bytes();
+                r.extend(std::iter::repeat_n(b'x', 1000));
+                r
+            }
+        };
+        conn.write(&request).await.unwrap();
+        queued.push(conn);
+    }
+    proxy.wait_queue_depth(UP, 10, Duration::from_secs(5)).await;
+
+    // Half leave politely (FIN), half with a reset.
+    for (i, conn) in queued.into_iter().enumerate() {
+        if i % 2 == 0 {
+            drop(conn);
+        } else {
+            conn.abort_with_reset();
+        }
+    }
+    // An aborted request leaves the queue (it does not wait to be skipped).
+    proxy.wait_queue_depth(UP, 0, Duration::from_secs(5)).await;
+
+    upstream.release_stalled();
+    for t in occupants {
+        assert_eq!(t.await.unwrap(), StatusCode::OK);
+    }
+    assert_slots_intact(&proxy, &upstream, accepted_before).await;
+    assert!(
+        upstream.recorded_with_prefix("/abandoned").is_empty(),
+        "aborted queued requests must not be sent upstream"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_aborting_while_queued_without_body_leak_no_slot() {
+    abort_while_queued(QueuedKind::NoBody).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_aborting_while_queued_after_sending_a_complete_body_leak_no_slot() {
+    abort_while_queued(QueuedKind::CompleteBody).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_aborting_while_queued_mid_request_body_leak_no_slot() {
+    abort_while_queued(QueuedKind::PartialBody).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_streams_cancelled_while_queued_leak_no_slot() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(
+        &upstream,
+        N,
+        &["--max-queue", "100", "--queue-timeout", "20s"],
+    )
+    .await;
+    let occupants = occupy_all_slots(&proxy, &upstream).await;
+    let accepted_before = upstream.accepted();
+
+    let client = H2Conn::connect(proxy.listen).await;
+    let streams: Vec<_> = (0..6)
+        .map(|i| {
+            let mut client = client.clone();
+            tokio::spawn(async move { client.try_get(&format!("/abandoned-h2/{i}")).await.is_ok() })
+        })
+        .collect();
+    proxy.wait_queue_depth(UP, 6, Duration::from_secs(5)).await;
+    // Dropping the response futures resets the streams; the connection stays.
+    for s in &streams {
+        s.abort();
+    }
+    for s in streams {
+        let _ = s.await;
+    }
+    proxy.wait_queue_depth(UP, 0, Duration::from_secs(5)).await;
+
+    upstream.release_stalled();
+    for t in occupants {
+        assert_eq!(t.await.unwrap(), StatusCode::OK);
+    }
+    assert_slots_intact(&proxy, &upstream, accepted_before).await;
+    assert!(upstream.recorded_with_prefix("/abandoned-h2").is_empty());
+    // The same HTTP/2 connection still works.
+    let mut client = client;
+    assert_eq!(client.try_get("/").await.unwrap().status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_aborting_before_the_response_head_leak_no_slot_and_cause_no_reconnect() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, N, &["--max-queue", "100"]).await;
+
+    let mut clients = Vec::new();
+    for i in 0..N {
+        let mut conn = RawConn::connect(proxy.listen).await;
+        conn.write(format!("GET /delay/300?aborted={i} HTTP/1.1\r\nHost: client.test\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        clients.push(conn);
+    }
+    wait_until_sync("both requests reached the upstream", Duration::from_secs(5), || {
+        upstream.inflight() == N
+    })
+    .await;
+    let accepted_before = upstream.accepted();
+    assert_eq!(accepted_before, N);
+    drop(clients);
+
+    assert_slots_intact(&proxy, &upstream, accepted_before).await;
+    assert_eq!(upstream.connections(), N, "upstream connections kept open");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_aborting_mid_response_body_leak_no_slot_and_cause_no_reconnect() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, N, &["--max-queue", "100"]).await;
+
+    // Warm the pool to N connections.
+    let occupants = occupy_all_slots(&proxy, &upstream).await;
+    upstream.release_stalled();
+    for t in occupants {
+        assert_eq!(t.await.unwrap(), StatusCode::OK);
+    }
+    proxy.wait_in_use_zero(UP, Duration::from_secs(5)).await;
+    let accepted_before = upstream.accepted();
+    assert_eq!(accepted_before, N);
+
+    // Each client reads the head and 256 KiB of a 16 MiB body, then leaves.
+    let size = 16 * MIB;
+    let mut readers = Vec::new();
+    for i in 0..N {
+        let mut conn = RawConn::connect(proxy.listen).await;
+        conn.write(format!("GET /bytes/{size}?aborted={i} HTTP/1.1\r\nHost: client.test\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let head = conn.read_head(Duration::from_secs(10)).await.unwrap();
+        assert_eq!(head.status, 200);
+        let mut got = 0usize;
+        while got < 256 * 1024 {
+            let data = conn.read_some(64 * 1024, Duration::from_secs(10)).await.unwrap();
+            assert!(!data.is_empty(), "body ended early");
+            got += data.len();
+        }
+        readers.push(conn);
+    }
+    for (i, conn) in readers.into_iter().enumerate() {
+        if i % 2 == 0 {
+            drop(conn);
+        } else {
+            conn.abort_with_reset();
+        }
+    }
+
+    assert_slots_intact(&proxy, &upstream, accepted_before).await;
+    assert_eq!(upstream.connections(), N, "upstream connections kept open");
+}

@@ -1,0 +1,168 @@
+//! The admin listener: health, readiness, /status and /metrics agree with
+//! what the test itself did.
+
+mod support;
+
+use std::time::Duration;
+
+use http::StatusCode;
+use support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_and_readyz_answer_ok_and_ready() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &[]).await;
+    let health = proxy.admin_get("/healthz").await;
+    assert_eq!(health.status, StatusCode::OK);
+    assert_eq!(health.text().trim(), "ok");
+    let ready = proxy.admin_get("/readyz").await;
+    assert_eq!(ready.status, StatusCode::OK);
+    assert_eq!(ready.text().trim(), "ready");
+    assert_eq!(proxy.status().await["ready"], true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_reports_configuration_and_counters_of_each_upstream() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(
+        &upstream,
+        3,
+        &["--max-queue", "77", "--queue-timeout", "5s"],
+    )
+    .await;
+    for _ in 0..4 {
+        assert_eq!(get(proxy.listen, "/").await.status, StatusCode::OK);
+    }
+    proxy.wait_in_use_zero("default", Duration::from_secs(5)).await;
+    let status = proxy.status().await;
+    let up = &status["upstreams"]["default"];
+    assert_eq!(up["address"], upstream.addr().to_string(), "{status}");
+    assert_eq!(up["max_connections"], 3, "{status}");
+    assert_eq!(up["max_queue"], 77, "{status}");
+    assert_eq!(up["in_use"], 0, "{status}");
+    assert_eq!(up["queue_depth"], 0, "{status}");
+    assert_eq!(up["requests_total"], 4, "{status}");
+    assert_eq!(
+        up["connections_opened_total"],
+        upstream.accepted() as u64,
+        "{status}"
+    );
+    assert_eq!(
+        up["connections_peak"],
+        upstream.peak_connections() as u64,
+        "{status}"
+    );
+    assert_eq!(
+        up["connections_open"],
+        upstream.connections() as u64,
+        "{status}"
+    );
+    assert_eq!(up["connections_idle"], up["connections_open"], "{status}");
+    assert!(status["client_connections"].is_u64(), "{status}");
+    assert_eq!(status["ready"], true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_every_outcome_the_test_produced() {
+    let upstream = Upstream::start().await;
+    let config = TempConfig::new(&format!(
+        r#"
+[upstreams.api]
+url = "{}"
+max_connections = 1
+max_queue = 0
+queue_timeout = "5s"
+
+[[routes]]
+path_prefix = "/api"
+upstream = "api"
+"#,
+        upstream.url()
+    ));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let listen = proxy.listen;
+
+    // 5 × 2xx, 2 × 5xx from the upstream (both outcome ok).
+    for _ in 0..5 {
+        assert_eq!(get(listen, "/api/").await.status, StatusCode::OK);
+    }
+    for _ in 0..2 {
+        assert_eq!(get(listen, "/api/status/500").await.status, StatusCode::INTERNAL_SERVER_ERROR);
+    }
+    // 3 × shed_queue_full while the only slot is stalled (held request counts as ok).
+    let stalled = tokio::spawn(async move { get(listen, "/api/stall").await.status });
+    wait_until_sync("slot taken", Duration::from_secs(5), || upstream.inflight() == 1).await;
+    for _ in 0..3 {
+        assert_eq!(get(listen, "/api/").await.status, StatusCode::SERVICE_UNAVAILABLE);
+    }
+    upstream.release_stalled();
+    assert_eq!(stalled.await.unwrap(), StatusCode::OK);
+    // 2 × no_route, 1 × not_implemented, 1 × bad_request.
+    for _ in 0..2 {
+        assert_eq!(get(listen, "/elsewhere").await.status, StatusCode::NOT_FOUND);
+    }
+    let (data, _) = raw_exchange(
+        listen,
+        b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n",
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(first_status(&data), Some(501));
+    let (data, _) = raw_exchange(listen, b"THIS IS NOT HTTP\r\n\r\n", Duration::from_secs(10)).await;
+    assert_eq!(first_status(&data), Some(400));
+
+    proxy.wait_in_use_zero("api", Duration::from_secs(5)).await;
+    let text = proxy.metrics().await;
+    let m = parse_metrics(&text);
+    let requests = "floodgate_requests_total";
+    let check = |labels: &[(&str, &str)], expected: f64| {
+        let got = metric_sum(&m, requests, labels);
+        assert_eq!(got, expected, "{requests}{labels:?}\n{text}");
+    };
+    check(&[("upstream", "api"), ("outcome", "ok"), ("status", "2xx")], 6.0);
+    check(&[("upstream", "api"), ("outcome", "ok"), ("status", "5xx")], 2.0);
+    check(&[("upstream", "api"), ("outcome", "ok")], 8.0);
+    check(&[("upstream", "api"), ("outcome", "shed_queue_full")], 3.0);
+    check(&[("upstream", "api"), ("outcome", "shed_queue_timeout")], 0.0);
+    check(&[("upstream", "api"), ("outcome", "upstream_error")], 0.0);
+    check(&[("outcome", "no_route")], 2.0);
+    check(&[("outcome", "not_implemented")], 1.0);
+    check(&[("outcome", "bad_request")], 1.0);
+
+    let opened = metric_sum(
+        &m,
+        "floodgate_upstream_connections_opened_total",
+        &[("upstream", "api")],
+    );
+    assert_eq!(opened, upstream.accepted() as f64, "{text}");
+    let peak = metric_sum(&m, "floodgate_upstream_connections_peak", &[("upstream", "api")]);
+    assert_eq!(peak, upstream.peak_connections() as f64, "{text}");
+    assert_eq!(metric_sum(&m, "floodgate_inflight", &[("upstream", "api")]), 0.0);
+    assert_eq!(metric_sum(&m, "floodgate_queue_depth", &[("upstream", "api")]), 0.0);
+    let active = metric_sum(
+        &m,
+        "floodgate_upstream_connections",
+        &[("upstream", "api"), ("state", "active")],
+    );
+    assert_eq!(active, 0.0, "{text}");
+    let idle = metric_sum(
+        &m,
+        "floodgate_upstream_connections",
+        &[("upstream", "api"), ("state", "idle")],
+    );
+    assert_eq!(idle, upstream.connections() as f64, "{text}");
+    let responses = metric_sum(
+        &m,
+        "floodgate_upstream_response_seconds_count",
+        &[("upstream", "api")],
+    );
+    assert_eq!(responses, 8.0, "{text}");
+    let waits = metric_sum(&m, "floodgate_queue_wait_seconds_count", &[("upstream", "api")]);
+    assert!(waits >= 8.0, "queue wait histogram: {waits}\n{text}");
+    assert!(metric_exists(&m, "floodgate_client_connections"), "{text}");
+    assert!(
+        m.iter()
+            .any(|s| s.name == "floodgate_queue_wait_seconds_bucket" && s.labels.contains_key("le")),
+        "{text}"
+    );
+}

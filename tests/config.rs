@@ -1,0 +1,223 @@
+//! Configuration: bad files are rejected with the offending key named,
+//! flags override the file, routes pick upstreams.
+
+mod support;
+
+use std::time::Duration;
+
+use http::StatusCode;
+use support::*;
+
+/// Runs floodgate on `config` and expects a configuration error: exit code 2
+/// and exactly one line on stderr, naming every string in `must_name`.
+fn assert_rejected(config: &str, extra_args: &[&str], must_name: &[&str]) -> String {
+    let file = TempConfig::new(config);
+    let path = file.path_str();
+    let mut args = vec![
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+        "--config",
+        &path,
+    ];
+    args.extend_from_slice(extra_args);
+    let (status, stdout, stderr) = run_to_exit(&args, Duration::from_secs(10));
+    assert!(!status.success(), "accepted bad config:\n{config}");
+    assert_eq!(
+        status.code(),
+        Some(2),
+        "configuration errors exit with 2; stderr: {stderr}"
+    );
+    assert!(
+        !stdout.contains("floodgate ready"),
+        "printed ready with a bad config"
+    );
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "expected one line on stderr, got:\n{stderr}");
+    for name in must_name {
+        assert!(
+            lines[0].contains(name),
+            "stderr line does not name {name:?}: {}",
+            lines[0]
+        );
+    }
+    lines[0].to_owned()
+}
+
+const GOOD_UPSTREAM: &str = r#"
+[upstreams.api]
+url = "http://127.0.0.1:9"
+max_connections = 4
+"#;
+
+#[test]
+fn unknown_top_level_key_is_rejected_naming_it() {
+    let config = format!("bogus_setting = 1\n{GOOD_UPSTREAM}");
+    assert_rejected(&config, &[], &["bogus_setting"]);
+}
+
+#[test]
+fn unknown_upstream_key_is_rejected_naming_it() {
+    let config = r#"
+[upstreams.api]
+url = "http://127.0.0.1:9"
+max_conections = 4
+"#;
+    assert_rejected(config, &[], &["max_conections"]);
+}
+
+#[test]
+fn zero_max_connections_is_rejected_naming_the_key() {
+    let config = r#"
+[upstreams.api]
+url = "http://127.0.0.1:9"
+max_connections = 0
+"#;
+    assert_rejected(config, &[], &["upstreams.api.max_connections"]);
+}
+
+#[test]
+fn negative_max_connections_is_rejected_naming_the_key() {
+    let config = r#"
+[upstreams.api]
+url = "http://127.0.0.1:9"
+max_connections = -1
+"#;
+    assert_rejected(config, &[], &["max_connections"]);
+}
+
+#[test]
+fn unparsable_duration_is_rejected_naming_the_key() {
+    let config = r#"
+[upstreams.api]
+url = "http://127.0.0.1:9"
+max_connections = 4
+queue_timeout = "5 parsecs"
+"#;
+    assert_rejected(config, &[], &["queue_timeout"]);
+}
+
+#[test]
+fn route_to_unknown_upstream_is_rejected_naming_the_key() {
+    let config = format!(
+        r#"{GOOD_UPSTREAM}
+[[routes]]
+path_prefix = "/x"
+upstream = "nowhere"
+"#
+    );
+    assert_rejected(&config, &[], &["routes", "upstream"]);
+}
+
+#[test]
+fn zero_max_connections_flag_is_rejected_naming_the_key() {
+    let (status, _, stderr) = run_to_exit(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+            "--upstream",
+            "127.0.0.1:9",
+            "--max-connections",
+            "0",
+        ],
+        Duration::from_secs(10),
+    );
+    assert!(!status.success());
+    assert!(stderr.contains("max_connections"), "stderr: {stderr}");
+}
+
+#[test]
+fn missing_upstream_is_rejected() {
+    let (status, stdout, stderr) = run_to_exit(
+        &["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"],
+        Duration::from_secs(10),
+    );
+    assert!(!status.success(), "started without any upstream: {stdout}");
+    assert!(!stderr.trim().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flags_override_the_config_file() {
+    let upstream = Upstream::start().await;
+    let config = TempConfig::new(&format!(
+        r#"
+listen = "127.0.0.1:1"
+admin = "127.0.0.1:2"
+
+[upstreams.default]
+url = "{}"
+max_connections = 8
+max_queue = 10
+"#,
+        upstream.url()
+    ));
+    let proxy = Proxy::start(&[
+        "--config",
+        &config.path_str(),
+        "--max-connections",
+        "2",
+        "--max-queue",
+        "33",
+    ])
+    .await;
+    assert_ne!(proxy.listen.port(), 1, "--listen beats the file");
+    let up = proxy.upstream_status("default").await;
+    assert_eq!(up["max_connections"], 2, "{up}");
+    assert_eq!(up["max_queue"], 33, "{up}");
+    assert_eq!(get(proxy.listen, "/").await.status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_pick_the_upstream_by_host_and_path_prefix_and_unmatched_gets_404() {
+    let api = Upstream::start().await;
+    let web = Upstream::start().await;
+    let config = TempConfig::new(&format!(
+        r#"
+[upstreams.api]
+url = "{api}"
+max_connections = 2
+
+[upstreams.web]
+url = "{web}"
+max_connections = 2
+
+[[routes]]
+host = "API.example.com"
+upstream = "api"
+
+[[routes]]
+path_prefix = "/static"
+upstream = "web"
+"#,
+        api = api.url(),
+        web = web.url()
+    ));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let t = Duration::from_secs(10);
+    let ask = |host: &'static str, path: &'static str| {
+        let addr = proxy.listen;
+        async move {
+            let mut conn = RawConn::connect(addr).await;
+            conn.write(format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
+                .await
+                .unwrap();
+            conn.read_response(false, t).await.unwrap().status
+        }
+    };
+    // Host match is case-insensitive and ignores the port.
+    assert_eq!(ask("api.example.com", "/v1/users").await, 200);
+    assert_eq!(ask("api.example.com:8080", "/v1/orders").await, 200);
+    // Prefix matches on a segment boundary.
+    assert_eq!(ask("www.example.com", "/static").await, 200);
+    assert_eq!(ask("www.example.com", "/static/app.js").await, 200);
+    assert_eq!(ask("www.example.com", "/staticfoo").await, 404);
+    assert_eq!(ask("www.example.com", "/other").await, 404);
+
+    let api_paths: Vec<String> = api.recorded().into_iter().map(|r| r.uri).collect();
+    let web_paths: Vec<String> = web.recorded().into_iter().map(|r| r.uri).collect();
+    assert_eq!(api_paths, vec!["/v1/users", "/v1/orders"]);
+    assert_eq!(web_paths, vec!["/static", "/static/app.js"]);
+}

@@ -1,0 +1,385 @@
+//! What goes through the proxy and how: upstream failures and recovery,
+//! large bodies and back-pressure, bodiless responses, header rewriting.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use http::{Method, StatusCode, Version};
+use support::*;
+
+const UP: &str = "default";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_down_gives_502_then_requests_pass_again_once_it_is_back() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 2, &["--connect-timeout", "1s"]).await;
+    assert_eq!(get(proxy.listen, "/").await.status, StatusCode::OK);
+
+    upstream.stop().await;
+    for _ in 0..3 {
+        let started = Instant::now();
+        let resp = get(proxy.listen, "/while-down").await;
+        assert_eq!(resp.status, StatusCode::BAD_GATEWAY, "body {:?}", resp.text());
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+    proxy.wait_in_use_zero(UP, Duration::from_secs(5)).await;
+
+    upstream.restart().await;
+    wait_until("requests pass again", Duration::from_secs(5), || async {
+        get(proxy.listen, "/").await.status == StatusCode::OK
+    })
+    .await;
+    for _ in 0..5 {
+        assert_eq!(get(proxy.listen, "/after").await.status, StatusCode::OK);
+    }
+    proxy.wait_in_use_zero(UP, Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connection_closed_by_the_upstream_is_replaced_transparently() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &[]).await;
+    let mut client = H1Conn::connect(proxy.listen).await;
+    assert_eq!(client.get("/").await.status, StatusCode::OK);
+
+    for round in 1..=5 {
+        let accepted = upstream.accepted();
+        upstream.close_idle_connections();
+        wait_until_sync("upstream closed its idle connection", Duration::from_secs(5), || {
+            upstream.connections() == 0
+        })
+        .await;
+        let resp = client.get(&format!("/after-idle-close?round={round}")).await;
+        assert_eq!(resp.status, StatusCode::OK, "round {round}: {}", resp.text());
+        assert_eq!(upstream.accepted(), accepted + 1, "one new connection");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reused_connection_closed_by_the_upstream_without_answer_is_retried_for_get() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &[]).await;
+    assert_eq!(get(proxy.listen, "/warm").await.status, StatusCode::OK);
+    assert_eq!(upstream.accepted(), 1);
+
+    // The keep-alive connection dies exactly as the next request arrives
+    // (the race every pool loses now and then): nothing was answered.
+    upstream.kill_next_reused_connection();
+    let resp = get(proxy.listen, "/retried").await;
+    assert_eq!(resp.status, StatusCode::OK, "body {:?}", resp.text());
+    assert_eq!(upstream.killed(), 1, "the stale connection was used");
+    assert_eq!(upstream.accepted(), 2);
+    assert_eq!(upstream.recorded_with_prefix("/retried").len(), 2);
+    proxy.wait_in_use_zero(UP, Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_dropping_the_connection_without_answer_gives_502() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 2, &[]).await;
+    let resp = get(proxy.listen, "/drop").await;
+    assert_eq!(resp.status, StatusCode::BAD_GATEWAY, "body {:?}", resp.text());
+    proxy.wait_in_use_zero(UP, Duration::from_secs(5)).await;
+    assert_eq!(get(proxy.listen, "/").await.status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_not_answering_within_request_timeout_gives_504() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &["--request-timeout", "300ms"]).await;
+    let started = Instant::now();
+    let resp = get(proxy.listen, "/stall").await;
+    assert_eq!(resp.status, StatusCode::GATEWAY_TIMEOUT, "body {:?}", resp.text());
+    assert!(started.elapsed() >= Duration::from_millis(250));
+    proxy.wait_in_use_zero(UP, Duration::from_secs(5)).await;
+    upstream.release_stalled();
+    assert_eq!(get(proxy.listen, "/").await.status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundred_megabyte_upload_and_download_pass_with_bounded_proxy_memory() {
+    const SIZE: u64 = 100 * MIB;
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 2, &[]).await;
+    let mut client = H1Conn::connect(proxy.listen).await;
+    assert_eq!(client.get("/").await.status, StatusCode::OK);
+    let baseline = proxy.peak_rss_kib();
+
+    // Upload with Content-Length.
+    let resp = client
+        .try_request(Method::POST, "/echo", body_pattern(SIZE))
+        .await
+        .expect("100 MB upload");
+    assert_eq!(resp.status, StatusCode::OK);
+    assert_eq!(resp.text(), SIZE.to_string(), "upstream received every byte");
+    assert_eq!(resp.header("x-pattern-ok"), Some("true"), "bytes intact");
+
+    // Upload chunked (no length known in advance).
+    let resp = client
+        .try_request(
+            Method::POST,
+            "/echo",
+            http_body_util::BodyExt::boxed(PatternBody::chunked(10 * MIB)),
+        )
+        .await
+        .expect("chunked upload");
+    assert_eq!(resp.text(), (10 * MIB).to_string());
+    assert_eq!(resp.header("x-pattern-ok"), Some("true"));
+
+    // Download, checked byte for byte.
+    let head = client
+        .send(
+            http::Request::get(format!("/bytes/{SIZE}"))
+                .body(body_empty())
+                .unwrap(),
+        )
+        .await
+        .expect("download head");
+    assert_eq!(head.status(), StatusCode::OK);
+    let mut body = head.into_body();
+    let mut offset = 0u64;
+    while let Some(frame) = tokio::time::timeout(
+        Duration::from_secs(15),
+        http_body_util::BodyExt::frame(&mut body),
+    )
+    .await
+    .expect("download stalled")
+    {
+        let frame = frame.expect("download body error");
+        if let Ok(data) = frame.into_data() {
+            assert!(pattern_matches(offset, &data), "corrupt at {offset}");
+            offset += data.len() as u64;
+        }
+    }
+    assert_eq!(offset, SIZE, "downloaded every byte");
+
+    let grown_kib = proxy.peak_rss_kib().saturating_sub(baseline);
+    assert!(
+        grown_kib < 32 * 1024,
+        "proxy peak RSS grew by {grown_kib} KiB moving 100 MB each way"
+    );
+    proxy.wait_in_use_zero(UP, Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_that_stops_reading_stalls_the_upstream_instead_of_filling_proxy_memory() {
+    const SIZE: u64 = 256 * MIB;
+    let upstream = Upstream::start_with(UpstreamOptions {
+        send_buffer: Some(64 * 1024),
+        ..Default::default()
+    })
+    .await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &["--body-idle-timeout", "60s"]).await;
+    assert_eq!(get(proxy.listen, "/").await.status, StatusCode::OK);
+    let baseline = proxy.peak_rss_kib();
+
+    let mut conn = RawConn::connect_with_recv_buffer(proxy.listen, 64 * 1024).await;
+    conn.write(format!("GET /bytes/{SIZE} HTTP/1.1\r\nHost: client.test\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let head = conn.read_head(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(head.status, 200);
+    let mut got = 0usize;
+    while got < MIB as usize {
+        got += conn.read_some(64 * 1024, Duration::from_secs(10)).await.unwrap().len();
+    }
+    // Stop reading. The upstream must soon be unable to write any more.
+    let written = wait_until_stable(
+        "bytes the upstream managed to write",
+        Duration::from_secs(20),
+        Duration::from_millis(700),
+        || upstream.bytes_streamed(),
+    )
+    .await;
+    assert!(
+        written < 64 * MIB,
+        "upstream wrote {} MiB to a client that stopped after 1 MiB",
+        written / MIB
+    );
+    let grown_kib = proxy.peak_rss_kib().saturating_sub(baseline);
+    assert!(
+        grown_kib < 32 * 1024,
+        "proxy peak RSS grew by {grown_kib} KiB buffering for a stalled reader"
+    );
+    assert_eq!(proxy.upstream_field(UP, "in_use").await, 1);
+    drop(conn);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn head_204_and_304_responses_carry_no_body() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &[]).await;
+    let mut conn = RawConn::connect(proxy.listen).await;
+    let t = Duration::from_secs(10);
+
+    conn.write(b"HEAD /bytes/1000 HTTP/1.1\r\nHost: client.test\r\n\r\n")
+        .await
+        .unwrap();
+    let head = conn.read_response(true, t).await.unwrap();
+    assert_eq!(head.status, 200);
+    if let Some(len) = head.header("content-length") {
+        assert_eq!(len, "1000", "HEAD keeps the GET's Content-Length");
+    }
+
+    conn.write(b"GET /status/204 HTTP/1.1\r\nHost: client.test\r\n\r\n")
+        .await
+        .unwrap();
+    let r204 = conn.read_response(false, t).await.unwrap();
+    assert_eq!(r204.status, 204);
+    assert!(!r204.has_header("transfer-encoding"));
+
+    conn.write(b"GET /status/304 HTTP/1.1\r\nHost: client.test\r\n\r\n")
+        .await
+        .unwrap();
+    let r304 = conn.read_response(false, t).await.unwrap();
+    assert_eq!(r304.status, 304);
+
+    // Had any of them carried body bytes, they would show up here.
+    conn.write(b"GET /after HTTP/1.1\r\nHost: client.test\r\n\r\n")
+        .await
+        .unwrap();
+    let last = conn.read_response(false, t).await.unwrap();
+    assert_eq!(last.status, 200);
+    assert_eq!(last.text(), "ok");
+    let (extra, end) = conn.read_until_close(Duration::from_millis(300)).await;
+    assert!(extra.is_empty(), "stray bytes {:?}", String::from_utf8_lossy(&extra));
+    assert_eq!(end, ReadEnd::Timeout, "keep-alive connection stays open");
+    assert_eq!(upstream.accepted(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hop_by_hop_headers_are_stripped_and_x_forwarded_headers_replaced() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &[]).await;
+    let mut conn = RawConn::connect(proxy.listen).await;
+    conn.write(
+        b"GET /headers?hop=1 HTTP/1.1\r\n\
+          Host: app.example:8443\r\n\
+          Connection: keep-alive, X-Hop-Custom, x-hop-other\r\n\
+          Keep-Alive: timeout=5, max=100\r\n\
+          TE: trailers\r\n\
+          Proxy-Connection: keep-alive\r\n\
+          X-Hop-Custom: secret\r\n\
+          X-Hop-Other: secret2\r\n\
+          X-Forwarded-For: 6.6.6.6\r\n\
+          X-Forwarded-Proto: https\r\n\
+          X-Forwarded-Host: evil.example\r\n\
+          Forwarded: for=6.6.6.6;proto=https;host=evil.example\r\n\
+          X-End-To-End: kept\r\n\
+          X-Multi: one\r\n\
+          X-Multi: two\r\n\
+          \r\n",
+    )
+    .await
+    .unwrap();
+    let resp = conn.read_response(false, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(resp.status, 200, "{}", resp.text());
+
+    let seen = upstream.recorded_with_prefix("/headers");
+    assert_eq!(seen.len(), 1);
+    let r = &seen[0];
+    for hop in [
+        "keep-alive",
+        "te",
+        "proxy-connection",
+        "x-hop-custom",
+        "x-hop-other",
+        "forwarded",
+    ] {
+        assert!(r.header(hop).is_none(), "{hop} reached the upstream: {r:?}");
+    }
+    for v in r.header_all("connection") {
+        for token in v.split(',') {
+            let token = token.trim();
+            assert!(
+                token.eq_ignore_ascii_case("keep-alive") || token.eq_ignore_ascii_case("close"),
+                "client Connection token {token:?} forwarded: {r:?}"
+            );
+        }
+    }
+    assert_eq!(r.header_all("x-forwarded-for"), vec!["127.0.0.1"], "{r:?}");
+    assert_eq!(r.header_all("x-forwarded-proto"), vec!["http"], "{r:?}");
+    assert_eq!(r.header_all("x-forwarded-host"), vec!["app.example:8443"], "{r:?}");
+    assert_eq!(r.header_all("x-end-to-end"), vec!["kept"]);
+    let multi: Vec<String> = r
+        .header_all("x-multi")
+        .iter()
+        .flat_map(|v| v.split(',').map(|s| s.trim().to_owned()))
+        .collect();
+    assert_eq!(multi, vec!["one", "two"], "repeated header kept in order");
+    assert!(r.header("host").is_some());
+    assert_eq!(r.version, Version::HTTP_11);
+    assert_eq!(r.uri, "/headers?hop=1");
+    assert_eq!(upstream.rejected(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_always_gets_http11_origin_form_with_host() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &[]).await;
+    let t = Duration::from_secs(10);
+
+    // Absolute-form from the client.
+    let mut conn = RawConn::connect(proxy.listen).await;
+    conn.write(b"GET http://app.example/headers?form=absolute HTTP/1.1\r\nHost: app.example\r\n\r\n")
+        .await
+        .unwrap();
+    assert_eq!(conn.read_response(false, t).await.unwrap().status, 200);
+
+    // HTTP/1.0 without Host.
+    let (data, _) = raw_exchange(proxy.listen, b"GET /headers?form=http10 HTTP/1.0\r\n\r\n", t).await;
+    assert_eq!(first_status(&data), Some(200), "{:?}", String::from_utf8_lossy(&data));
+
+    // HTTP/2.
+    let mut h2 = H2Conn::connect(proxy.listen).await;
+    assert_eq!(h2.try_get("/headers?form=h2").await.unwrap().status, StatusCode::OK);
+
+    let seen = upstream.recorded_with_prefix("/headers");
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    for r in &seen {
+        assert_eq!(r.version, Version::HTTP_11, "{r:?}");
+        assert!(r.uri.starts_with("/headers?form="), "origin form: {r:?}");
+        let host = r.header_all("host");
+        assert_eq!(host.len(), 1, "exactly one Host: {r:?}");
+        assert!(!host[0].is_empty());
+    }
+    assert_eq!(upstream.rejected(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_connection_close_does_not_close_the_client_connection() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &[]).await;
+    let mut conn = RawConn::connect(proxy.listen).await;
+    let t = Duration::from_secs(10);
+    for _ in 0..3 {
+        conn.write(b"GET /close HTTP/1.1\r\nHost: client.test\r\n\r\n")
+            .await
+            .unwrap();
+        let resp = conn.read_response(false, t).await.unwrap();
+        assert_eq!(resp.status, 200);
+        assert!(
+            resp.header("connection")
+                .map(|v| !v.eq_ignore_ascii_case("close"))
+                .unwrap_or(true),
+            "upstream's Connection: close is hop-by-hop"
+        );
+    }
+    assert_eq!(upstream.accepted(), 3, "each /close costs one upstream connection");
+    proxy.wait_in_use_zero(UP, Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_and_response_bodies_stream_both_ways() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &[]).await;
+    let mut client = H1Conn::connect(proxy.listen).await;
+    let resp = client
+        .try_request(Method::POST, "/echo-stream", body_pattern(3 * MIB))
+        .await
+        .unwrap();
+    assert_eq!(resp.status, StatusCode::OK);
+    assert_eq!(resp.body.len() as u64, 3 * MIB);
+    assert!(pattern_matches(0, &resp.body));
+}

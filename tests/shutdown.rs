@@ -1,0 +1,75 @@
+//! Graceful shutdown on SIGTERM.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_finishes_in_flight_and_queued_requests_then_exits_zero() {
+    let upstream = Upstream::start().await;
+    let mut proxy = Proxy::for_upstream(
+        &upstream,
+        1,
+        &["--max-queue", "10", "--shutdown-timeout", "10s"],
+    )
+    .await;
+    let listen = proxy.listen;
+
+    let in_flight = tokio::spawn(async move { try_get(listen, "/delay/500").await });
+    wait_until_sync("request in flight", Duration::from_secs(5), || upstream.inflight() == 1).await;
+    let queued = tokio::spawn(async move { try_get(listen, "/delay/10?queued=1").await });
+    proxy.wait_queue_depth("default", 1, Duration::from_secs(5)).await;
+
+    proxy.sigterm();
+    // /readyz turns 503 at once, while the admin listener still answers.
+    wait_until("/readyz says 503", Duration::from_secs(1), || async {
+        match try_get(proxy.admin, "/readyz").await {
+            Ok(r) => r.status == StatusCode::SERVICE_UNAVAILABLE,
+            Err(_) => false,
+        }
+    })
+    .await;
+
+    // No new requests are taken.
+    let late = tokio::time::timeout(Duration::from_secs(2), try_get(listen, "/late")).await;
+    assert!(
+        !matches!(late, Ok(Ok(ref r)) if r.status == StatusCode::OK),
+        "a request made after SIGTERM was served: {late:?}"
+    );
+
+    let resp = in_flight.await.unwrap().expect("in-flight request completes");
+    assert_eq!(resp.status, StatusCode::OK);
+    let resp = queued.await.unwrap().expect("queued request completes");
+    assert_eq!(resp.status, StatusCode::OK);
+
+    let exit = proxy.wait_exit(Duration::from_secs(10)).await;
+    let exit = exit.expect("floodgate did not exit within 10 s of SIGTERM");
+    assert!(exit.success(), "exit status {exit}");
+    assert!(upstream.recorded_with_prefix("/late").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_a_stuck_request_exits_after_the_shutdown_timeout() {
+    let upstream = Upstream::start().await;
+    let mut proxy = Proxy::for_upstream(&upstream, 1, &["--shutdown-timeout", "500ms"]).await;
+    let listen = proxy.listen;
+    let stuck = tokio::spawn(async move { try_get(listen, "/stall").await });
+    wait_until_sync("request stuck upstream", Duration::from_secs(5), || upstream.inflight() == 1).await;
+
+    let sent = Instant::now();
+    proxy.sigterm();
+    let exit = proxy.wait_exit(Duration::from_secs(10)).await;
+    assert!(
+        exit.is_some(),
+        "floodgate still running 10 s after SIGTERM with a 500ms shutdown timeout"
+    );
+    assert!(
+        sent.elapsed() >= Duration::from_millis(400),
+        "exited after {:?}, before the shutdown timeout",
+        sent.elapsed()
+    );
+    let _ = stuck.await;
+}

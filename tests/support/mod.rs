@@ -1,0 +1,1659 @@
+//! Shared helpers for floodgate's integration tests.
+//!
+//! * [`Upstream`]: a hyper HTTP/1.1 origin server that counts its TCP
+//!   connections and requests exactly and whose behaviour is chosen by path.
+//! * [`Proxy`]: launches the `floodgate` binary on ephemeral ports and talks to
+//!   its admin listener.
+//! * Clients: [`H1Conn`] / [`H2Conn`] (hyper client connections) and
+//!   [`RawConn`] (bytes on a TCP socket, for malformed requests).
+//! * [`wait_until`]: poll a condition with a deadline (tests never sleep to
+//!   synchronise).
+//!
+//! Every test binary uses a different subset of this module.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{CONNECTION, CONTENT_TYPE, HOST};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Version};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::combinators::{BoxBody, UnsyncBoxBody};
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// Request body type used by the test clients.
+pub type TestBody = BoxBody<Bytes, BoxError>;
+/// Response body type used by the test upstream.
+type UpstreamBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// Default deadline for a single client exchange; a hang fails the test
+/// instead of hanging the suite.
+pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(15);
+
+pub const KIB: u64 = 1024;
+pub const MIB: u64 = 1024 * 1024;
+
+// ---------------------------------------------------------------------------
+// Polling helpers
+// ---------------------------------------------------------------------------
+
+/// Polls `cond` every 10 ms until it returns true; panics naming `what` when
+/// `timeout` passes first.
+pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond().await {
+            return;
+        }
+        if Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting until {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Like [`wait_until`] with a synchronous condition.
+pub async fn wait_until_sync(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    wait_until(what, timeout, || std::future::ready(cond())).await
+}
+
+/// Polls `value` until it has not changed for `settle`; returns the settled
+/// value. Panics when it keeps changing past `timeout`.
+pub async fn wait_until_stable(
+    what: &str,
+    timeout: Duration,
+    settle: Duration,
+    mut value: impl FnMut() -> u64,
+) -> u64 {
+    let deadline = Instant::now() + timeout;
+    let mut last = value();
+    let mut since = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now = value();
+        if now != last {
+            last = now;
+            since = Instant::now();
+        } else if since.elapsed() >= settle {
+            return now;
+        }
+        if Instant::now() >= deadline {
+            panic!("{what} kept changing for {timeout:?} (last value {now})");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Pattern body: byte at absolute offset `o` is `o % 256`.
+// ---------------------------------------------------------------------------
+
+const CHUNK: usize = 64 * 1024;
+
+fn pattern_chunk() -> Bytes {
+    static CHUNK_BYTES: std::sync::OnceLock<Bytes> = std::sync::OnceLock::new();
+    CHUNK_BYTES
+        .get_or_init(|| (0..CHUNK).map(|i| i as u8).collect::<Vec<u8>>().into())
+        .clone()
+}
+
+/// Checks that `data`, found at absolute offset `offset` of a pattern body,
+/// holds the pattern.
+pub fn pattern_matches(offset: u64, data: &[u8]) -> bool {
+    let chunk = pattern_chunk();
+    let mut pos = 0usize;
+    while pos < data.len() {
+        let start = ((offset + pos as u64) % CHUNK as u64) as usize;
+        let take = (CHUNK - start).min(data.len() - pos);
+        if data[pos..pos + take] != chunk[start..start + take] {
+            return false;
+        }
+        pos += take;
+    }
+    true
+}
+
+/// A streamed body of `len` pattern bytes in 64 KiB chunks. Produced lazily,
+/// so a stalled reader stalls the producer. Optionally counts produced bytes.
+pub struct PatternBody {
+    remaining: u64,
+    exact_size: bool,
+    counter: Option<Arc<AtomicU64>>,
+}
+
+impl PatternBody {
+    /// With an exact size hint (Content-Length framing).
+    pub fn new(len: u64) -> Self {
+        PatternBody {
+            remaining: len,
+            exact_size: true,
+            counter: None,
+        }
+    }
+
+    /// Without a size hint (chunked framing).
+    pub fn chunked(len: u64) -> Self {
+        PatternBody {
+            remaining: len,
+            exact_size: false,
+            counter: None,
+        }
+    }
+
+    pub fn counting(mut self, counter: Arc<AtomicU64>) -> Self {
+        self.counter = Some(counter);
+        self
+    }
+}
+
+impl Body for PatternBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if this.remaining == 0 {
+            return Poll::Ready(None);
+        }
+        let n = this.remaining.min(CHUNK as u64) as usize;
+        this.remaining -= n as u64;
+        if let Some(c) = &this.counter {
+            c.fetch_add(n as u64, Ordering::SeqCst);
+        }
+        Poll::Ready(Some(Ok(Frame::data(pattern_chunk().slice(0..n)))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.remaining == 0
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        if self.exact_size {
+            SizeHint::with_exact(self.remaining)
+        } else {
+            SizeHint::default()
+        }
+    }
+}
+
+pub fn body_empty() -> TestBody {
+    Empty::<Bytes>::new().map_err(|e| match e {}).boxed()
+}
+
+pub fn body_full(data: impl Into<Bytes>) -> TestBody {
+    Full::new(data.into()).map_err(|e| match e {}).boxed()
+}
+
+pub fn body_pattern(len: u64) -> TestBody {
+    PatternBody::new(len).boxed()
+}
+
+// ---------------------------------------------------------------------------
+// Counting upstream
+// ---------------------------------------------------------------------------
+
+/// One request as the upstream received it.
+#[derive(Clone, Debug)]
+pub struct RecordedRequest {
+    pub conn_id: u64,
+    pub method: String,
+    /// The request target exactly as received (origin form expected).
+    pub uri: String,
+    pub version: Version,
+    pub headers: Vec<(String, String)>,
+}
+
+impl RecordedRequest {
+    /// All values of header `name` (case-insensitive), in order.
+    pub fn header_all(&self, name: &str) -> Vec<&str> {
+        self.headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+            .collect()
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.header_all(name).into_iter().next()
+    }
+
+    pub fn path(&self) -> &str {
+        self.uri.split('?').next().unwrap_or("")
+    }
+}
+
+struct ConnInfo {
+    id: u64,
+    served: AtomicUsize,
+    kill: Notify,
+}
+
+struct UpstreamShared {
+    conns_now: AtomicUsize,
+    conns_peak: AtomicUsize,
+    accepted: AtomicUsize,
+    inflight_now: AtomicUsize,
+    inflight_peak: AtomicUsize,
+    requests: AtomicUsize,
+    rejected: AtomicUsize,
+    killed: AtomicUsize,
+    bytes_streamed: Arc<AtomicU64>,
+    close_every: AtomicBool,
+    kill_reused_once: AtomicBool,
+    released: watch::Sender<bool>,
+    graceful: watch::Sender<u64>,
+    recorded: Mutex<Vec<RecordedRequest>>,
+    next_conn_id: AtomicU64,
+}
+
+struct ConnGuard(Arc<UpstreamShared>);
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        self.0.conns_now.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+struct InflightGuard(Arc<UpstreamShared>);
+
+impl InflightGuard {
+    fn new(shared: &Arc<UpstreamShared>) -> Self {
+        let now = shared.inflight_now.fetch_add(1, Ordering::SeqCst) + 1;
+        shared.inflight_peak.fetch_max(now, Ordering::SeqCst);
+        InflightGuard(shared.clone())
+    }
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.0.inflight_now.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Options of a test upstream.
+#[derive(Clone, Debug, Default)]
+pub struct UpstreamOptions {
+    /// Answer every response with `Connection: close`.
+    pub close_every: bool,
+    /// SO_SNDBUF of accepted sockets (inherited from the listener), to keep
+    /// kernel buffering small in back-pressure tests.
+    pub send_buffer: Option<u32>,
+}
+
+/// A counting HTTP/1.1 origin server on 127.0.0.1 (ephemeral port).
+///
+/// Paths (the first segment that is a known command counts, so `/a/stall`
+/// and `/stall` are the same):
+/// `/delay/{ms}`, `/status/{code}`, `/bytes/{n}`, `/echo`, `/echo-stream`,
+/// `/headers`, `/close`, `/stall`, `/drop`; anything else: 200 `ok`.
+pub struct Upstream {
+    addr: SocketAddr,
+    opts: UpstreamOptions,
+    shared: Arc<UpstreamShared>,
+    accept_task: Mutex<Option<JoinHandle<()>>>,
+    conn_tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
+}
+
+const COMMANDS: &[&str] = &[
+    "delay",
+    "status",
+    "bytes",
+    "echo",
+    "echo-stream",
+    "headers",
+    "close",
+    "stall",
+    "drop",
+];
+
+fn bind_listener(addr: SocketAddr, send_buffer: Option<u32>) -> std::io::Result<TcpListener> {
+    let socket = TcpSocket::new_v4()?;
+    socket.set_reuseaddr(true)?;
+    if let Some(size) = send_buffer {
+        socket.set_send_buffer_size(size)?;
+    }
+    socket.bind(addr)?;
+    socket.listen(1024)
+}
+
+impl Upstream {
+    pub async fn start() -> Upstream {
+        Self::start_with(UpstreamOptions::default()).await
+    }
+
+    pub async fn start_with(opts: UpstreamOptions) -> Upstream {
+        let listener = bind_listener("127.0.0.1:0".parse().unwrap(), opts.send_buffer)
+            .expect("bind test upstream");
+        let addr = listener.local_addr().unwrap();
+        let shared = Arc::new(UpstreamShared {
+            conns_now: AtomicUsize::new(0),
+            conns_peak: AtomicUsize::new(0),
+            accepted: AtomicUsize::new(0),
+            inflight_now: AtomicUsize::new(0),
+            inflight_peak: AtomicUsize::new(0),
+            requests: AtomicUsize::new(0),
+            rejected: AtomicUsize::new(0),
+            killed: AtomicUsize::new(0),
+            bytes_streamed: Arc::new(AtomicU64::new(0)),
+            close_every: AtomicBool::new(opts.close_every),
+            kill_reused_once: AtomicBool::new(false),
+            released: watch::Sender::new(false),
+            graceful: watch::Sender::new(0),
+            recorded: Mutex::new(Vec::new()),
+            next_conn_id: AtomicU64::new(1),
+        });
+        let up = Upstream {
+            addr,
+            opts,
+            shared,
+            accept_task: Mutex::new(None),
+            conn_tasks: Arc::new(Mutex::new(Vec::new())),
+        };
+        up.spawn_accept(listener);
+        up
+    }
+
+    fn spawn_accept(&self, listener: TcpListener) {
+        let shared = self.shared.clone();
+        let tasks = self.conn_tasks.clone();
+        let handle = tokio::spawn(async move {
+            loop {
+                let stream = match listener.accept().await {
+                    Ok((stream, _)) => stream,
+                    Err(_) => {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                shared.accepted.fetch_add(1, Ordering::SeqCst);
+                let now = shared.conns_now.fetch_add(1, Ordering::SeqCst) + 1;
+                shared.conns_peak.fetch_max(now, Ordering::SeqCst);
+                let guard = ConnGuard(shared.clone());
+                let info = Arc::new(ConnInfo {
+                    id: shared.next_conn_id.fetch_add(1, Ordering::SeqCst),
+                    served: AtomicUsize::new(0),
+                    kill: Notify::new(),
+                });
+                let task = tokio::spawn(serve_connection(stream, shared.clone(), info, guard));
+                let mut tasks = tasks.lock().unwrap();
+                tasks.retain(|t| !t.is_finished());
+                tasks.push(task);
+            }
+        });
+        *self.accept_task.lock().unwrap() = Some(handle);
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:PORT`
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// TCP connections open right now.
+    pub fn connections(&self) -> usize {
+        self.shared.conns_now.load(Ordering::SeqCst)
+    }
+
+    /// Highest number of simultaneously open TCP connections.
+    pub fn peak_connections(&self) -> usize {
+        self.shared.conns_peak.load(Ordering::SeqCst)
+    }
+
+    /// TCP connections accepted since start (across restarts).
+    pub fn accepted(&self) -> usize {
+        self.shared.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Requests whose handler is running right now.
+    pub fn inflight(&self) -> usize {
+        self.shared.inflight_now.load(Ordering::SeqCst)
+    }
+
+    pub fn peak_inflight(&self) -> usize {
+        self.shared.inflight_peak.load(Ordering::SeqCst)
+    }
+
+    /// Requests received (including rejected ones).
+    pub fn requests(&self) -> usize {
+        self.shared.requests.load(Ordering::SeqCst)
+    }
+
+    /// Requests rejected with 400 (no Host header, or absolute-form target).
+    pub fn rejected(&self) -> usize {
+        self.shared.rejected.load(Ordering::SeqCst)
+    }
+
+    /// Connections the upstream dropped on purpose (`/drop`,
+    /// [`Upstream::kill_next_reused_connection`]).
+    pub fn killed(&self) -> usize {
+        self.shared.killed.load(Ordering::SeqCst)
+    }
+
+    /// Bytes produced by `/bytes/{n}` bodies so far (handed to hyper).
+    pub fn bytes_streamed(&self) -> u64 {
+        self.shared.bytes_streamed.load(Ordering::SeqCst)
+    }
+
+    pub fn recorded(&self) -> Vec<RecordedRequest> {
+        self.shared.recorded.lock().unwrap().clone()
+    }
+
+    /// Recorded requests whose path starts with `prefix`.
+    pub fn recorded_with_prefix(&self, prefix: &str) -> Vec<RecordedRequest> {
+        self.recorded()
+            .into_iter()
+            .filter(|r| r.path().starts_with(prefix))
+            .collect()
+    }
+
+    /// Lets every current and future `/stall` request answer (sticky).
+    pub fn release_stalled(&self) {
+        self.shared.released.send_replace(true);
+    }
+
+    /// Makes `/stall` stall again. Only call it when no `/stall` request is
+    /// waiting (they could miss the earlier release).
+    pub fn restall(&self) {
+        self.shared.released.send_replace(false);
+    }
+
+    pub fn set_close_every(&self, on: bool) {
+        self.shared.close_every.store(on, Ordering::SeqCst);
+    }
+
+    /// Gracefully closes every connection: idle ones at once, busy ones
+    /// after their current response.
+    pub fn close_idle_connections(&self) {
+        self.shared.graceful.send_modify(|g| *g += 1);
+    }
+
+    /// The next request that arrives on an already used connection makes the
+    /// upstream close that connection without answering (once).
+    pub fn kill_next_reused_connection(&self) {
+        self.shared.kill_reused_once.store(true, Ordering::SeqCst);
+    }
+
+    /// Drops the listener and aborts every connection.
+    pub async fn stop(&self) {
+        let accept = self.accept_task.lock().unwrap().take();
+        if let Some(task) = accept {
+            task.abort();
+            let _ = task.await;
+        }
+        let tasks = std::mem::take(&mut *self.conn_tasks.lock().unwrap());
+        for task in &tasks {
+            task.abort();
+        }
+        for task in tasks {
+            let _ = task.await;
+        }
+    }
+
+    /// Listens again on the same port (after [`Upstream::stop`]).
+    pub async fn restart(&self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let listener = loop {
+            match bind_listener(self.addr, self.opts.send_buffer) {
+                Ok(l) => break l,
+                Err(e) if Instant::now() < deadline => {
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("rebinding upstream on {}: {e}", self.addr),
+            }
+        };
+        self.spawn_accept(listener);
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        if let Some(task) = self.accept_task.lock().unwrap().take() {
+            task.abort();
+        }
+        for task in self.conn_tasks.lock().unwrap().drain(..) {
+            task.abort();
+        }
+    }
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    shared: Arc<UpstreamShared>,
+    info: Arc<ConnInfo>,
+    _guard: ConnGuard,
+) {
+    let svc = {
+        let shared = shared.clone();
+        let info = info.clone();
+        service_fn(move |req| handle(shared.clone(), info.clone(), req))
+    };
+    let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
+    tokio::pin!(conn);
+    let mut graceful = shared.graceful.subscribe();
+    loop {
+        tokio::select! {
+            _ = conn.as_mut() => break,
+            changed = graceful.changed() => {
+                if changed.is_ok() {
+                    conn.as_mut().graceful_shutdown();
+                } else {
+                    let _ = conn.as_mut().await;
+                    break;
+                }
+            }
+            _ = info.kill.notified() => {
+                shared.killed.fetch_add(1, Ordering::SeqCst);
+                break;
+            }
+        }
+    }
+}
+
+fn text_response(status: StatusCode, text: &str) -> Response<UpstreamBody> {
+    let mut resp = Response::new(
+        Full::new(Bytes::from(text.to_owned()))
+            .map_err(|e| match e {})
+            .boxed_unsync(),
+    );
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    resp
+}
+
+fn empty_response(status: StatusCode) -> Response<UpstreamBody> {
+    let mut resp = Response::new(Empty::new().map_err(|e| match e {}).boxed_unsync());
+    *resp.status_mut() = status;
+    resp
+}
+
+fn version_str(v: Version) -> &'static str {
+    match v {
+        Version::HTTP_09 => "HTTP/0.9",
+        Version::HTTP_10 => "HTTP/1.0",
+        Version::HTTP_11 => "HTTP/1.1",
+        Version::HTTP_2 => "HTTP/2",
+        Version::HTTP_3 => "HTTP/3",
+        _ => "?",
+    }
+}
+
+async fn handle(
+    shared: Arc<UpstreamShared>,
+    info: Arc<ConnInfo>,
+    req: Request<Incoming>,
+) -> Result<Response<UpstreamBody>, Infallible> {
+    let served_before = info.served.fetch_add(1, Ordering::SeqCst);
+    shared.requests.fetch_add(1, Ordering::SeqCst);
+    let recorded = RecordedRequest {
+        conn_id: info.id,
+        method: req.method().to_string(),
+        uri: req.uri().to_string(),
+        version: req.version(),
+        headers: req
+            .headers()
+            .iter()
+            .map(|(n, v)| {
+                (
+                    n.as_str().to_owned(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect(),
+    };
+    shared.recorded.lock().unwrap().push(recorded.clone());
+
+    if !req.headers().contains_key(HOST) || req.uri().authority().is_some() {
+        shared.rejected.fetch_add(1, Ordering::SeqCst);
+        return Ok(text_response(
+            StatusCode::BAD_REQUEST,
+            "upstream: request without Host or in absolute form",
+        ));
+    }
+
+    if served_before > 0 && shared.kill_reused_once.swap(false, Ordering::SeqCst) {
+        info.kill.notify_one();
+        return std::future::pending().await;
+    }
+
+    let _inflight = InflightGuard::new(&shared);
+    let mut resp = route(&shared, &info, &recorded, req).await;
+    if shared.close_every.load(Ordering::SeqCst) {
+        resp.headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+    Ok(resp)
+}
+
+async fn route(
+    shared: &Arc<UpstreamShared>,
+    info: &Arc<ConnInfo>,
+    recorded: &RecordedRequest,
+    req: Request<Incoming>,
+) -> Response<UpstreamBody> {
+    let path = req.uri().path().to_owned();
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let command = segments
+        .iter()
+        .position(|s| COMMANDS.contains(s))
+        .map(|p| (segments[p], segments.get(p + 1).copied()));
+    match command {
+        Some(("delay", Some(ms))) => {
+            let ms: u64 = ms.parse().unwrap_or(0);
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            text_response(StatusCode::OK, "ok")
+        }
+        Some(("status", Some(code))) => {
+            let status = code
+                .parse::<u16>()
+                .ok()
+                .and_then(|c| StatusCode::from_u16(c).ok())
+                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+                empty_response(status)
+            } else {
+                text_response(status, &format!("status {}", status.as_u16()))
+            }
+        }
+        Some(("bytes", Some(n))) => {
+            let n: u64 = n.parse().unwrap_or(0);
+            let body = PatternBody::new(n).counting(shared.bytes_streamed.clone());
+            let mut resp = Response::new(body.boxed_unsync());
+            resp.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            );
+            resp
+        }
+        Some(("echo", _)) => {
+            let mut body = req.into_body();
+            let mut count = 0u64;
+            let mut pattern_ok = true;
+            while let Some(frame) = body.frame().await {
+                match frame {
+                    Ok(frame) => {
+                        if let Ok(data) = frame.into_data() {
+                            pattern_ok &= pattern_matches(count, &data);
+                            count += data.len() as u64;
+                        }
+                    }
+                    Err(e) => {
+                        return text_response(
+                            StatusCode::BAD_REQUEST,
+                            &format!("upstream: body error after {count} bytes: {e}"),
+                        )
+                    }
+                }
+            }
+            let mut resp = text_response(StatusCode::OK, &count.to_string());
+            resp.headers_mut().insert(
+                "x-pattern-ok",
+                HeaderValue::from_static(if pattern_ok { "true" } else { "false" }),
+            );
+            resp
+        }
+        Some(("echo-stream", _)) => {
+            let body = req.into_body().map_err(|e| Box::new(e) as BoxError);
+            Response::new(body.boxed_unsync())
+        }
+        Some(("headers", _)) => {
+            let json = serde_json::json!({
+                "method": recorded.method,
+                "uri": recorded.uri,
+                "version": version_str(recorded.version),
+                "headers": recorded.headers,
+            });
+            let mut resp = text_response(StatusCode::OK, &json.to_string());
+            resp.headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            resp
+        }
+        Some(("close", _)) => {
+            let mut resp = text_response(StatusCode::OK, "ok");
+            resp.headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
+            resp
+        }
+        Some(("stall", _)) => {
+            let mut released = shared.released.subscribe();
+            let _ = released.wait_for(|r| *r).await;
+            text_response(StatusCode::OK, "released")
+        }
+        Some(("drop", _)) => {
+            info.kill.notify_one();
+            std::future::pending().await
+        }
+        _ => text_response(StatusCode::OK, "ok"),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Proxy launcher
+// ---------------------------------------------------------------------------
+
+pub fn floodgate_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_floodgate")
+}
+
+/// A running `floodgate` process (killed on drop).
+pub struct Proxy {
+    child: Child,
+    pub listen: SocketAddr,
+    pub admin: SocketAddr,
+    output: Arc<Mutex<String>>,
+    exit: Option<ExitStatus>,
+}
+
+const OUTPUT_CAP: usize = 4 << 20;
+
+fn append_capped(buf: &Mutex<String>, text: &str) {
+    let mut buf = buf.lock().unwrap();
+    buf.push_str(text);
+    if buf.len() > OUTPUT_CAP {
+        let mut cut = buf.len() - OUTPUT_CAP / 2;
+        while !buf.is_char_boundary(cut) {
+            cut += 1;
+        }
+        buf.drain(..cut);
+    }
+}
+
+fn parse_ready_line(line: &str) -> Option<(SocketAddr, SocketAddr)> {
+    let rest = line.trim().strip_prefix("floodgate ready ")?;
+    let mut listen = None;
+    let mut admin = None;
+    for token in rest.split_whitespace() {
+        if let Some(v) = token.strip_prefix("listen=") {
+            listen = v.parse().ok();
+        } else if let Some(v) = token.strip_prefix("admin=") {
+            admin = v.parse().ok();
+        }
+    }
+    Some((listen?, admin?))
+}
+
+impl Proxy {
+    /// Starts floodgate with `--listen 127.0.0.1:0 --admin 127.0.0.1:0`
+    /// followed by `args`; panics (with its stderr) when it is not ready in
+    /// 10 s.
+    pub async fn start<S: AsRef<str>>(args: &[S]) -> Proxy {
+        match Self::try_start(args).await {
+            Ok(p) => p,
+            Err(e) => panic!("floodgate did not start: {e}"),
+        }
+    }
+
+    /// `--upstream URL --max-connections N` plus `extra`.
+    pub async fn for_upstream(upstream: &Upstream, max_connections: usize, extra: &[&str]) -> Proxy {
+        let mut args = vec![
+            "--upstream".to_owned(),
+            upstream.url(),
+            "--max-connections".to_owned(),
+            max_connections.to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        Self::start(&args).await
+    }
+
+    pub async fn try_start<S: AsRef<str>>(args: &[S]) -> Result<Proxy, String> {
+        let mut child = Command::new(floodgate_bin())
+            .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+            .args(args.iter().map(|a| a.as_ref()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("spawning {}: {e}", floodgate_bin()))?;
+        let output = Arc::new(Mutex::new(String::new()));
+
+        let mut stderr = child.stderr.take().unwrap();
+        let err_buf = output.clone();
+        std::thread::spawn(move || {
+            let mut chunk = [0u8; 8192];
+            loop {
+                match stderr.read(&mut chunk) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => append_capped(&err_buf, &String::from_utf8_lossy(&chunk[..n])),
+                }
+            }
+        });
+
+        let stdout = child.stdout.take().unwrap();
+        let out_buf = output.clone();
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<String>();
+        std::thread::spawn(move || {
+            let mut ready_tx = Some(ready_tx);
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if line.starts_with("floodgate ready") {
+                    if let Some(tx) = ready_tx.take() {
+                        let _ = tx.send(line);
+                        continue;
+                    }
+                }
+                append_capped(&out_buf, &format!("[stdout] {line}\n"));
+            }
+        });
+
+        let failure = |child: &mut Child, why: String| {
+            let _ = child.kill();
+            let status = child.wait().ok();
+            // Give the reader thread a moment to collect the last words.
+            let deadline = Instant::now() + Duration::from_millis(500);
+            while Instant::now() < deadline && output.lock().unwrap().is_empty() {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            format!(
+                "{why}; exit status {status:?}; output:\n{}",
+                output.lock().unwrap()
+            )
+        };
+        match tokio::time::timeout(Duration::from_secs(10), ready_rx).await {
+            Ok(Ok(line)) => match parse_ready_line(&line) {
+                Some((listen, admin)) => Ok(Proxy {
+                    child,
+                    listen,
+                    admin,
+                    output,
+                    exit: None,
+                }),
+                None => Err(failure(&mut child, format!("unparsable ready line {line:?}"))),
+            },
+            Ok(Err(_)) => Err(failure(&mut child, "stdout closed before the ready line".into())),
+            Err(_) => Err(failure(&mut child, "no ready line within 10 s".into())),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Everything the process wrote to stderr (and unexpected stdout lines).
+    pub fn output(&self) -> String {
+        self.output.lock().unwrap().clone()
+    }
+
+    /// Current resident set (VmRSS) in KiB.
+    pub fn rss_kib(&self) -> u64 {
+        proc_status_kib(self.pid(), "VmRSS").expect("VmRSS")
+    }
+
+    /// Peak resident set (VmHWM) in KiB.
+    pub fn peak_rss_kib(&self) -> u64 {
+        proc_status_kib(self.pid(), "VmHWM").expect("VmHWM")
+    }
+
+    /// Sends SIGTERM (through `kill(1)`).
+    pub fn sigterm(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .expect("running kill");
+        assert!(status.success(), "kill -TERM failed: {status}");
+    }
+
+    /// Waits for the process to exit; `None` when it is still running at
+    /// the deadline.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.exit {
+                return Some(status);
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                self.exit = Some(status);
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// `http://127.0.0.1:PORT{path}` on the proxy listener.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.listen, path)
+    }
+
+    pub async fn admin_get(&self, path: &str) -> Resp {
+        get(self.admin, path).await
+    }
+
+    pub async fn status(&self) -> serde_json::Value {
+        let resp = self.admin_get("/status").await;
+        assert_eq!(resp.status, StatusCode::OK, "GET /status: {}", resp.text());
+        serde_json::from_slice(&resp.body)
+            .unwrap_or_else(|e| panic!("GET /status is not JSON ({e}): {}", resp.text()))
+    }
+
+    /// `/status` → `upstreams.{name}`.
+    pub async fn upstream_status(&self, name: &str) -> serde_json::Value {
+        let status = self.status().await;
+        status["upstreams"][name].clone()
+    }
+
+    /// `/status` → `upstreams.{name}.{field}` as u64 (panics when missing).
+    pub async fn upstream_field(&self, name: &str, field: &str) -> u64 {
+        let up = self.upstream_status(name).await;
+        up[field]
+            .as_u64()
+            .unwrap_or_else(|| panic!("/status upstreams.{name}.{field} missing or not a number: {up}"))
+    }
+
+    pub async fn metrics(&self) -> String {
+        let resp = self.admin_get("/metrics").await;
+        assert_eq!(resp.status, StatusCode::OK, "GET /metrics");
+        resp.text()
+    }
+
+    /// Waits until `upstreams.{name}.in_use` is 0.
+    pub async fn wait_in_use_zero(&self, name: &str, timeout: Duration) {
+        wait_until(
+            &format!("upstreams.{name}.in_use == 0"),
+            timeout,
+            || async { self.upstream_field(name, "in_use").await == 0 },
+        )
+        .await
+    }
+
+    /// Waits until `upstreams.{name}.queue_depth` equals `depth`.
+    pub async fn wait_queue_depth(&self, name: &str, depth: u64, timeout: Duration) {
+        wait_until(
+            &format!("upstreams.{name}.queue_depth == {depth}"),
+            timeout,
+            || async { self.upstream_field(name, "queue_depth").await == depth },
+        )
+        .await
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        if self.exit.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if std::thread::panicking() {
+            let out = self.output();
+            let tail_start = out.len().saturating_sub(16 * 1024);
+            let mut start = tail_start;
+            while !out.is_char_boundary(start) {
+                start += 1;
+            }
+            eprintln!(
+                "---- floodgate (pid {}) output, last {} bytes ----\n{}\n---- end ----",
+                self.child.id(),
+                out.len() - start,
+                &out[start..]
+            );
+        }
+    }
+}
+
+/// A field of /proc/PID/status in KiB.
+pub fn proc_status_kib(pid: u32, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines().find_map(|line| {
+        let rest = line.strip_prefix(key)?.strip_prefix(':')?;
+        rest.split_whitespace().next()?.parse().ok()
+    })
+}
+
+/// A config file in the temp dir, removed on drop.
+pub struct TempConfig {
+    pub path: PathBuf,
+}
+
+impl TempConfig {
+    pub fn new(contents: &str) -> TempConfig {
+        static SEQ: AtomicUsize = AtomicUsize::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "floodgate-test-{}-{}.toml",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::write(&path, contents).expect("writing config");
+        TempConfig { path }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn path_str(&self) -> String {
+        self.path.display().to_string()
+    }
+}
+
+impl Drop for TempConfig {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Runs floodgate with `args` expecting it to exit by itself within
+/// `timeout` (it is killed and the test fails otherwise). Returns exit
+/// status, stdout, stderr.
+pub fn run_to_exit(args: &[&str], timeout: Duration) -> (ExitStatus, String, String) {
+    let mut child = Command::new(floodgate_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning floodgate");
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let out_thread = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = stdout.read_to_end(&mut s);
+        String::from_utf8_lossy(&s).into_owned()
+    });
+    let err_thread = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = stderr.read_to_end(&mut s);
+        String::from_utf8_lossy(&s).into_owned()
+    });
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let out = out_thread.join().unwrap_or_default();
+            let err = err_thread.join().unwrap_or_default();
+            panic!(
+                "floodgate {args:?} was still running after {timeout:?}\nstdout:\n{out}\nstderr:\n{err}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let out = out_thread.join().unwrap_or_default();
+    let err = err_thread.join().unwrap_or_default();
+    (status, out, err)
+}
+
+// ---------------------------------------------------------------------------
+// HTTP clients
+// ---------------------------------------------------------------------------
+
+/// A fully read response.
+#[derive(Debug)]
+pub struct Resp {
+    pub status: StatusCode,
+    pub version: Version,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Resp {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+pub async fn collect(resp: Response<Incoming>) -> Result<Resp, BoxError> {
+    let (parts, body) = resp.into_parts();
+    let body = tokio::time::timeout(CLIENT_TIMEOUT, body.collect())
+        .await
+        .map_err(|_| "timed out reading the response body")??
+        .to_bytes();
+    Ok(Resp {
+        status: parts.status,
+        version: parts.version,
+        headers: parts.headers,
+        body,
+    })
+}
+
+/// One HTTP/1.1 client connection (keep-alive) made with hyper's
+/// `client::conn::http1`. Dropping it closes the TCP connection.
+pub struct H1Conn {
+    sender: hyper::client::conn::http1::SendRequest<TestBody>,
+    task: JoinHandle<()>,
+    addr: SocketAddr,
+}
+
+impl H1Conn {
+    pub async fn connect(addr: SocketAddr) -> H1Conn {
+        Self::try_connect(addr)
+            .await
+            .unwrap_or_else(|e| panic!("connecting to {addr}: {e}"))
+    }
+
+    pub async fn try_connect(addr: SocketAddr) -> Result<H1Conn, BoxError> {
+        let stream = tokio::time::timeout(CLIENT_TIMEOUT, TcpStream::connect(addr))
+            .await
+            .map_err(|_| "connect timed out")??;
+        stream.set_nodelay(true)?;
+        Self::over(stream, addr).await
+    }
+
+    pub async fn over(stream: TcpStream, addr: SocketAddr) -> Result<H1Conn, BoxError> {
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        let task = tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(H1Conn { sender, task, addr })
+    }
+
+    /// Sends `req` (adding `Host` when missing) and returns the response head.
+    pub async fn send(&mut self, mut req: Request<TestBody>) -> Result<Response<Incoming>, BoxError> {
+        if !req.headers().contains_key(HOST) {
+            req.headers_mut().insert(
+                HOST,
+                HeaderValue::from_str(&self.addr.to_string()).unwrap(),
+            );
+        }
+        tokio::time::timeout(CLIENT_TIMEOUT, async {
+            self.sender.ready().await?;
+            self.sender.send_request(req).await
+        })
+        .await
+        .map_err(|_| -> BoxError { "timed out waiting for the response head".into() })?
+        .map_err(Into::into)
+    }
+
+    pub async fn try_request(
+        &mut self,
+        method: Method,
+        path: &str,
+        body: TestBody,
+    ) -> Result<Resp, BoxError> {
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .body(body)
+            .unwrap();
+        let resp = self.send(req).await?;
+        collect(resp).await
+    }
+
+    pub async fn try_get(&mut self, path: &str) -> Result<Resp, BoxError> {
+        self.try_request(Method::GET, path, body_empty()).await
+    }
+
+    pub async fn get(&mut self, path: &str) -> Resp {
+        self.try_get(path)
+            .await
+            .unwrap_or_else(|e| panic!("GET {path} via {}: {e}", self.addr))
+    }
+
+    /// True while hyper considers the connection usable.
+    pub fn is_open(&self) -> bool {
+        !self.sender.is_closed()
+    }
+}
+
+impl Drop for H1Conn {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// GET on a fresh connection.
+pub async fn get(addr: SocketAddr, path: &str) -> Resp {
+    H1Conn::connect(addr).await.get(path).await
+}
+
+/// GET on a fresh connection, errors returned.
+pub async fn try_get(addr: SocketAddr, path: &str) -> Result<Resp, BoxError> {
+    H1Conn::try_connect(addr).await?.try_get(path).await
+}
+
+/// An HTTP/2 prior-knowledge client connection.
+#[derive(Clone)]
+pub struct H2Conn {
+    sender: hyper::client::conn::http2::SendRequest<TestBody>,
+    addr: SocketAddr,
+    _task: Arc<H2Task>,
+}
+
+struct H2Task(JoinHandle<()>);
+
+impl Drop for H2Task {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl H2Conn {
+    pub async fn connect(addr: SocketAddr) -> H2Conn {
+        let stream = TcpStream::connect(addr).await.expect("connect");
+        stream.set_nodelay(true).unwrap();
+        let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            .handshake(TokioIo::new(stream))
+            .await
+            .expect("h2 handshake");
+        let task = tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        H2Conn {
+            sender,
+            addr,
+            _task: Arc::new(H2Task(task)),
+        }
+    }
+
+    pub async fn try_get(&mut self, path: &str) -> Result<Resp, BoxError> {
+        let req = Request::builder()
+            .method(Method::GET)
+            .uri(format!("http://{}{}", self.addr, path))
+            .body(body_empty())
+            .unwrap();
+        let resp = tokio::time::timeout(CLIENT_TIMEOUT, async {
+            self.sender.ready().await?;
+            self.sender.send_request(req).await
+        })
+        .await
+        .map_err(|_| -> BoxError { "timed out waiting for the response head".into() })??;
+        collect(resp).await
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Raw TCP client
+// ---------------------------------------------------------------------------
+
+/// A response read off a raw socket.
+#[derive(Debug, Clone)]
+pub struct RawResponse {
+    pub status: u16,
+    /// Minor version of `HTTP/1.x`.
+    pub minor_version: u8,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl RawResponse {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn has_header(&self, name: &str) -> bool {
+        self.header(name).is_some()
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// How reading a socket ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadEnd {
+    Eof,
+    Reset,
+    Timeout,
+}
+
+/// A TCP connection speaking bytes.
+pub struct RawConn {
+    pub stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl RawConn {
+    pub async fn connect(addr: SocketAddr) -> RawConn {
+        let stream = TcpStream::connect(addr).await.expect("connect");
+        stream.set_nodelay(true).unwrap();
+        RawConn {
+            stream,
+            buf: Vec::new(),
+        }
+    }
+
+    /// Connects with a small receive buffer (limits kernel buffering).
+    pub async fn connect_with_recv_buffer(addr: SocketAddr, size: u32) -> RawConn {
+        let socket = TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(size).unwrap();
+        let stream = socket.connect(addr).await.expect("connect");
+        stream.set_nodelay(true).unwrap();
+        RawConn {
+            stream,
+            buf: Vec::new(),
+        }
+    }
+
+    pub async fn write(&mut self, data: &[u8]) -> std::io::Result<()> {
+        self.stream.write_all(data).await
+    }
+
+    /// Reads more bytes into the buffer; Ok(0) at EOF.
+    async fn fill(&mut self, deadline: Instant) -> std::io::Result<usize> {
+        let mut chunk = vec![0u8; 64 * 1024];
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, self.stream.read(&mut chunk)).await {
+            Ok(Ok(n)) => {
+                self.buf.extend_from_slice(&chunk[..n]);
+                Ok(n)
+            }
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "raw read timed out",
+            )),
+        }
+    }
+
+    /// Reads one response head.
+    pub async fn read_head(&mut self, timeout: Duration) -> std::io::Result<RawResponse> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut headers = [httparse::EMPTY_HEADER; 128];
+            let mut parsed = httparse::Response::new(&mut headers);
+            match parsed.parse(&self.buf) {
+                Ok(httparse::Status::Complete(len)) => {
+                    let resp = RawResponse {
+                        status: parsed.code.unwrap_or(0),
+                        minor_version: parsed.version.unwrap_or(0),
+                        headers: parsed
+                            .headers
+                            .iter()
+                            .map(|h| {
+                                (
+                                    h.name.to_owned(),
+                                    String::from_utf8_lossy(h.value).into_owned(),
+                                )
+                            })
+                            .collect(),
+                        body: Vec::new(),
+                    };
+                    self.buf.drain(..len);
+                    return Ok(resp);
+                }
+                Ok(httparse::Status::Partial) => {}
+                Err(e) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!("bad response head {e}: {:?}", String::from_utf8_lossy(&self.buf)),
+                    ))
+                }
+            }
+            if self.fill(deadline).await? == 0 {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "EOF before a complete response head; got {:?}",
+                        String::from_utf8_lossy(&self.buf)
+                    ),
+                ));
+            }
+        }
+    }
+
+    async fn read_exact_buf(&mut self, n: usize, deadline: Instant) -> std::io::Result<Vec<u8>> {
+        while self.buf.len() < n {
+            if self.fill(deadline).await? == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+        }
+        Ok(self.buf.drain(..n).collect())
+    }
+
+    async fn read_line(&mut self, deadline: Instant) -> std::io::Result<String> {
+        loop {
+            if let Some(pos) = self.buf.windows(2).position(|w| w == b"\r\n") {
+                let line: Vec<u8> = self.buf.drain(..pos + 2).collect();
+                return Ok(String::from_utf8_lossy(&line[..pos]).into_owned());
+            }
+            if self.fill(deadline).await? == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+        }
+    }
+
+    /// Reads one complete response (framing per RFC 9112). `head_request`
+    /// says the request was HEAD (no body whatever the headers say).
+    pub async fn read_response(
+        &mut self,
+        head_request: bool,
+        timeout: Duration,
+    ) -> std::io::Result<RawResponse> {
+        let deadline = Instant::now() + timeout;
+        let mut resp = self.read_head(timeout).await?;
+        if head_request || resp.status < 200 || resp.status == 204 || resp.status == 304 {
+            return Ok(resp);
+        }
+        let chunked = resp
+            .header("transfer-encoding")
+            .map(|v| v.to_ascii_lowercase().contains("chunked"))
+            .unwrap_or(false);
+        if chunked {
+            loop {
+                let line = self.read_line(deadline).await?;
+                let size_str = line.split(';').next().unwrap_or("").trim();
+                let size = usize::from_str_radix(size_str, 16).map_err(|_| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!("bad chunk size line {line:?}"),
+                    )
+                })?;
+                if size == 0 {
+                    // trailers
+                    while !self.read_line(deadline).await?.is_empty() {}
+                    break;
+                }
+                let data = self.read_exact_buf(size, deadline).await?;
+                resp.body.extend_from_slice(&data);
+                let crlf = self.read_exact_buf(2, deadline).await?;
+                if crlf != b"\r\n" {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        "chunk not followed by CRLF",
+                    ));
+                }
+            }
+        } else if let Some(len) = resp.header("content-length") {
+            let len: usize = len.trim().parse().map_err(|_| {
+                std::io::Error::new(std::io::ErrorKind::InvalidData, "bad content-length")
+            })?;
+            resp.body = self.read_exact_buf(len, deadline).await?;
+        } else {
+            // close-delimited
+            let (rest, end) = self.read_until_close(timeout).await;
+            if end == ReadEnd::Timeout {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "close-delimited body did not end",
+                ));
+            }
+            resp.body = rest;
+        }
+        Ok(resp)
+    }
+
+    /// Reads until EOF, reset or timeout; returns everything not yet consumed.
+    pub async fn read_until_close(&mut self, timeout: Duration) -> (Vec<u8>, ReadEnd) {
+        let deadline = Instant::now() + timeout;
+        let end = loop {
+            match self.fill(deadline).await {
+                Ok(0) => break ReadEnd::Eof,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => break ReadEnd::Timeout,
+                Err(_) => break ReadEnd::Reset,
+            }
+        };
+        (std::mem::take(&mut self.buf), end)
+    }
+
+    /// Bytes buffered but not consumed by a parse.
+    pub fn leftover(&self) -> &[u8] {
+        &self.buf
+    }
+
+    /// Reads raw bytes (at most `max`) into the caller's hands.
+    pub async fn read_some(&mut self, max: usize, timeout: Duration) -> std::io::Result<Vec<u8>> {
+        if self.buf.is_empty() {
+            let deadline = Instant::now() + timeout;
+            if self.fill(deadline).await? == 0 {
+                return Ok(Vec::new());
+            }
+        }
+        let n = self.buf.len().min(max);
+        Ok(self.buf.drain(..n).collect())
+    }
+
+    /// Closes with RST instead of FIN.
+    pub fn abort_with_reset(self) {
+        let _ = self.stream.set_zero_linger();
+        drop(self.stream);
+    }
+}
+
+/// Writes `request` on a fresh connection and reads until the proxy closes
+/// it (or `timeout`). The write may fail half way (proxy gave up early);
+/// whatever was answered is returned.
+pub async fn raw_exchange(addr: SocketAddr, request: &[u8], timeout: Duration) -> (Vec<u8>, ReadEnd) {
+    let mut conn = RawConn::connect(addr).await;
+    let _ = conn.write(request).await;
+    conn.read_until_close(timeout).await
+}
+
+/// Status code of the first response in `data`.
+pub fn first_status(data: &[u8]) -> Option<u16> {
+    let mut headers = [httparse::EMPTY_HEADER; 128];
+    let mut resp = httparse::Response::new(&mut headers);
+    match resp.parse(data) {
+        Ok(_) => resp.code,
+        Err(_) => None,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Prometheus text
+// ---------------------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+pub struct Sample {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub value: f64,
+}
+
+/// Parses Prometheus / OpenMetrics text exposition (comments skipped).
+pub fn parse_metrics(text: &str) -> Vec<Sample> {
+    let mut samples = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (name, labels, rest) = match line.find('{') {
+            Some(open) if line[..open].find(' ').is_none() => {
+                let name = &line[..open];
+                let mut labels = BTreeMap::new();
+                let bytes = line.as_bytes();
+                let mut i = open + 1;
+                loop {
+                    while i < bytes.len() && (bytes[i] == b',' || bytes[i] == b' ') {
+                        i += 1;
+                    }
+                    if i >= bytes.len() || bytes[i] == b'}' {
+                        i += 1;
+                        break;
+                    }
+                    let eq = i + line[i..].find('=').expect("label without =");
+                    let key = line[i..eq].trim().to_owned();
+                    i = eq + 1;
+                    assert_eq!(bytes[i], b'"', "label value not quoted in {line}");
+                    i += 1;
+                    let mut value = String::new();
+                    while bytes[i] != b'"' {
+                        if bytes[i] == b'\\' {
+                            i += 1;
+                            value.push(match bytes[i] {
+                                b'n' => '\n',
+                                other => other as char,
+                            });
+                        } else {
+                            let ch = line[i..].chars().next().unwrap();
+                            value.push(ch);
+                            i += ch.len_utf8() - 1;
+                        }
+                        i += 1;
+                    }
+                    i += 1;
+                    labels.insert(key, value);
+                }
+                (name.to_owned(), labels, &line[i.min(line.len())..])
+            }
+            _ => {
+                let mut parts = line.splitn(2, ' ');
+                let name = parts.next().unwrap_or("").to_owned();
+                (name, BTreeMap::new(), parts.next().unwrap_or(""))
+            }
+        };
+        let value = rest.split_whitespace().next().unwrap_or("");
+        let value = match value {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            v => v.parse().unwrap_or(f64::NAN),
+        };
+        samples.push(Sample {
+            name,
+            labels,
+            value,
+        });
+    }
+    samples
+}
+
+/// Sum of the samples named `name` whose labels include all of `labels`.
+pub fn metric_sum(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
+    samples
+        .iter()
+        .filter(|s| s.name == name)
+        .filter(|s| {
+            labels
+                .iter()
+                .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+        })
+        .map(|s| s.value)
+        .sum()
+}
+
+/// Whether any sample named `name` exists.
+pub fn metric_exists(samples: &[Sample], name: &str) -> bool {
+    samples.iter().any(|s| s.name == name)
+}
