@@ -79,11 +79,11 @@ impl<G> WaitQueue<G> {
     }
 
     /// The next waiter to serve.
-    pub fn next(&mut self) -> Option<Waiter<G>> {
+    pub fn pop_oldest(&mut self) -> Option<Waiter<G>> {
         self.waiters.pop_front()
     }
 
-    /// Removes a waiter that gave up (timeout, client gone); false if it was already taken by [`Self::next`].
+    /// Removes a waiter that gave up (timeout, client gone); false if it was already taken by [`Self::pop_oldest`].
     pub fn leave(&mut self, id: u64) -> bool {
         match self.waiters.iter().position(|w| w.id == id) {
             Some(index) => {
@@ -105,9 +105,9 @@ mod tests {
         let first = q.join(false).unwrap();
         assert_eq!(q.join(false).err(), Some(Shed::QueueFull));
         let retry = q.join(true).unwrap();
-        assert_eq!(q.next().map(|w| w.id), Some(retry.id));
-        assert_eq!(q.next().map(|w| w.id), Some(first.id));
-        assert!(q.next().is_none());
+        assert_eq!(q.pop_oldest().map(|w| w.id), Some(retry.id));
+        assert_eq!(q.pop_oldest().map(|w| w.id), Some(first.id));
+        assert!(q.pop_oldest().is_none());
     }
 
     #[test]
@@ -119,8 +119,8 @@ mod tests {
         assert!(q.leave(b.id));
         assert!(!q.leave(b.id));
         assert_eq!(q.len(), 2);
-        assert_eq!(q.next().map(|w| w.id), Some(a.id));
-        assert_eq!(q.next().map(|w| w.id), Some(c.id));
+        assert_eq!(q.pop_oldest().map(|w| w.id), Some(a.id));
+        assert_eq!(q.pop_oldest().map(|w| w.id), Some(c.id));
     }
 
     #[test]
@@ -128,7 +128,7 @@ mod tests {
         let mut q: WaitQueue<u32> = WaitQueue::new(10);
         let ticket = q.join(false).unwrap();
         drop(ticket);
-        let waiter = q.next().unwrap();
+        let waiter = q.pop_oldest().unwrap();
         assert_eq!(waiter.grant(7), Err(7));
     }
 

@@ -235,7 +235,7 @@ impl Config {
         let raw = config::Config::builder()
             .add_source(source)
             .build()
-            .map_err(|err| ConfigError::new(path.display().to_string(), err.to_string()))?;
+            .map_err(|err| ConfigError::new(path.display().to_string(), one_line(&err.to_string())))?;
         raw.try_deserialize::<Config>().map_err(from_config_error)
     }
 
@@ -319,7 +319,9 @@ impl Config {
         }
         for (name, upstream) in &self.upstreams {
             let valid_name = !name.is_empty()
-                && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
             if !valid_name {
                 return Err(ConfigError::new(
                     format!("upstreams.{name}"),
@@ -377,28 +379,28 @@ fn positive(key: &str, value: u128) -> Result<(), ConfigError> {
     }
 }
 
-/// The `config` crate reports a key path for type errors but only a message for unknown fields; both become
-/// one line that names the key.
+/// The `config` crate reports a key path for most errors but names an unknown field only in its message; either
+/// way the result is one line whose key is the offending one.
 fn from_config_error(err: config::ConfigError) -> ConfigError {
-    match err {
-        config::ConfigError::Type { key: Some(ref key), .. } => {
-            let key = key.clone();
+    let (key, text) = match &err {
+        config::ConfigError::Type { key: Some(key), .. } | config::ConfigError::At { key: Some(key), .. } => {
             let text = err.to_string();
-            let message = text.split(" for key").next().unwrap_or(&text).to_string();
-            ConfigError::new(key, message)
+            let message = text.split(" for key `").next().unwrap_or(&text).to_string();
+            (key.clone(), message)
         }
-        config::ConfigError::At { key: Some(key), error, .. } => ConfigError::new(key, error.to_string()),
-        other => {
-            let text = other.to_string();
-            let key = text
-                .split('`')
-                .nth(1)
-                .filter(|_| text.starts_with("unknown field"))
-                .unwrap_or("config")
-                .to_string();
-            ConfigError::new(key, text)
-        }
-    }
+        _ => (String::new(), err.to_string()),
+    };
+    let (key, text) = match text.strip_prefix("unknown field `").and_then(|rest| rest.split_once('`')) {
+        Some((field, _)) if key.is_empty() => (field.to_string(), text.clone()),
+        Some((field, _)) => (format!("{key}.{field}"), text.clone()),
+        None if key.is_empty() => ("config".to_string(), text),
+        None => (key, text),
+    };
+    ConfigError::new(key, one_line(&text))
+}
+
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 #[cfg(test)]
@@ -426,6 +428,21 @@ mod tests {
         assert_eq!(config.upstreams[DEFAULT_UPSTREAM].max_connections, 4);
         assert_eq!(config.routes.len(), 1);
         assert!(config.routes[0].host.is_none() && config.routes[0].path_prefix.is_none());
+    }
+
+    #[test]
+    fn the_reference_file_is_valid_and_states_the_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/floodgate.toml");
+        let config = Config::load(Some(&path), &Overrides::default()).unwrap();
+        let defaults = Config::default();
+        assert_eq!(config.listen, defaults.listen);
+        assert_eq!(config.client_idle_timeout, defaults.client_idle_timeout);
+        let app = &config.upstreams["app"];
+        let upstream_defaults = UpstreamConfig::default();
+        assert_eq!(app.max_queue, upstream_defaults.max_queue);
+        assert_eq!(app.queue_timeout, upstream_defaults.queue_timeout);
+        assert_eq!(app.idle_timeout, upstream_defaults.idle_timeout);
+        assert_eq!(app.abort_drain_bytes, upstream_defaults.abort_drain_bytes);
     }
 
     #[test]

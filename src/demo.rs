@@ -46,7 +46,7 @@ pub struct DemoArgs {
     pub max_connections: usize,
 
     /// Time the embedded upstream spends on each request (e.g. "20ms").
-    #[arg(long, default_value = "20ms", value_parser = parse_duration)]
+    #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration)]
     pub service_time: Duration,
 
     /// Requests floodgate may queue while all upstream connections are busy.
@@ -54,7 +54,7 @@ pub struct DemoArgs {
     pub max_queue: usize,
 
     /// Longest a request may wait in floodgate's queue before it is shed.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub queue_timeout: Duration,
 }
 
@@ -69,10 +69,6 @@ impl Default for DemoArgs {
             queue_timeout: Duration::from_secs(10),
         }
     }
-}
-
-fn parse_duration(s: &str) -> Result<Duration, humantime_serde::re::humantime::DurationError> {
-    humantime_serde::re::humantime::parse_duration(s)
 }
 
 fn parse_positive(s: &str) -> Result<usize, String> {
@@ -130,11 +126,7 @@ impl DemoReport {
         let expected = self.clients.saturating_mul(self.requests_per_client);
         self.direct.errors == 0
             && self.via_floodgate.errors == 0
-            && self
-                .via_floodgate
-                .ok
-                .saturating_add(self.via_floodgate.shed)
-                == expected
+            && self.via_floodgate.ok.saturating_add(self.via_floodgate.shed) == expected
             && self.via_floodgate.ok > 0
             && self.via_floodgate.peak_upstream_connections <= self.max_connections
             && self.via_floodgate.peak_upstream_threads <= self.max_connections
@@ -155,11 +147,7 @@ impl fmt::Display for DemoReport {
             self.requests_per_client,
             format_duration_short(self.service_time),
         )?;
-        writeln!(
-            f,
-            "{:<LABEL$}{:>DIRECT$}{:>proxied$}",
-            "", "direct", proxied_title
-        )?;
+        writeln!(f, "{:<LABEL$}{:>DIRECT$}{:>proxied$}", "", "direct", proxied_title)?;
 
         let (d, p) = (&self.direct, &self.via_floodgate);
         let rows: [(&str, String, String); 9] = [
@@ -253,9 +241,7 @@ fn format_duration_short(d: Duration) -> String {
 /// Failed requests are not errors: they are counted in the report.
 pub async fn run(args: DemoArgs) -> anyhow::Result<DemoReport> {
     let direct = run_direct(&args).await.context("direct run")?;
-    let via_floodgate = run_via_floodgate(&args)
-        .await
-        .context("run via floodgate")?;
+    let via_floodgate = run_via_floodgate(&args).await.context("run via floodgate")?;
     Ok(DemoReport {
         clients: args.clients,
         requests_per_client: args.requests,
@@ -277,14 +263,10 @@ fn request_budget(args: &DemoArgs) -> Duration {
 async fn run_direct(args: &DemoArgs) -> anyhow::Result<PhaseReport> {
     // A fresh upstream per run keeps the peaks of one run out of the other.
     let upstream = Upstream::start(args.service_time).context("starting the embedded upstream")?;
-    let load = drive_load(
-        upstream.addr(),
-        args.clients,
-        args.requests,
-        request_budget(args),
-    )
-    .await;
+    let load = drive_load(upstream.addr(), args.clients, args.requests, request_budget(args)).await;
+    tracing::debug!(wall = ?load.wall_time, "direct load done");
     let stats = stop_upstream(upstream).await?;
+    tracing::debug!("direct upstream stopped");
     Ok(load.into_report(stats))
 }
 
@@ -313,6 +295,7 @@ async fn run_via_floodgate(args: &DemoArgs) -> anyhow::Result<PhaseReport> {
 
     let load = drive_load(listen, args.clients, args.requests, request_budget(args)).await;
 
+    tracing::debug!(wall = ?load.wall_time, "load via floodgate done");
     let _ = stop_tx.send(());
     match tokio::time::timeout(Duration::from_secs(30), server).await {
         Ok(Ok(Ok(()))) => {}
@@ -320,6 +303,7 @@ async fn run_via_floodgate(args: &DemoArgs) -> anyhow::Result<PhaseReport> {
         Ok(Err(e)) => return Err(e).context("floodgate task failed"),
         Err(_) => bail!("floodgate did not shut down within 30s"),
     }
+    tracing::debug!("floodgate stopped");
 
     let stats = stop_upstream(upstream).await?;
     Ok(load.into_report(stats))
@@ -384,28 +368,21 @@ impl LoadResult {
 
 /// Nearest-rank percentile of an ascending slice; `None` when it is empty.
 fn percentile(sorted: &[Duration], percent: usize) -> Option<Duration> {
-    let rank = percent
-        .min(100)
-        .saturating_mul(sorted.len())
-        .div_ceil(100)
-        .max(1);
+    let rank = percent.min(100).saturating_mul(sorted.len()).div_ceil(100).max(1);
     sorted.get(rank.saturating_sub(1)).copied()
 }
 
-async fn drive_load(
-    addr: SocketAddr,
-    clients: usize,
-    requests: usize,
-    budget: Duration,
-) -> LoadResult {
+async fn drive_load(addr: SocketAddr, clients: usize, requests: usize, budget: Duration) -> LoadResult {
     // The driver waits too, so the clock starts exactly when the burst does.
     let barrier = Arc::new(Barrier::new(clients.saturating_add(1)));
     let tasks: Vec<_> = (0..clients)
         .map(|_| tokio::spawn(run_client(addr, requests, Arc::clone(&barrier), budget)))
         .collect();
 
+    let connecting = Instant::now();
     barrier.wait().await;
     let started = Instant::now();
+    tracing::debug!(%addr, clients, took = ?connecting.elapsed(), "clients connected; burst starts");
 
     let mut total = LoadResult::default();
     for task in tasks {
@@ -422,12 +399,7 @@ async fn drive_load(
     total
 }
 
-async fn run_client(
-    addr: SocketAddr,
-    requests: usize,
-    barrier: Arc<Barrier>,
-    budget: Duration,
-) -> LoadResult {
+async fn run_client(addr: SocketAddr, requests: usize, barrier: Arc<Barrier>, budget: Duration) -> LoadResult {
     let mut result = LoadResult::default();
     // Connect before the barrier so the burst is of requests, not handshakes;
     // a failed connect is retried (and counted) per request below.
@@ -491,10 +463,7 @@ async fn connect(addr: SocketAddr, budget: Duration) -> anyhow::Result<SendReque
 
 /// Sends one GET and reads the whole body; returns the status and whether
 /// the connection may be reused.
-async fn send_one(
-    sender: &mut SendRequest<Empty<Bytes>>,
-    host: &str,
-) -> anyhow::Result<(StatusCode, bool)> {
+async fn send_one(sender: &mut SendRequest<Empty<Bytes>>, host: &str) -> anyhow::Result<(StatusCode, bool)> {
     let request = Request::get("/demo")
         .header(HOST, host)
         .header(USER_AGENT, "floodgate-demo")
@@ -508,11 +477,7 @@ async fn send_one(
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .any(|token| token.trim().eq_ignore_ascii_case("close"));
-    response
-        .into_body()
-        .collect()
-        .await
-        .context("reading response body")?;
+    response.into_body().collect().await.context("reading response body")?;
     Ok((status, !close))
 }
 
@@ -751,11 +716,7 @@ impl From<io::Error> for HeadError {
     }
 }
 
-fn serve_connection(
-    stream: TcpStream,
-    service_time: Duration,
-    served: &AtomicUsize,
-) -> io::Result<()> {
+fn serve_connection(stream: TcpStream, service_time: Duration, served: &AtomicUsize) -> io::Result<()> {
     stream.set_nodelay(true)?;
     let mut reader = BufReader::new(stream);
     loop {
@@ -764,13 +725,7 @@ fn serve_connection(
             Ok(None) => return Ok(()),
             Err(HeadError::Io(e)) => return Err(e),
             Err(HeadError::Malformed(why)) => {
-                return write_response(
-                    reader.get_mut(),
-                    "400 Bad Request",
-                    why.as_bytes(),
-                    false,
-                    false,
-                );
+                return write_response(reader.get_mut(), "400 Bad Request", why.as_bytes(), false, false);
             }
             Err(HeadError::TooLarge) => {
                 return write_response(
@@ -782,20 +737,11 @@ fn serve_connection(
                 );
             }
             Err(HeadError::Unsupported(why)) => {
-                return write_response(
-                    reader.get_mut(),
-                    "501 Not Implemented",
-                    why.as_bytes(),
-                    false,
-                    false,
-                );
+                return write_response(reader.get_mut(), "501 Not Implemented", why.as_bytes(), false, false);
             }
         };
 
-        let discarded = io::copy(
-            &mut reader.by_ref().take(head.content_length),
-            &mut io::sink(),
-        )?;
+        let discarded = io::copy(&mut reader.by_ref().take(head.content_length), &mut io::sink())?;
         if discarded != head.content_length {
             return Ok(());
         }
@@ -804,13 +750,7 @@ fn serve_connection(
         thread::sleep(service_time);
         served.fetch_add(1, Ordering::SeqCst);
 
-        write_response(
-            reader.get_mut(),
-            "200 OK",
-            BODY,
-            head.keep_alive,
-            head.is_head,
-        )?;
+        write_response(reader.get_mut(), "200 OK", BODY, head.keep_alive, head.is_head)?;
         if !head.keep_alive {
             return Ok(());
         }
@@ -827,11 +767,7 @@ fn write_response(
     let mut out = format!(
         "HTTP/1.1 {status}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n{}\r\n",
         body.len(),
-        if keep_alive {
-            ""
-        } else {
-            "connection: close\r\n"
-        },
+        if keep_alive { "" } else { "connection: close\r\n" },
     )
     .into_bytes();
     if !head_only {
@@ -862,8 +798,7 @@ fn read_request_head<R: BufRead>(reader: &mut R) -> Result<Option<RequestHead>, 
     };
 
     let mut parts = request_line.split(' ');
-    let (Some(method), Some(_target), Some(version), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
+    let (Some(method), Some(_target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next())
     else {
         return Err(HeadError::Malformed("malformed request line\n"));
     };
@@ -880,16 +815,13 @@ fn read_request_head<R: BufRead>(reader: &mut R) -> Result<Option<RequestHead>, 
     loop {
         line.clear();
         if read_line(reader, &mut line, &mut budget)? == 0 {
-            return Err(HeadError::Malformed(
-                "connection closed inside the request head\n",
-            ));
+            return Err(HeadError::Malformed("connection closed inside the request head\n"));
         }
         let trimmed = trim_line_end(&line);
         if trimmed.is_empty() {
             break;
         }
-        let text = std::str::from_utf8(trimmed)
-            .map_err(|_| HeadError::Malformed("header is not UTF-8\n"))?;
+        let text = std::str::from_utf8(trimmed).map_err(|_| HeadError::Malformed("header is not UTF-8\n"))?;
         if text.starts_with([' ', '\t']) {
             return Err(HeadError::Malformed("obsolete header folding\n"));
         }
@@ -910,9 +842,7 @@ fn read_request_head<R: BufRead>(reader: &mut R) -> Result<Option<RequestHead>, 
             content_length = Some(parsed);
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
             // Only bodiless GETs are expected; refusing beats misframing.
-            return Err(HeadError::Unsupported(
-                "transfer-encoding is not supported\n",
-            ));
+            return Err(HeadError::Unsupported("transfer-encoding is not supported\n"));
         } else if name.eq_ignore_ascii_case("connection") {
             for token in value.split(',').map(str::trim) {
                 if token.eq_ignore_ascii_case("close") {
@@ -932,11 +862,7 @@ fn read_request_head<R: BufRead>(reader: &mut R) -> Result<Option<RequestHead>, 
 }
 
 /// Reads through the next `\n`, charging the head budget.
-fn read_line<R: BufRead>(
-    reader: &mut R,
-    line: &mut Vec<u8>,
-    budget: &mut u64,
-) -> Result<usize, HeadError> {
+fn read_line<R: BufRead>(reader: &mut R, line: &mut Vec<u8>, budget: &mut u64) -> Result<usize, HeadError> {
     let n = reader.by_ref().take(*budget).read_until(b'\n', line)?;
     *budget = budget.saturating_sub(u64::try_from(n).unwrap_or(u64::MAX));
     if n > 0 && !line.ends_with(b"\n") {
@@ -1025,8 +951,7 @@ mod tests {
 
     #[test]
     fn head_parser_frames_requests() {
-        let mut input: &[u8] =
-            b"\r\nPOST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc";
+        let mut input: &[u8] = b"\r\nPOST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc";
         let head = read_request_head(&mut input);
         assert!(matches!(
             head,

@@ -90,9 +90,7 @@ impl ProxyError {
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::TunnelNotSupported => StatusCode::NOT_IMPLEMENTED,
             ProxyError::MissingHost => StatusCode::BAD_REQUEST,
-            ProxyError::Connect(_) | ProxyError::ConnectTimeout(_) | ProxyError::Upstream(_) => {
-                StatusCode::BAD_GATEWAY
-            }
+            ProxyError::Connect(_) | ProxyError::ConnectTimeout(_) | ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -103,9 +101,7 @@ impl ProxyError {
             ProxyError::Shed(Shed::QueueFull) => "queue full\n",
             ProxyError::Shed(Shed::QueueTimeout) => "queue timeout\n",
             ProxyError::NoRoute => "no route\n",
-            ProxyError::TunnelNotSupported => {
-                "tunnels (Upgrade, WebSocket, CONNECT) are not supported yet\n"
-            }
+            ProxyError::TunnelNotSupported => "tunnels (Upgrade, WebSocket, CONNECT) are not supported yet\n",
             ProxyError::MissingHost => "missing Host header\n",
             ProxyError::Connect(_) => "upstream connect failed\n",
             ProxyError::ConnectTimeout(_) => "upstream connect timeout\n",
@@ -121,9 +117,7 @@ impl ProxyError {
             ProxyError::NoRoute => Outcome::NoRoute,
             ProxyError::TunnelNotSupported => Outcome::NotImplemented,
             ProxyError::MissingHost => Outcome::BadRequest,
-            ProxyError::Connect(_) | ProxyError::ConnectTimeout(_) | ProxyError::Upstream(_) => {
-                Outcome::UpstreamError
-            }
+            ProxyError::Connect(_) | ProxyError::ConnectTimeout(_) | ProxyError::Upstream(_) => Outcome::UpstreamError,
             ProxyError::UpstreamTimeout(_) => Outcome::UpstreamTimeout,
         }
     }

@@ -76,9 +76,7 @@ pub fn to_upstream(
     let host = match parts.headers.get(header::HOST) {
         Some(host) => host.clone(),
         None => match parts.uri.authority() {
-            Some(authority) => {
-                HeaderValue::from_str(authority.as_str()).map_err(|_| ProxyError::MissingHost)?
-            }
+            Some(authority) => HeaderValue::from_str(authority.as_str()).map_err(|_| ProxyError::MissingHost)?,
             // HTTP/1.0 had no Host; the upstream still gets one.
             None if client_version == Version::HTTP_10 => pool.authority.clone(),
             None => return Err(ProxyError::MissingHost),
@@ -169,7 +167,9 @@ impl IdleTimer {
     /// Called when the inner body is pending: true once it has been pending for the whole timeout.
     fn expired(&mut self, cx: &mut Context<'_>) -> bool {
         let deadline = Instant::now() + self.timeout;
-        let sleep = self.sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        let sleep = self
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
         if self.progressed {
             sleep.as_mut().reset(deadline);
             self.progressed = false;
@@ -234,7 +234,9 @@ impl Body for RequestBody {
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.as_ref().map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
     }
 }
 
@@ -439,7 +441,10 @@ pub fn local_response(error: &ProxyError) -> Response<ResponseBody> {
     let mut response = Response::new(ResponseBody::local(error.reason()));
     *response.status_mut() = error.status();
     let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     if let Some(retry_after) = error.retry_after() {
         headers.insert(header::RETRY_AFTER, HeaderValue::from_static(retry_after));
     }
@@ -447,7 +452,11 @@ pub fn local_response(error: &ProxyError) -> Response<ResponseBody> {
 }
 
 /// Turns the upstream's response head into the client's, deciding whether the connection may be reused.
-pub fn to_client(response: Response<Incoming>, mut lease: Lease, counters: Arc<OutcomeCounters>) -> Response<ResponseBody> {
+pub fn to_client(
+    response: Response<Incoming>,
+    mut lease: Lease,
+    counters: Arc<OutcomeCounters>,
+) -> Response<ResponseBody> {
     let (mut parts, body) = response.into_parts();
     if !keeps_alive(parts.version, &parts.headers) {
         lease.forbid_reuse();
@@ -458,7 +467,10 @@ pub fn to_client(response: Response<Incoming>, mut lease: Lease, counters: Arc<O
         counters,
         status: parts.status,
     };
-    Response::from_parts(parts, ResponseBody::upstream(UpstreamBody::new(body, lease, completion)))
+    Response::from_parts(
+        parts,
+        ResponseBody::upstream(UpstreamBody::new(body, lease, completion)),
+    )
 }
 
 #[cfg(test)]

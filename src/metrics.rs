@@ -69,8 +69,16 @@ impl Metrics {
             "Requests by how they ended (outcome) and the status class answered",
             requests.clone(),
         );
-        registry.register("floodgate_inflight", "Requests holding an upstream slot", inflight.clone());
-        registry.register("floodgate_queue_depth", "Requests waiting for an upstream slot", queue_depth.clone());
+        registry.register(
+            "floodgate_inflight",
+            "Requests holding an upstream slot",
+            inflight.clone(),
+        );
+        registry.register(
+            "floodgate_queue_depth",
+            "Requests waiting for an upstream slot",
+            queue_depth.clone(),
+        );
         registry.register(
             "floodgate_queue_wait_seconds",
             "Time admitted requests waited in the queue",
@@ -96,7 +104,11 @@ impl Metrics {
             "Time from dispatch to the upstream's response head",
             response.clone(),
         );
-        registry.register("floodgate_client_connections", "Open client connections", client_connections.clone());
+        registry.register(
+            "floodgate_client_connections",
+            "Open client connections",
+            client_connections.clone(),
+        );
         let client_side = Arc::new(OutcomeCounters::new(requests.clone(), None));
         Metrics {
             registry,
@@ -154,7 +166,9 @@ pub struct OutcomeCounters {
 
 impl OutcomeCounters {
     fn new(family: Family<Labels, Counter>, upstream: Option<String>) -> Self {
-        let cells = (0..Outcome::ALL.len() * STATUS_CLASSES.len()).map(|_| OnceLock::new()).collect();
+        let cells = (0..Outcome::ALL.len() * STATUS_CLASSES.len())
+            .map(|_| OnceLock::new())
+            .collect();
         OutcomeCounters {
             family,
             upstream,
@@ -173,7 +187,10 @@ impl OutcomeCounters {
                 labels.push(("upstream", upstream.clone()));
             }
             labels.push(("outcome", outcome.as_str().to_string()));
-            labels.push(("status", STATUS_CLASSES.get(class).copied().unwrap_or("none").to_string()));
+            labels.push((
+                "status",
+                STATUS_CLASSES.get(class).copied().unwrap_or("none").to_string(),
+            ));
             self.family.get_or_create_owned(&labels)
         })
         .inc();
@@ -208,7 +225,9 @@ impl UpstreamMetrics {
         let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
         self.inflight.set(gauge(snapshot.in_use));
         self.queue_depth.set(gauge(snapshot.queue_depth));
-        self.active.set(gauge(snapshot.connections_open.saturating_sub(snapshot.connections_idle)));
+        self.active.set(gauge(
+            snapshot.connections_open.saturating_sub(snapshot.connections_idle),
+        ));
         self.idle.set(gauge(snapshot.connections_idle));
         self.peak.set(gauge(snapshot.connections_peak));
     }
@@ -226,7 +245,13 @@ mod tests {
         api.requests.record(Outcome::Ok, Some(StatusCode::OK));
         metrics.client_side(Outcome::NoRoute, Some(StatusCode::NOT_FOUND));
         let text = metrics.encode();
-        assert!(text.contains(r#"floodgate_requests_total{upstream="api",outcome="ok",status="2xx"} 2"#), "{text}");
-        assert!(text.contains(r#"floodgate_requests_total{outcome="no_route",status="4xx"} 1"#), "{text}");
+        assert!(
+            text.contains(r#"floodgate_requests_total{upstream="api",outcome="ok",status="2xx"} 2"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"floodgate_requests_total{outcome="no_route",status="4xx"} 1"#),
+            "{text}"
+        );
     }
 }

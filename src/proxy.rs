@@ -131,7 +131,12 @@ impl Proxy {
     fn warn_shed(&self, pool: &UpstreamPool, shed: Shed) {
         let now = self.started.elapsed().as_secs() + 1;
         let last = self.shed_warned_at.load(Ordering::Relaxed);
-        if now > last && self.shed_warned_at.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+        if now > last
+            && self
+                .shed_warned_at
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
             let snapshot = pool.snapshot();
             tracing::warn!(
                 upstream = %pool.name,

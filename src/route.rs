@@ -27,7 +27,11 @@ impl Router {
                 host: host.map(|h| strip_port(&h).to_ascii_lowercase()),
                 prefix: prefix.map(|p| {
                     let trimmed = p.trim_end_matches('/');
-                    if trimmed.is_empty() { "/".to_string() } else { trimmed.to_string() }
+                    if trimmed.is_empty() {
+                        "/".to_string()
+                    } else {
+                        trimmed.to_string()
+                    }
                 }),
                 pool,
             })
@@ -46,7 +50,11 @@ impl Router {
                     (Some(want), Some(got)) => want.eq_ignore_ascii_case(got),
                     (Some(_), None) => false,
                 };
-                host_ok && route.prefix.as_deref().is_none_or(|prefix| prefix_matches(prefix, path))
+                host_ok
+                    && route
+                        .prefix
+                        .as_deref()
+                        .is_none_or(|prefix| prefix_matches(prefix, path))
             })
             .map(|route| &route.pool)
     }

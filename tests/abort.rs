@@ -13,10 +13,7 @@ const N: usize = 2;
 
 /// Fills every slot with `/stall` requests and waits until the upstream
 /// holds them all. Returns the client tasks.
-async fn occupy_all_slots(
-    proxy: &Proxy,
-    upstream: &Upstream,
-) -> Vec<tokio::task::JoinHandle<StatusCode>> {
+async fn occupy_all_slots(proxy: &Proxy, upstream: &Upstream) -> Vec<tokio::task::JoinHandle<StatusCode>> {
     let before = upstream.inflight();
     let tasks: Vec<_> = (0..N)
         .map(|i| {
@@ -56,19 +53,14 @@ async fn assert_slots_intact(proxy: &Proxy, upstream: &Upstream, accepted_before
 
 #[derive(Clone, Copy)]
 enum QueuedKind {
-    NoBody,
-    CompleteBody,
-    PartialBody,
+    HeadOnly,
+    WholeBody,
+    HalfBody,
 }
 
 async fn abort_while_queued(kind: QueuedKind) {
     let upstream = Upstream::start().await;
-    let proxy = Proxy::for_upstream(
-        &upstream,
-        N,
-        &["--max-queue", "100", "--queue-timeout", "20s"],
-    )
-    .await;
+    let proxy = Proxy::for_upstream(&upstream, N, &["--max-queue", "100", "--queue-timeout", "20s"]).await;
 
     let occupants = occupy_all_slots(&proxy, &upstream).await;
     let accepted_before = upstream.accepted();
@@ -78,18 +70,15 @@ async fn abort_while_queued(kind: QueuedKind) {
     for i in 0..10 {
         let mut conn = RawConn::connect(proxy.listen).await;
         let request = match kind {
-            QueuedKind::NoBody => {
-                format!("GET /abandoned/{i} HTTP/1.1\r\nHost: client.test\r\n\r\n").into_bytes()
+            QueuedKind::HeadOnly => format!("GET /abandoned/{i} HTTP/1.1\r\nHost: client.test\r\n\r\n").into_bytes(),
+            QueuedKind::WholeBody => {
+                format!("POST /abandoned/{i} HTTP/1.1\r\nHost: client.test\r\nContent-Length: 11\r\n\r\nhello world")
+                    .into_bytes()
             }
-            QueuedKind::CompleteBody => format!(
-                "POST /abandoned/{i} HTTP/1.1\r\nHost: client.test\r\nContent-Length: 11\r\n\r\nhello world"
-            )
-            .into_bytes(),
-            QueuedKind::PartialBody => {
-                let mut r = format!(
-                    "POST /abandoned/{i} HTTP/1.1\r\nHost: client.test\r\nContent-Length: 100000\r\n\r\n"
-                )
-                .into_bytes();
+            QueuedKind::HalfBody => {
+                let mut r =
+                    format!("POST /abandoned/{i} HTTP/1.1\r\nHost: client.test\r\nContent-Length: 100000\r\n\r\n")
+                        .into_bytes();
                 r.extend(std::iter::repeat_n(b'x', 1000));
                 r
             }
@@ -123,28 +112,23 @@ async fn abort_while_queued(kind: QueuedKind) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_aborting_while_queued_without_body_leak_no_slot() {
-    abort_while_queued(QueuedKind::NoBody).await;
+    abort_while_queued(QueuedKind::HeadOnly).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_aborting_while_queued_after_sending_a_complete_body_leak_no_slot() {
-    abort_while_queued(QueuedKind::CompleteBody).await;
+    abort_while_queued(QueuedKind::WholeBody).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_aborting_while_queued_mid_request_body_leak_no_slot() {
-    abort_while_queued(QueuedKind::PartialBody).await;
+    abort_while_queued(QueuedKind::HalfBody).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_streams_cancelled_while_queued_leak_no_slot() {
     let upstream = Upstream::start().await;
-    let proxy = Proxy::for_upstream(
-        &upstream,
-        N,
-        &["--max-queue", "100", "--queue-timeout", "20s"],
-    )
-    .await;
+    let proxy = Proxy::for_upstream(&upstream, N, &["--max-queue", "100", "--queue-timeout", "20s"]).await;
     let occupants = occupy_all_slots(&proxy, &upstream).await;
     let accepted_before = upstream.accepted();
 

@@ -14,18 +14,19 @@ const UP: &str = "default";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_hundred_concurrent_clients_are_served_over_exactly_four_upstream_connections() {
     let upstream = Upstream::start().await;
-    let proxy = Proxy::for_upstream(
-        &upstream,
-        4,
-        &["--max-queue", "1000", "--queue-timeout", "20s"],
-    )
-    .await;
+    let proxy = Proxy::for_upstream(&upstream, 4, &["--max-queue", "1000", "--queue-timeout", "20s"]).await;
 
     // 500 client connections, all open before the first request is sent.
     let mut clients = Vec::with_capacity(500);
     for _ in 0..500 {
         clients.push(H1Conn::connect(proxy.listen).await);
     }
+    wait_until(
+        "the proxy holds all 500 client connections",
+        Duration::from_secs(10),
+        || async { proxy.status().await["client_connections"].as_u64().unwrap_or(0) >= 500 },
+    )
+    .await;
     let mut tasks = Vec::with_capacity(500);
     for (i, mut client) in clients.into_iter().enumerate() {
         tasks.push(tokio::spawn(async move {
@@ -48,11 +49,7 @@ async fn five_hundred_concurrent_clients_are_served_over_exactly_four_upstream_c
     );
     assert_eq!(upstream.requests(), 500, "upstream saw every request once");
     assert_eq!(upstream.rejected(), 0, "upstream got well-formed requests");
-    assert_eq!(
-        upstream.peak_connections(),
-        4,
-        "upstream peak concurrent connections"
-    );
+    assert_eq!(upstream.peak_connections(), 4, "upstream peak concurrent connections");
     assert_eq!(
         upstream.accepted(),
         4,
@@ -84,7 +81,7 @@ async fn http10_and_connection_close_clients_reuse_the_warm_upstream_connections
         assert_eq!(w.await.unwrap(), StatusCode::OK);
     }
     let warm_accepted = upstream.accepted();
-    assert!(warm_accepted >= 1 && warm_accepted <= 2);
+    assert!((1..=2).contains(&warm_accepted));
 
     let mut tasks = Vec::new();
     for i in 0..20 {
@@ -94,26 +91,14 @@ async fn http10_and_connection_close_clients_reuse_the_warm_upstream_connections
             let req = format!("GET /delay/2?http10={i} HTTP/1.0\r\nHost: client.test\r\n\r\n");
             let (data, end) = raw_exchange(addr, req.as_bytes(), Duration::from_secs(10)).await;
             assert_eq!(end, ReadEnd::Eof, "HTTP/1.0 response is closed by the proxy");
-            assert_eq!(
-                first_status(&data),
-                Some(200),
-                "{:?}",
-                String::from_utf8_lossy(&data)
-            );
+            assert_eq!(first_status(&data), Some(200), "{:?}", String::from_utf8_lossy(&data));
         }));
         let addr = proxy.listen;
         tasks.push(tokio::spawn(async move {
-            let req = format!(
-                "GET /delay/2?close={i} HTTP/1.1\r\nHost: client.test\r\nConnection: close\r\n\r\n"
-            );
+            let req = format!("GET /delay/2?close={i} HTTP/1.1\r\nHost: client.test\r\nConnection: close\r\n\r\n");
             let (data, end) = raw_exchange(addr, req.as_bytes(), Duration::from_secs(10)).await;
             assert_eq!(end, ReadEnd::Eof, "Connection: close is honoured");
-            assert_eq!(
-                first_status(&data),
-                Some(200),
-                "{:?}",
-                String::from_utf8_lossy(&data)
-            );
+            assert_eq!(first_status(&data), Some(200), "{:?}", String::from_utf8_lossy(&data));
         }));
     }
     for t in tasks {
@@ -220,10 +205,7 @@ upstream = "b"
             tokio::spawn(async move { get(addr, &format!("/a/stall?i={i}")).await.status })
         })
         .collect();
-    wait_until_sync("a has 2 stalled requests", Duration::from_secs(5), || {
-        a.inflight() == 2
-    })
-    .await;
+    wait_until_sync("a has 2 stalled requests", Duration::from_secs(5), || a.inflight() == 2).await;
     proxy.wait_queue_depth("a", 4, Duration::from_secs(5)).await;
 
     // b answers promptly meanwhile.
@@ -244,10 +226,7 @@ upstream = "b"
         assert!(took < Duration::from_secs(2), "b request took {took:?}");
     }
     assert!(started.elapsed() < Duration::from_secs(3));
-    assert!(
-        stalled.iter().all(|t| !t.is_finished()),
-        "a's requests are still held"
-    );
+    assert!(stalled.iter().all(|t| !t.is_finished()), "a's requests are still held");
     assert_eq!(a.accepted(), 2);
     assert!(b.peak_connections() <= 2);
     assert_eq!(b.requests(), 20);
@@ -265,12 +244,7 @@ upstream = "b"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_client_with_200_concurrent_streams_on_one_connection_respects_the_cap() {
     let upstream = Upstream::start().await;
-    let proxy = Proxy::for_upstream(
-        &upstream,
-        4,
-        &["--max-queue", "1000", "--queue-timeout", "20s"],
-    )
-    .await;
+    let proxy = Proxy::for_upstream(&upstream, 4, &["--max-queue", "1000", "--queue-timeout", "20s"]).await;
 
     let client = H2Conn::connect(proxy.listen).await;
     let tasks: Vec<_> = (0..200)
@@ -290,11 +264,7 @@ async fn http2_client_with_200_concurrent_streams_on_one_connection_respects_the
         assert_eq!(result, Ok((StatusCode::OK, http::Version::HTTP_2)));
     }
     assert_eq!(upstream.requests(), 200);
-    assert!(
-        upstream.peak_connections() <= 4,
-        "peak {}",
-        upstream.peak_connections()
-    );
+    assert!(upstream.peak_connections() <= 4, "peak {}", upstream.peak_connections());
     assert!(upstream.accepted() <= 4, "accepted {}", upstream.accepted());
     for r in upstream.recorded() {
         assert_eq!(r.version, http::Version::HTTP_11);

@@ -13,14 +13,7 @@ use support::*;
 fn assert_rejected(config: &str, extra_args: &[&str], must_name: &[&str]) -> String {
     let file = TempConfig::new(config);
     let path = file.path_str();
-    let mut args = vec![
-        "--listen",
-        "127.0.0.1:0",
-        "--admin",
-        "127.0.0.1:0",
-        "--config",
-        &path,
-    ];
+    let mut args = vec!["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--config", &path];
     args.extend_from_slice(extra_args);
     let (status, stdout, stderr) = run_to_exit(&args, Duration::from_secs(10));
     assert!(!status.success(), "accepted bad config:\n{config}");
@@ -29,10 +22,7 @@ fn assert_rejected(config: &str, extra_args: &[&str], must_name: &[&str]) -> Str
         Some(2),
         "configuration errors exit with 2; stderr: {stderr}"
     );
-    assert!(
-        !stdout.contains("floodgate ready"),
-        "printed ready with a bad config"
-    );
+    assert!(!stdout.contains("floodgate ready"), "printed ready with a bad config");
     let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "expected one line on stderr, got:\n{stderr}");
     for name in must_name {
@@ -151,6 +141,9 @@ admin = "127.0.0.1:2"
 url = "{}"
 max_connections = 8
 max_queue = 10
+
+[[routes]]
+upstream = "default"
 "#,
         upstream.url()
     ));

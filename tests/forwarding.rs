@@ -129,22 +129,15 @@ async fn hundred_megabyte_upload_and_download_pass_with_bounded_proxy_memory() {
 
     // Download, checked byte for byte.
     let head = client
-        .send(
-            http::Request::get(format!("/bytes/{SIZE}"))
-                .body(body_empty())
-                .unwrap(),
-        )
+        .send(http::Request::get(format!("/bytes/{SIZE}")).body(body_empty()).unwrap())
         .await
         .expect("download head");
     assert_eq!(head.status(), StatusCode::OK);
     let mut body = head.into_body();
     let mut offset = 0u64;
-    while let Some(frame) = tokio::time::timeout(
-        Duration::from_secs(15),
-        http_body_util::BodyExt::frame(&mut body),
-    )
-    .await
-    .expect("download stalled")
+    while let Some(frame) = tokio::time::timeout(Duration::from_secs(15), http_body_util::BodyExt::frame(&mut body))
+        .await
+        .expect("download stalled")
     {
         let frame = frame.expect("download body error");
         if let Ok(data) = frame.into_data() {

@@ -42,12 +42,7 @@ async fn full_queue_sheds_with_503_queue_full_and_retry_after() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_timeout_sheds_with_503_queue_timeout() {
     let upstream = Upstream::start().await;
-    let proxy = Proxy::for_upstream(
-        &upstream,
-        1,
-        &["--max-queue", "10", "--queue-timeout", "300ms"],
-    )
-    .await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &["--max-queue", "10", "--queue-timeout", "300ms"]).await;
 
     let addr = proxy.listen;
     let stalled = tokio::spawn(async move { get(addr, "/stall").await });
@@ -61,11 +56,7 @@ async fn queue_timeout_sheds_with_503_queue_timeout() {
     let waited = started.elapsed();
     assert_eq!(resp.status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(resp.header("retry-after").is_some());
-    assert!(
-        resp.text().contains("queue timeout"),
-        "body {:?}",
-        resp.text()
-    );
+    assert!(resp.text().contains("queue timeout"), "body {:?}", resp.text());
     assert!(
         waited >= Duration::from_millis(250),
         "shed after {waited:?}, before the 300ms queue timeout"
@@ -82,12 +73,7 @@ async fn queue_timeout_sheds_with_503_queue_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_requests_are_forwarded_in_arrival_order() {
     let upstream = Upstream::start().await;
-    let proxy = Proxy::for_upstream(
-        &upstream,
-        1,
-        &["--max-queue", "100", "--queue-timeout", "20s"],
-    )
-    .await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &["--max-queue", "100", "--queue-timeout", "20s"]).await;
 
     let addr = proxy.listen;
     let stalled = tokio::spawn(async move { get(addr, "/stall").await.status });
@@ -119,8 +105,5 @@ async fn queued_requests_are_forwarded_in_arrival_order() {
     let expected: Vec<String> = (1..=8).map(|s| format!("/fifo?seq={s}")).collect();
     assert_eq!(order, expected, "queue is FIFO");
     let status = proxy.upstream_status(UP).await;
-    assert!(
-        status["queue_peak"].as_u64().unwrap_or(0) >= 8,
-        "/status: {status}"
-    );
+    assert!(status["queue_peak"].as_u64().unwrap_or(0) >= 8, "/status: {status}");
 }

@@ -10,12 +10,7 @@ use support::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_finishes_in_flight_and_queued_requests_then_exits_zero() {
     let upstream = Upstream::start().await;
-    let mut proxy = Proxy::for_upstream(
-        &upstream,
-        1,
-        &["--max-queue", "10", "--shutdown-timeout", "10s"],
-    )
-    .await;
+    let mut proxy = Proxy::for_upstream(&upstream, 1, &["--max-queue", "10", "--shutdown-timeout", "10s"]).await;
     let listen = proxy.listen;
 
     let in_flight = tokio::spawn(async move { try_get(listen, "/delay/500").await });
@@ -57,7 +52,10 @@ async fn sigterm_with_a_stuck_request_exits_after_the_shutdown_timeout() {
     let mut proxy = Proxy::for_upstream(&upstream, 1, &["--shutdown-timeout", "500ms"]).await;
     let listen = proxy.listen;
     let stuck = tokio::spawn(async move { try_get(listen, "/stall").await });
-    wait_until_sync("request stuck upstream", Duration::from_secs(5), || upstream.inflight() == 1).await;
+    wait_until_sync("request stuck upstream", Duration::from_secs(5), || {
+        upstream.inflight() == 1
+    })
+    .await;
 
     let sent = Instant::now();
     proxy.sigterm();

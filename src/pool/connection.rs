@@ -35,7 +35,8 @@ impl Conn {
 
     /// Whether the connection may carry another request under the configured limits.
     pub(super) fn is_usable(&self, limits: &UpstreamConfig) -> bool {
-        let too_old = !limits.max_connection_lifetime.is_zero() && self.born.elapsed() >= limits.max_connection_lifetime;
+        let too_old =
+            !limits.max_connection_lifetime.is_zero() && self.born.elapsed() >= limits.max_connection_lifetime;
         let worn_out = limits.max_requests_per_connection > 0 && self.served >= limits.max_requests_per_connection;
         !(self.is_closed() || too_old || worn_out)
     }

@@ -88,8 +88,8 @@ pub struct UpstreamPool {
 
 impl UpstreamPool {
     pub fn new(name: &str, origin: Origin, limits: UpstreamConfig, metrics: UpstreamMetrics) -> Arc<Self> {
-        let authority = HeaderValue::from_str(&origin.authority())
-            .unwrap_or_else(|_| HeaderValue::from_static("localhost"));
+        let authority =
+            HeaderValue::from_str(&origin.authority()).unwrap_or_else(|_| HeaderValue::from_static("localhost"));
         let pool = Arc::new(UpstreamPool {
             name: Arc::from(name),
             authority,
@@ -185,7 +185,7 @@ impl UpstreamPool {
         loop {
             let waiter = {
                 let mut state = self.lock();
-                match state.queue.next() {
+                match state.queue.pop_oldest() {
                     Some(waiter) => waiter,
                     None => {
                         state.idle.push_back(IdleConn {
@@ -210,7 +210,7 @@ impl UpstreamPool {
         loop {
             let waiter = {
                 let mut state = pool.lock();
-                match state.queue.next() {
+                match state.queue.pop_oldest() {
                     Some(waiter) => waiter,
                     None => {
                         state.open = state.open.saturating_sub(1);

@@ -73,7 +73,10 @@ impl ClientActivity {
             }
             let head = self.head_since.load(Ordering::Acquire);
             let (deadline, expiry) = if head == NO_HEAD {
-                (self.at(self.idle_since.load(Ordering::Acquire), idle_timeout), Expired::Idle)
+                (
+                    self.at(self.idle_since.load(Ordering::Acquire), idle_timeout),
+                    Expired::Idle,
+                )
             } else {
                 (self.at(head, header_read_timeout), Expired::HeaderRead)
             };

@@ -51,7 +51,13 @@ async fn sniff(stream: &TcpStream) -> std::io::Result<Protocol> {
 }
 
 /// Serves one accepted connection until it closes, a deadline passes, or shutdown has drained it.
-pub async fn serve(stream: TcpStream, peer: SocketAddr, proxy: Arc<Proxy>, config: Arc<Config>, shutdown: CancellationToken) {
+pub async fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    proxy: Arc<Proxy>,
+    config: Arc<Config>,
+    shutdown: CancellationToken,
+) {
     let _ = stream.set_nodelay(true);
     let protocol = match tokio::time::timeout(config.first_byte_timeout, sniff(&stream)).await {
         Ok(Ok(protocol)) => protocol,
@@ -110,12 +116,13 @@ pub async fn serve(stream: TcpStream, peer: SocketAddr, proxy: Arc<Proxy>, confi
         }
     };
     match result {
-        Ended::Error(err) if err.is_parse_too_large() => {
-            proxy.metrics.client_side(Outcome::HeaderTooLarge, Some(http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE))
-        }
-        Ended::Error(err) if err.is_parse() => {
-            proxy.metrics.client_side(Outcome::BadRequest, Some(http::StatusCode::BAD_REQUEST))
-        }
+        Ended::Error(err) if err.is_parse_too_large() => proxy.metrics.client_side(
+            Outcome::HeaderTooLarge,
+            Some(http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE),
+        ),
+        Ended::Error(err) if err.is_parse() => proxy
+            .metrics
+            .client_side(Outcome::BadRequest, Some(http::StatusCode::BAD_REQUEST)),
         Ended::Error(err) => tracing::debug!(%peer, error = %err, "client connection ended with an error"),
         Ended::HeaderTimeout => {
             tracing::debug!(%peer, "request head not complete within header_read_timeout; closing");

@@ -68,10 +68,13 @@ impl Floodgate {
         }
         let mut routes = Vec::new();
         for (index, route) in config.routes.iter().enumerate() {
-            let pool = pools.get(&route.upstream).cloned().ok_or_else(|| crate::config::ConfigError {
-                key: format!("routes[{index}].upstream"),
-                message: format!("unknown upstream `{}`", route.upstream),
-            })?;
+            let pool = pools
+                .get(&route.upstream)
+                .cloned()
+                .ok_or_else(|| crate::config::ConfigError {
+                    key: format!("routes[{index}].upstream"),
+                    message: format!("unknown upstream `{}`", route.upstream),
+                })?;
             routes.push((route.host.clone(), route.path_prefix.clone(), pool));
         }
         let proxy = Proxy::new(Router::new(routes), pools, metrics, config.trusted_proxies.clone());
@@ -125,9 +128,14 @@ impl Floodgate {
         }
         accept_loop(&listener, &state, &config, &limit, &connections, &draining).await;
         drop(listener);
-        tracing::info!(in_flight = connections.len(), "shutting down: no longer accepting, draining");
+        tracing::info!(
+            in_flight = connections.len(),
+            "shutting down: no longer accepting, draining"
+        );
         connections.close();
-        let drained = tokio::time::timeout(config.shutdown_timeout, connections.wait()).await.is_ok();
+        let drained = tokio::time::timeout(config.shutdown_timeout, connections.wait())
+            .await
+            .is_ok();
         if !drained {
             tracing::warn!(
                 remaining = connections.len(),
@@ -145,7 +153,9 @@ impl Floodgate {
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
-    TcpListener::bind(addr).await.map_err(|source| StartError::Bind { addr, source })
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind { addr, source })
 }
 
 async fn accept_loop(

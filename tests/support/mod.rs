@@ -82,12 +82,7 @@ pub async fn wait_until_sync(what: &str, timeout: Duration, mut cond: impl FnMut
 
 /// Polls `value` until it has not changed for `settle`; returns the settled
 /// value. Panics when it keeps changing past `timeout`.
-pub async fn wait_until_stable(
-    what: &str,
-    timeout: Duration,
-    settle: Duration,
-    mut value: impl FnMut() -> u64,
-) -> u64 {
+pub async fn wait_until_stable(what: &str, timeout: Duration, settle: Duration, mut value: impl FnMut() -> u64) -> u64 {
     let deadline = Instant::now() + timeout;
     let mut last = value();
     let mut since = Instant::now();
@@ -172,10 +167,7 @@ impl Body for PatternBody {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         if this.remaining == 0 {
             return Poll::Ready(None);
@@ -347,8 +339,7 @@ impl Upstream {
     }
 
     pub async fn start_with(opts: UpstreamOptions) -> Upstream {
-        let listener = bind_listener("127.0.0.1:0".parse().unwrap(), opts.send_buffer)
-            .expect("bind test upstream");
+        let listener = bind_listener("127.0.0.1:0".parse().unwrap(), opts.send_buffer).expect("bind test upstream");
         let addr = listener.local_addr().unwrap();
         let shared = Arc::new(UpstreamShared {
             conns_now: AtomicUsize::new(0),
@@ -546,12 +537,7 @@ impl Drop for Upstream {
     }
 }
 
-async fn serve_connection(
-    stream: TcpStream,
-    shared: Arc<UpstreamShared>,
-    info: Arc<ConnInfo>,
-    _guard: ConnGuard,
-) {
+async fn serve_connection(stream: TcpStream, shared: Arc<UpstreamShared>, info: Arc<ConnInfo>, _guard: ConnGuard) {
     let svc = {
         let shared = shared.clone();
         let info = info.clone();
@@ -649,8 +635,7 @@ async fn handle(
     let _inflight = InflightGuard::new(&shared);
     let mut resp = route(&shared, &info, &recorded, req).await;
     if shared.close_every.load(Ordering::SeqCst) {
-        resp.headers_mut()
-            .insert(CONNECTION, HeaderValue::from_static("close"));
+        resp.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
     }
     Ok(resp)
 }
@@ -689,10 +674,8 @@ async fn route(
             let n: u64 = n.parse().unwrap_or(0);
             let body = PatternBody::new(n).counting(shared.bytes_streamed.clone());
             let mut resp = Response::new(body.boxed_unsync());
-            resp.headers_mut().insert(
-                CONTENT_TYPE,
-                HeaderValue::from_static("application/octet-stream"),
-            );
+            resp.headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
             resp
         }
         Some(("echo", _)) => {
@@ -740,8 +723,7 @@ async fn route(
         }
         Some(("close", _)) => {
             let mut resp = text_response(StatusCode::OK, "ok");
-            resp.headers_mut()
-                .insert(CONNECTION, HeaderValue::from_static("close"));
+            resp.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
             resp
         }
         Some(("stall", _)) => {
@@ -873,10 +855,7 @@ impl Proxy {
             while Instant::now() < deadline && output.lock().unwrap().is_empty() {
                 std::thread::sleep(Duration::from_millis(10));
             }
-            format!(
-                "{why}; exit status {status:?}; output:\n{}",
-                output.lock().unwrap()
-            )
+            format!("{why}; exit status {status:?}; output:\n{}", output.lock().unwrap())
         };
         match tokio::time::timeout(Duration::from_secs(10), ready_rx).await {
             Ok(Ok(line)) => match parse_ready_line(&line) {
@@ -953,8 +932,7 @@ impl Proxy {
     pub async fn status(&self) -> serde_json::Value {
         let resp = self.admin_get("/status").await;
         assert_eq!(resp.status, StatusCode::OK, "GET /status: {}", resp.text());
-        serde_json::from_slice(&resp.body)
-            .unwrap_or_else(|e| panic!("GET /status is not JSON ({e}): {}", resp.text()))
+        serde_json::from_slice(&resp.body).unwrap_or_else(|e| panic!("GET /status is not JSON ({e}): {}", resp.text()))
     }
 
     /// `/status` → `upstreams.{name}`.
@@ -979,21 +957,17 @@ impl Proxy {
 
     /// Waits until `upstreams.{name}.in_use` is 0.
     pub async fn wait_in_use_zero(&self, name: &str, timeout: Duration) {
-        wait_until(
-            &format!("upstreams.{name}.in_use == 0"),
-            timeout,
-            || async { self.upstream_field(name, "in_use").await == 0 },
-        )
+        wait_until(&format!("upstreams.{name}.in_use == 0"), timeout, || async {
+            self.upstream_field(name, "in_use").await == 0
+        })
         .await
     }
 
     /// Waits until `upstreams.{name}.queue_depth` equals `depth`.
     pub async fn wait_queue_depth(&self, name: &str, depth: u64, timeout: Duration) {
-        wait_until(
-            &format!("upstreams.{name}.queue_depth == {depth}"),
-            timeout,
-            || async { self.upstream_field(name, "queue_depth").await == depth },
-        )
+        wait_until(&format!("upstreams.{name}.queue_depth == {depth}"), timeout, || async {
+            self.upstream_field(name, "queue_depth").await == depth
+        })
         .await
     }
 }
@@ -1095,9 +1069,7 @@ pub fn run_to_exit(args: &[&str], timeout: Duration) -> (ExitStatus, String, Str
             let _ = child.wait();
             let out = out_thread.join().unwrap_or_default();
             let err = err_thread.join().unwrap_or_default();
-            panic!(
-                "floodgate {args:?} was still running after {timeout:?}\nstdout:\n{out}\nstderr:\n{err}"
-            );
+            panic!("floodgate {args:?} was still running after {timeout:?}\nstdout:\n{out}\nstderr:\n{err}");
         }
         std::thread::sleep(Duration::from_millis(10));
     };
@@ -1177,10 +1149,8 @@ impl H1Conn {
     /// Sends `req` (adding `Host` when missing) and returns the response head.
     pub async fn send(&mut self, mut req: Request<TestBody>) -> Result<Response<Incoming>, BoxError> {
         if !req.headers().contains_key(HOST) {
-            req.headers_mut().insert(
-                HOST,
-                HeaderValue::from_str(&self.addr.to_string()).unwrap(),
-            );
+            req.headers_mut()
+                .insert(HOST, HeaderValue::from_str(&self.addr.to_string()).unwrap());
         }
         tokio::time::timeout(CLIENT_TIMEOUT, async {
             self.sender.ready().await?;
@@ -1191,17 +1161,8 @@ impl H1Conn {
         .map_err(Into::into)
     }
 
-    pub async fn try_request(
-        &mut self,
-        method: Method,
-        path: &str,
-        body: TestBody,
-    ) -> Result<Resp, BoxError> {
-        let req = Request::builder()
-            .method(method)
-            .uri(path)
-            .body(body)
-            .unwrap();
+    pub async fn try_request(&mut self, method: Method, path: &str, body: TestBody) -> Result<Resp, BoxError> {
+        let req = Request::builder().method(method).uri(path).body(body).unwrap();
         let resp = self.send(req).await?;
         collect(resp).await
     }
@@ -1369,10 +1330,7 @@ impl RawConn {
                 Ok(n)
             }
             Ok(Err(e)) => Err(e),
-            Err(_) => Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "raw read timed out",
-            )),
+            Err(_) => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "raw read timed out")),
         }
     }
 
@@ -1390,12 +1348,7 @@ impl RawConn {
                         headers: parsed
                             .headers
                             .iter()
-                            .map(|h| {
-                                (
-                                    h.name.to_owned(),
-                                    String::from_utf8_lossy(h.value).into_owned(),
-                                )
-                            })
+                            .map(|h| (h.name.to_owned(), String::from_utf8_lossy(h.value).into_owned()))
                             .collect(),
                         body: Vec::new(),
                     };
@@ -1445,11 +1398,7 @@ impl RawConn {
 
     /// Reads one complete response (framing per RFC 9112). `head_request`
     /// says the request was HEAD (no body whatever the headers say).
-    pub async fn read_response(
-        &mut self,
-        head_request: bool,
-        timeout: Duration,
-    ) -> std::io::Result<RawResponse> {
+    pub async fn read_response(&mut self, head_request: bool, timeout: Duration) -> std::io::Result<RawResponse> {
         let deadline = Instant::now() + timeout;
         let mut resp = self.read_head(timeout).await?;
         if head_request || resp.status < 200 || resp.status == 204 || resp.status == 304 {
@@ -1464,10 +1413,7 @@ impl RawConn {
                 let line = self.read_line(deadline).await?;
                 let size_str = line.split(';').next().unwrap_or("").trim();
                 let size = usize::from_str_radix(size_str, 16).map_err(|_| {
-                    std::io::Error::new(
-                        std::io::ErrorKind::InvalidData,
-                        format!("bad chunk size line {line:?}"),
-                    )
+                    std::io::Error::new(std::io::ErrorKind::InvalidData, format!("bad chunk size line {line:?}"))
                 })?;
                 if size == 0 {
                     // trailers
@@ -1485,9 +1431,10 @@ impl RawConn {
                 }
             }
         } else if let Some(len) = resp.header("content-length") {
-            let len: usize = len.trim().parse().map_err(|_| {
-                std::io::Error::new(std::io::ErrorKind::InvalidData, "bad content-length")
-            })?;
+            let len: usize = len
+                .trim()
+                .parse()
+                .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "bad content-length"))?;
             resp.body = self.read_exact_buf(len, deadline).await?;
         } else {
             // close-delimited
@@ -1630,11 +1577,7 @@ pub fn parse_metrics(text: &str) -> Vec<Sample> {
             "-Inf" => f64::NEG_INFINITY,
             v => v.parse().unwrap_or(f64::NAN),
         };
-        samples.push(Sample {
-            name,
-            labels,
-            value,
-        });
+        samples.push(Sample { name, labels, value });
     }
     samples
 }

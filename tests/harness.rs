@@ -1,0 +1,141 @@
+//! Self-tests of the test support code (no proxy involved): the counting
+//! upstream counts what the other tests rely on it counting.
+
+mod support;
+
+use std::time::Duration;
+
+use http::StatusCode;
+use support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_counts_concurrent_and_total_connections_exactly() {
+    let upstream = Upstream::start().await;
+    let mut conns = Vec::new();
+    for _ in 0..7 {
+        let mut c = H1Conn::connect(upstream.addr()).await;
+        assert_eq!(c.get("/").await.status, StatusCode::OK);
+        conns.push(c);
+    }
+    assert_eq!(upstream.connections(), 7);
+    assert_eq!(upstream.peak_connections(), 7);
+    assert_eq!(upstream.accepted(), 7);
+    // Keep-alive reuse is not a new connection.
+    assert_eq!(conns[0].get("/").await.status, StatusCode::OK);
+    assert_eq!(upstream.accepted(), 7);
+    drop(conns);
+    wait_until_sync("closed connections are counted down", Duration::from_secs(5), || {
+        upstream.connections() == 0
+    })
+    .await;
+    assert_eq!(upstream.peak_connections(), 7);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_notices_a_peer_close_while_a_request_stalls() {
+    let upstream = Upstream::start().await;
+    let mut raw = RawConn::connect(upstream.addr()).await;
+    raw.write(b"GET /stall HTTP/1.1\r\nHost: t\r\n\r\n").await.unwrap();
+    wait_until_sync("stalled", Duration::from_secs(5), || upstream.inflight() == 1).await;
+    drop(raw);
+    wait_until_sync(
+        "connection and in-flight request counted down",
+        Duration::from_secs(5),
+        || upstream.connections() == 0 && upstream.inflight() == 0,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_rejects_missing_host_and_absolute_form() {
+    let upstream = Upstream::start().await;
+    let t = Duration::from_secs(5);
+    let mut raw = RawConn::connect(upstream.addr()).await;
+    raw.write(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    assert_eq!(raw.read_response(false, t).await.unwrap().status, 400);
+    raw.write(b"GET http://x/ HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    assert_eq!(raw.read_response(false, t).await.unwrap().status, 400);
+    raw.write(b"GET /headers HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let ok = raw.read_response(false, t).await.unwrap();
+    assert_eq!(ok.status, 200);
+    let json: serde_json::Value = serde_json::from_slice(&ok.body).unwrap();
+    assert_eq!(json["version"], "HTTP/1.1");
+    assert_eq!(upstream.rejected(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_behaviours_by_path() {
+    let upstream = Upstream::start().await;
+    let mut c = H1Conn::connect(upstream.addr()).await;
+    assert_eq!(c.get("/status/503").await.status, 503);
+    let bytes = c.get("/x/bytes/200000").await;
+    assert_eq!(bytes.body.len(), 200_000);
+    assert!(pattern_matches(0, &bytes.body));
+    assert_eq!(upstream.bytes_streamed(), 200_000);
+    let echo = c
+        .try_request(http::Method::POST, "/echo", body_pattern(300_000))
+        .await
+        .unwrap();
+    assert_eq!(echo.text(), "300000");
+    assert_eq!(echo.header("x-pattern-ok"), Some("true"));
+    let close = c.get("/close").await;
+    assert_eq!(close.header("connection"), Some("close"));
+    wait_until_sync("closed after /close", Duration::from_secs(5), || {
+        upstream.connections() == 0
+    })
+    .await;
+
+    upstream.set_close_every(true);
+    let r = get(upstream.addr(), "/").await;
+    assert_eq!(r.header("connection"), Some("close"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_stops_and_restarts_on_the_same_port() {
+    let upstream = Upstream::start().await;
+    let mut c = H1Conn::connect(upstream.addr()).await;
+    assert_eq!(c.get("/").await.status, StatusCode::OK);
+    upstream.stop().await;
+    assert_eq!(upstream.connections(), 0);
+    assert!(try_get(upstream.addr(), "/").await.is_err(), "refused while stopped");
+    upstream.restart().await;
+    assert_eq!(get(upstream.addr(), "/").await.status, StatusCode::OK);
+    assert_eq!(upstream.accepted(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_closes_idle_connections_and_kills_reused_ones_on_request() {
+    let upstream = Upstream::start().await;
+    let mut c = H1Conn::connect(upstream.addr()).await;
+    assert_eq!(c.get("/").await.status, StatusCode::OK);
+    upstream.close_idle_connections();
+    wait_until_sync("idle connection closed", Duration::from_secs(5), || {
+        upstream.connections() == 0
+    })
+    .await;
+
+    let mut c = H1Conn::connect(upstream.addr()).await;
+    assert_eq!(c.get("/").await.status, StatusCode::OK);
+    upstream.kill_next_reused_connection();
+    assert!(c.try_get("/").await.is_err(), "killed without an answer");
+    assert_eq!(upstream.killed(), 1);
+}
+
+#[test]
+fn metrics_parser_reads_openmetrics_text() {
+    let text = "# HELP floodgate_requests Requests.\n\
+        # TYPE floodgate_requests counter\n\
+        floodgate_requests_total{upstream=\"api\",outcome=\"ok\",status=\"2xx\"} 6\n\
+        floodgate_requests_total{upstream=\"api\",outcome=\"ok\",status=\"5xx\"} 2\n\
+        floodgate_requests_total{outcome=\"no_route\",status=\"4xx\"} 1\n\
+        floodgate_queue_wait_seconds_bucket{le=\"+Inf\",upstream=\"a,b\\\"c\"} 3\n\
+        floodgate_client_connections 4\n\
+        # EOF\n";
+    let m = parse_metrics(text);
+    assert_eq!(m.len(), 5);
+    assert_eq!(metric_sum(&m, "floodgate_requests_total", &[("outcome", "ok")]), 8.0);
+    assert_eq!(metric_sum(&m, "floodgate_requests_total", &[("status", "4xx")]), 1.0);
+    assert_eq!(m[3].labels["upstream"], "a,b\"c");
+    assert_eq!(m[3].labels["le"], "+Inf");
+    assert_eq!(metric_sum(&m, "floodgate_client_connections", &[]), 4.0);
+}
