@@ -230,6 +230,16 @@ impl Config {
         Ok(config)
     }
 
+    /// A client that stops reading gets as long as the most patient upstream's `body_idle_timeout`: the listener
+    /// cannot know which upstream a connection's next answer comes from.
+    pub fn client_write_stall_limit(&self) -> Duration {
+        self.upstreams
+            .values()
+            .map(|u| u.body_idle_timeout)
+            .max()
+            .unwrap_or_else(|| UpstreamConfig::default().body_idle_timeout)
+    }
+
     fn from_file(path: &Path) -> Result<Config, ConfigError> {
         let source = config::File::from(path).format(config::FileFormat::Toml).required(true);
         let raw = config::Config::builder()
@@ -390,7 +400,10 @@ fn from_config_error(err: config::ConfigError) -> ConfigError {
         }
         _ => (String::new(), err.to_string()),
     };
-    let (key, text) = match text.strip_prefix("unknown field `").and_then(|rest| rest.split_once('`')) {
+    let (key, text) = match text
+        .strip_prefix("unknown field `")
+        .and_then(|rest| rest.split_once('`'))
+    {
         Some((field, _)) if key.is_empty() => (field.to_string(), text.clone()),
         Some((field, _)) => (format!("{key}.{field}"), text.clone()),
         None if key.is_empty() => ("config".to_string(), text),

@@ -5,6 +5,7 @@
 //! upstream has closed its side), and the listener needs it to notice a queued client leaving. It owns no policy:
 //! what to do with a socket is decided by the caller.
 
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -24,11 +25,83 @@ pub trait ReadObserver: Send + Sync {
 pub struct SharedStream {
     stream: Arc<TcpStream>,
     observer: Option<Arc<dyn ReadObserver>>,
+    write_stall: Option<WriteStall>,
+}
+
+/// Fails writes that could make no progress for `limit`: a peer that stops reading must not hold a response
+/// (and through it an upstream slot) forever. hyper stops polling a body while its socket is full, so the body's
+/// own idle timer cannot see this case.
+struct WriteStall {
+    limit: Duration,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    armed: bool,
+}
+
+impl WriteStall {
+    fn progressed(&mut self) {
+        self.armed = false;
+    }
+
+    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        let deadline = tokio::time::Instant::now() + self.limit;
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if !self.armed {
+            timer.as_mut().reset(deadline);
+            self.armed = true;
+        }
+        timer.as_mut().poll(cx).is_ready()
+    }
 }
 
 impl SharedStream {
     pub fn new(stream: Arc<TcpStream>, observer: Option<Arc<dyn ReadObserver>>) -> Self {
-        SharedStream { stream, observer }
+        SharedStream {
+            stream,
+            observer,
+            write_stall: None,
+        }
+    }
+
+    /// Writes that cannot progress for `limit` fail with `TimedOut`.
+    pub fn with_write_stall_limit(mut self, limit: Duration) -> Self {
+        self.write_stall = Some(WriteStall {
+            limit,
+            timer: None,
+            armed: false,
+        });
+        self
+    }
+
+    fn write_with<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut write: impl FnMut(&TcpStream) -> io::Result<T>,
+    ) -> Poll<io::Result<T>> {
+        loop {
+            match self.stream.poll_write_ready(cx) {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => {
+                    if let Some(stall) = self.write_stall.as_mut() {
+                        if stall.expired(cx) {
+                            return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, "peer stopped reading")));
+                        }
+                    }
+                    return Poll::Pending;
+                }
+            }
+            match write(&self.stream) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                result => {
+                    if let Some(stall) = self.write_stall.as_mut() {
+                        stall.progressed();
+                    }
+                    return Poll::Ready(result);
+                }
+            }
+        }
     }
 }
 
@@ -55,13 +128,7 @@ impl AsyncRead for SharedStream {
 
 impl AsyncWrite for SharedStream {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
-        loop {
-            ready!(self.stream.poll_write_ready(cx))?;
-            match self.stream.try_write(data) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                result => return Poll::Ready(result),
-            }
-        }
+        self.get_mut().write_with(cx, |stream| stream.try_write(data))
     }
 
     fn poll_write_vectored(
@@ -69,13 +136,7 @@ impl AsyncWrite for SharedStream {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        loop {
-            ready!(self.stream.poll_write_ready(cx))?;
-            match self.stream.try_write_vectored(bufs) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                result => return Poll::Ready(result),
-            }
-        }
+        self.get_mut().write_with(cx, |stream| stream.try_write_vectored(bufs))
     }
 
     fn is_write_vectored(&self) -> bool {

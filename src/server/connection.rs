@@ -73,7 +73,9 @@ pub async fn serve(
         Protocol::Http1 => Some(activity.clone()),
         Protocol::Http2 => None,
     };
-    let io = TokioIo::new(SharedStream::new(stream.clone(), observer));
+    let io = TokioIo::new(
+        SharedStream::new(stream.clone(), observer).with_write_stall_limit(config.client_write_stall_limit()),
+    );
     let client = ClientInfo {
         peer,
         trusted: proxy.is_trusted(peer.ip()),
