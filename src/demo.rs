@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -179,11 +180,7 @@ impl fmt::Display for DemoReport {
                 format_latency(d.latency_p99),
                 format_latency(p.latency_p99),
             ),
-            (
-                "wall time",
-                format!("{:.1} s", d.wall_time.as_secs_f64()),
-                format!("{:.1} s", p.wall_time.as_secs_f64()),
-            ),
+            ("wall time", format_wall(d.wall_time), format_wall(p.wall_time)),
         ];
         for (label, direct, via) in &rows {
             writeln!(f, "{label:<LABEL$}{direct:>DIRECT$}{via:>proxied$}")?;
@@ -198,7 +195,7 @@ impl fmt::Display for DemoReport {
         if p.peak_upstream_connections > 0 && p.ok > 0 {
             write!(
                 f,
-                "floodgate served {} clients over {} upstream connection(s); direct, the upstream needed {} threads",
+                "floodgate served {} clients over {} upstream connection(s); directly, they cost the upstream {} threads",
                 self.clients, p.peak_upstream_connections, d.peak_upstream_threads,
             )?;
         } else {
@@ -219,6 +216,14 @@ fn format_latency(latency: Option<Duration>) -> String {
                 format!("{ms:.0} ms")
             }
         }
+    }
+}
+
+fn format_wall(d: Duration) -> String {
+    if d < Duration::from_secs(1) {
+        format!("{} ms", d.as_millis())
+    } else {
+        format!("{:.1} s", d.as_secs_f64())
     }
 }
 
@@ -263,7 +268,24 @@ fn request_budget(args: &DemoArgs) -> Duration {
 async fn run_direct(args: &DemoArgs) -> anyhow::Result<PhaseReport> {
     // A fresh upstream per run keeps the peaks of one run out of the other.
     let upstream = Upstream::start(args.service_time).context("starting the embedded upstream")?;
-    let load = drive_load(upstream.addr(), args.clients, args.requests, request_budget(args)).await;
+    // `connect` returns once the kernel completed the handshake, which can be
+    // long before the accept thread has spawned the connection's thread;
+    // wait for it so the burst meets all the threads the clients cost.
+    let shared = Arc::clone(&upstream.shared);
+    let settle = |connected: usize| async move {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while shared.threads.live.load(Ordering::SeqCst) < connected && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    let load = drive_load(
+        upstream.addr(),
+        args.clients,
+        args.requests,
+        request_budget(args),
+        settle,
+    )
+    .await;
     tracing::debug!(wall = ?load.wall_time, "direct load done");
     let stats = stop_upstream(upstream).await?;
     tracing::debug!("direct upstream stopped");
@@ -293,7 +315,7 @@ async fn run_via_floodgate(args: &DemoArgs) -> anyhow::Result<PhaseReport> {
         let _ = stop_rx.await;
     }));
 
-    let load = drive_load(listen, args.clients, args.requests, request_budget(args)).await;
+    let load = drive_load(listen, args.clients, args.requests, request_budget(args), |_| async {}).await;
 
     tracing::debug!(wall = ?load.wall_time, "load via floodgate done");
     let _ = stop_tx.send(());
@@ -372,15 +394,36 @@ fn percentile(sorted: &[Duration], percent: usize) -> Option<Duration> {
     sorted.get(rank.saturating_sub(1)).copied()
 }
 
-async fn drive_load(addr: SocketAddr, clients: usize, requests: usize, budget: Duration) -> LoadResult {
-    // The driver waits too, so the clock starts exactly when the burst does.
-    let barrier = Arc::new(Barrier::new(clients.saturating_add(1)));
+/// Lines the clients up so the burst starts at one instant, after the server
+/// has really taken every connection.
+struct StartGate {
+    connected: AtomicUsize,
+    arrived: Barrier,
+    go: Barrier,
+}
+
+/// Bursts `clients` keep-alive clients at `addr`. `settle` runs once every
+/// client is connected (it gets how many succeeded) and before the burst.
+async fn drive_load<S, F>(addr: SocketAddr, clients: usize, requests: usize, budget: Duration, settle: S) -> LoadResult
+where
+    S: FnOnce(usize) -> F,
+    F: Future<Output = ()>,
+{
+    // The driver waits at both barriers too, so the clock starts exactly when
+    // the burst does.
+    let gate = Arc::new(StartGate {
+        connected: AtomicUsize::new(0),
+        arrived: Barrier::new(clients.saturating_add(1)),
+        go: Barrier::new(clients.saturating_add(1)),
+    });
+    let connecting = Instant::now();
     let tasks: Vec<_> = (0..clients)
-        .map(|_| tokio::spawn(run_client(addr, requests, Arc::clone(&barrier), budget)))
+        .map(|_| tokio::spawn(run_client(addr, requests, Arc::clone(&gate), budget)))
         .collect();
 
-    let connecting = Instant::now();
-    barrier.wait().await;
+    gate.arrived.wait().await;
+    settle(gate.connected.load(Ordering::SeqCst)).await;
+    gate.go.wait().await;
     let started = Instant::now();
     tracing::debug!(%addr, clients, took = ?connecting.elapsed(), "clients connected; burst starts");
 
@@ -399,12 +442,16 @@ async fn drive_load(addr: SocketAddr, clients: usize, requests: usize, budget: D
     total
 }
 
-async fn run_client(addr: SocketAddr, requests: usize, barrier: Arc<Barrier>, budget: Duration) -> LoadResult {
+async fn run_client(addr: SocketAddr, requests: usize, gate: Arc<StartGate>, budget: Duration) -> LoadResult {
     let mut result = LoadResult::default();
-    // Connect before the barrier so the burst is of requests, not handshakes;
+    // Connect before the gate so the burst is of requests, not handshakes;
     // a failed connect is retried (and counted) per request below.
     let mut sender = connect(addr, budget).await.ok();
-    barrier.wait().await;
+    if sender.is_some() {
+        gate.connected.fetch_add(1, Ordering::SeqCst);
+    }
+    gate.arrived.wait().await;
+    gate.go.wait().await;
 
     let host = addr.to_string();
     for _ in 0..requests {

@@ -76,10 +76,12 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
     if let Some(Command::Demo(args)) = cli.command {
+        // The demo's output is its table; the proxy's own info lines would only interleave with it.
+        init_logging("warn");
         return run_demo(args);
     }
+    init_logging("info");
     let overrides = Overrides {
         listen: cli.listen,
         admin: cli.admin,
@@ -192,10 +194,10 @@ fn run_demo(args: floodgate::demo::DemoArgs) -> ExitCode {
     }
 }
 
-fn init_logging() {
+fn init_logging(default_level: &str) {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

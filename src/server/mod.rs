@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -152,10 +152,20 @@ impl Floodgate {
     }
 }
 
+/// Binds with a deep accept backlog: bursts of new clients wait in the kernel rather than being refused (tokio's
+/// `TcpListener::bind` asks for 128; the kernel caps the request at `net.core.somaxconn`).
 async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| StartError::Bind { addr, source })
+    let listen = || -> std::io::Result<TcpListener> {
+        let socket = if addr.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        socket.listen(4096)
+    };
+    listen().map_err(|source| StartError::Bind { addr, source })
 }
 
 async fn accept_loop(
