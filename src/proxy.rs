@@ -16,9 +16,9 @@ use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 
 use crate::admission::Shed;
-use crate::error::ProxyError;
+use crate::error::{Outcome, ProxyError};
 use crate::forward::{self, ClientInfo, RequestBody, ResponseBody};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, OutcomeCounters};
 use crate::net;
 use crate::pool::{Lease, Refused, UpstreamPool};
 use crate::route::Router;
@@ -89,7 +89,11 @@ impl Proxy {
                 _ => std::future::pending().await,
             }
         };
-        let lease = match pool.admit(false, deadline, client_gone).await {
+        // hyper drops this future when the client leaves; while queued, that is counted here.
+        let queued = AbortWatch::new(&pool.metrics.requests);
+        let admitted = pool.admit(false, deadline, client_gone).await;
+        queued.disarm();
+        let lease = match admitted {
             Ok(lease) => lease,
             Err(Refused::Shed(shed)) => {
                 self.warn_shed(&pool, shed);
@@ -97,7 +101,7 @@ impl Proxy {
             }
             Err(Refused::ClientGone) => {
                 // Nobody will read this answer; it is counted as the client's abort.
-                pool.metrics.requests.record(crate::error::Outcome::ClientAbort, None);
+                pool.metrics.requests.record(Outcome::ClientAbort, None);
                 return forward::local_response(&ProxyError::Shed(Shed::QueueTimeout));
             }
         };
@@ -159,7 +163,31 @@ async fn exchange(mut lease: Lease, request: Request<RequestBody>, reply: onesho
         Ok(response) => Ok(forward::to_client(response, lease, pool.metrics.requests.clone())),
         Err(err) => Err(err),
     };
-    let _ = reply.send(answer);
+    if let Err(Err(_)) = reply.send(answer) {
+        // The client left before the upstream failed; an unsent success is counted by its body instead.
+        pool.metrics.requests.record(Outcome::ClientAbort, None);
+    }
+}
+
+/// Counts a client abort if dropped before [`AbortWatch::disarm`].
+struct AbortWatch<'a>(Option<&'a OutcomeCounters>);
+
+impl<'a> AbortWatch<'a> {
+    fn new(counters: &'a OutcomeCounters) -> Self {
+        AbortWatch(Some(counters))
+    }
+
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for AbortWatch<'_> {
+    fn drop(&mut self) {
+        if let Some(counters) = self.0 {
+            counters.record(Outcome::ClientAbort, None);
+        }
+    }
 }
 
 /// The sending loop, with the retry rules: a request the upstream never received is retried on another

@@ -51,14 +51,38 @@ async fn assert_slots_intact(proxy: &Proxy, upstream: &Upstream, accepted_before
     );
 }
 
-#[derive(Clone, Copy)]
+/// Polls /metrics until `floodgate_requests_total{labels}` sums to
+/// `expected`; an error with the family's lines when it does not within 5 s.
+async fn metric_reaches(proxy: &Proxy, labels: &[(&str, &str)], expected: f64) -> Result<(), String> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = proxy.metrics().await;
+        let got = metric_sum(&parse_metrics(&text), "floodgate_requests_total", labels);
+        if got == expected {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            let family: Vec<&str> = text
+                .lines()
+                .filter(|l| l.starts_with("floodgate_requests_total"))
+                .collect();
+            return Err(format!(
+                "floodgate_requests_total{labels:?} = {got}, expected {expected}; family: [{}]",
+                family.join(" | ")
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
 enum QueuedKind {
     HeadOnly,
     WholeBody,
     HalfBody,
 }
 
-async fn abort_while_queued(kind: QueuedKind) {
+async fn abort_while_queued(kind: QueuedKind) -> Proxy {
     let upstream = Upstream::start().await;
     let proxy = Proxy::for_upstream(&upstream, N, &["--max-queue", "100", "--queue-timeout", "20s"]).await;
 
@@ -108,6 +132,7 @@ async fn abort_while_queued(kind: QueuedKind) {
         upstream.recorded_with_prefix("/abandoned").is_empty(),
         "aborted queued requests must not be sent upstream"
     );
+    proxy
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -123,6 +148,19 @@ async fn clients_aborting_while_queued_after_sending_a_complete_body_leak_no_slo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_aborting_while_queued_mid_request_body_leak_no_slot() {
     abort_while_queued(QueuedKind::HalfBody).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_client_aborts_are_counted_as_client_abort_in_metrics() {
+    // 10 aborted while queued, for each kind of request.
+    let mut failures = Vec::new();
+    for kind in [QueuedKind::HeadOnly, QueuedKind::WholeBody, QueuedKind::HalfBody] {
+        let proxy = abort_while_queued(kind).await;
+        if let Err(e) = metric_reaches(&proxy, &[("upstream", UP), ("outcome", "client_abort")], 10.0).await {
+            failures.push(format!("{kind:?}: {e}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -187,21 +225,62 @@ async fn clients_aborting_before_the_response_head_leak_no_slot_and_cause_no_rec
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_aborting_mid_response_body_leak_no_slot_and_cause_no_reconnect() {
+    // The rest of an abandoned response is read as long as it is within abort_drain_bytes; 16 MiB bodies fit.
     let upstream = Upstream::start().await;
-    let proxy = Proxy::for_upstream(&upstream, N, &["--max-queue", "100"]).await;
+    let (proxy, _config) = proxy_with_drain_bound(&upstream, 32 * MIB).await;
+    let accepted_before = warm_pool(&proxy, &upstream).await;
+    abort_mid_body(&proxy, 16 * MIB).await;
+    assert_slots_intact(&proxy, &upstream, accepted_before).await;
+    assert_eq!(upstream.connections(), N, "upstream connections kept open");
+}
 
-    // Warm the pool to N connections.
-    let occupants = occupy_all_slots(&proxy, &upstream).await;
+#[tokio::test]
+async fn clients_aborting_past_the_drain_bound_close_the_connection_but_leak_no_slot() {
+    // Past abort_drain_bytes the connection is closed rather than read further: reconnects are allowed here,
+    // leaked slots are not.
+    let upstream = Upstream::start().await;
+    let (proxy, _config) = proxy_with_drain_bound(&upstream, MIB).await;
+    warm_pool(&proxy, &upstream).await;
+    abort_mid_body(&proxy, 16 * MIB).await;
+    proxy.wait_in_use_zero(UP, Duration::from_secs(5)).await;
+    upstream.restall();
+    let again = occupy_all_slots(&proxy, &upstream).await;
+    upstream.release_stalled();
+    for t in again {
+        assert_eq!(t.await.unwrap(), StatusCode::OK);
+    }
+    assert!(
+        upstream.peak_connections() <= N,
+        "peak {} > {N}",
+        upstream.peak_connections()
+    );
+}
+
+async fn proxy_with_drain_bound(upstream: &Upstream, bytes: u64) -> (Proxy, TempConfig) {
+    let config = TempConfig::new(&format!(
+        "[upstreams.default]\nurl = \"{}\"\nabort_drain_bytes = {bytes}\n[[routes]]\nupstream = \"default\"\n",
+        upstream.url()
+    ));
+    let path = config.path_str();
+    let proxy = Proxy::for_upstream(upstream, N, &["--max-queue", "100", "--config", &path]).await;
+    (proxy, config)
+}
+
+/// Opens N connections to the upstream through the proxy and lets them go idle; returns the accepted count.
+async fn warm_pool(proxy: &Proxy, upstream: &Upstream) -> usize {
+    let occupants = occupy_all_slots(proxy, upstream).await;
     upstream.release_stalled();
     for t in occupants {
         assert_eq!(t.await.unwrap(), StatusCode::OK);
     }
     proxy.wait_in_use_zero(UP, Duration::from_secs(5)).await;
-    let accepted_before = upstream.accepted();
-    assert_eq!(accepted_before, N);
+    let accepted = upstream.accepted();
+    assert_eq!(accepted, N);
+    accepted
+}
 
-    // Each client reads the head and 256 KiB of a 16 MiB body, then leaves.
-    let size = 16 * MIB;
+/// N clients each read the head and 256 KiB of a `size`-byte body, then leave (half close, half reset).
+async fn abort_mid_body(proxy: &Proxy, size: u64) {
     let mut readers = Vec::new();
     for i in 0..N {
         let mut conn = RawConn::connect(proxy.listen).await;
@@ -225,7 +304,4 @@ async fn clients_aborting_mid_response_body_leak_no_slot_and_cause_no_reconnect(
             conn.abort_with_reset();
         }
     }
-
-    assert_slots_intact(&proxy, &upstream, accepted_before).await;
-    assert_eq!(upstream.connections(), N, "upstream connections kept open");
 }

@@ -165,6 +165,11 @@ async fn upstream_that_closes_after_every_response_is_handled_within_the_cap() {
         upstream.peak_connections()
     );
     proxy.wait_in_use_zero(UP, Duration::from_secs(5)).await;
+    let status = proxy.upstream_status(UP).await;
+    assert!(
+        status["connections_peak"].as_u64().unwrap_or(99) <= 4,
+        "/status: {status}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -24,6 +24,15 @@ async fn upstream_down_gives_502_then_requests_pass_again_once_it_is_back() {
         assert!(started.elapsed() < Duration::from_secs(5));
     }
     proxy.wait_in_use_zero(UP, Duration::from_secs(5)).await;
+    let m = parse_metrics(&proxy.metrics().await);
+    assert_eq!(
+        metric_sum(
+            &m,
+            "floodgate_requests_total",
+            &[("upstream", UP), ("outcome", "upstream_error")]
+        ),
+        3.0
+    );
 
     upstream.restart().await;
     wait_until("requests pass again", Duration::from_secs(5), || async {
@@ -93,6 +102,15 @@ async fn upstream_not_answering_within_request_timeout_gives_504() {
     assert_eq!(resp.status, StatusCode::GATEWAY_TIMEOUT, "body {:?}", resp.text());
     assert!(started.elapsed() >= Duration::from_millis(250));
     proxy.wait_in_use_zero(UP, Duration::from_secs(5)).await;
+    let m = parse_metrics(&proxy.metrics().await);
+    assert_eq!(
+        metric_sum(
+            &m,
+            "floodgate_requests_total",
+            &[("upstream", UP), ("outcome", "upstream_timeout")]
+        ),
+        1.0
+    );
     upstream.release_stalled();
     assert_eq!(get(proxy.listen, "/").await.status, StatusCode::OK);
 }
@@ -148,6 +166,7 @@ async fn hundred_megabyte_upload_and_download_pass_with_bounded_proxy_memory() {
     assert_eq!(offset, SIZE, "downloaded every byte");
 
     let grown_kib = proxy.peak_rss_kib().saturating_sub(baseline);
+    eprintln!("proxy VmHWM baseline {baseline} KiB, grew by {grown_kib} KiB");
     assert!(
         grown_kib < 32 * 1024,
         "proxy peak RSS grew by {grown_kib} KiB moving 100 MB each way"
@@ -185,12 +204,14 @@ async fn client_that_stops_reading_stalls_the_upstream_instead_of_filling_proxy_
         || upstream.bytes_streamed(),
     )
     .await;
+    eprintln!("upstream wrote {written} bytes before stalling");
     assert!(
         written < 64 * MIB,
         "upstream wrote {} MiB to a client that stopped after 1 MiB",
         written / MIB
     );
     let grown_kib = proxy.peak_rss_kib().saturating_sub(baseline);
+    eprintln!("proxy VmHWM baseline {baseline} KiB, grew by {grown_kib} KiB");
     assert!(
         grown_kib < 32 * 1024,
         "proxy peak RSS grew by {grown_kib} KiB buffering for a stalled reader"

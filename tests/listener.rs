@@ -158,3 +158,49 @@ async fn silent_client_is_closed_after_first_byte_timeout_without_taking_a_slot(
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn incomplete_request_head_is_closed_after_header_read_timeout() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &["--header-read-timeout", "400ms"]).await;
+
+    // Slowloris: a head that never ends.
+    let mut slow = RawConn::connect(proxy.listen).await;
+    let started = Instant::now();
+    slow.write(b"GET /never-finished HTTP/1.1\r\nHost: client.test\r\nX-Slow: 1\r\n")
+        .await
+        .unwrap();
+    let (_, end) = slow.read_until_close(Duration::from_secs(5)).await;
+    assert_ne!(end, ReadEnd::Timeout, "incomplete head still open after 5 s");
+    assert!(
+        started.elapsed() >= Duration::from_millis(350),
+        "closed after {:?}",
+        started.elapsed()
+    );
+    assert!(upstream.recorded_with_prefix("/never-finished").is_empty());
+    assert_eq!(get(proxy.listen, "/").await.status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_keep_alive_client_is_closed_after_client_idle_timeout() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &["--client-idle-timeout", "400ms"]).await;
+    let mut conn = RawConn::connect(proxy.listen).await;
+    conn.write(b"GET / HTTP/1.1\r\nHost: client.test\r\n\r\n")
+        .await
+        .unwrap();
+    assert_eq!(
+        conn.read_response(false, Duration::from_secs(5)).await.unwrap().status,
+        200
+    );
+    let answered = Instant::now();
+    let (_, end) = conn.read_until_close(Duration::from_secs(5)).await;
+    assert_ne!(end, ReadEnd::Timeout, "idle client still open after 5 s");
+    assert!(
+        answered.elapsed() >= Duration::from_millis(350),
+        "closed after {:?} idle",
+        answered.elapsed()
+    );
+    // The upstream connection is not tied to the client's.
+    assert_eq!(upstream.connections(), 1);
+}

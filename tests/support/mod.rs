@@ -243,6 +243,17 @@ struct ConnInfo {
     id: u64,
     served: AtomicUsize,
     kill: Notify,
+    /// Still counted in `conns_now`.
+    counted: AtomicBool,
+}
+
+impl ConnInfo {
+    /// Takes the connection out of `conns_now` (once).
+    fn count_closed(&self, shared: &UpstreamShared) {
+        if self.counted.swap(false, Ordering::SeqCst) {
+            shared.conns_now.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
 }
 
 struct UpstreamShared {
@@ -263,11 +274,56 @@ struct UpstreamShared {
     next_conn_id: AtomicU64,
 }
 
-struct ConnGuard(Arc<UpstreamShared>);
+/// Counts the connection down when its task ends (or is aborted).
+struct ConnGuard(Arc<UpstreamShared>, Arc<ConnInfo>);
 
 impl Drop for ConnGuard {
     fn drop(&mut self) {
-        self.0.conns_now.fetch_sub(1, Ordering::SeqCst);
+        self.1.count_closed(&self.0);
+    }
+}
+
+/// The upstream's end of a connection. It stops counting the connection just before it sends its FIN: from
+/// then on the upstream has closed its side, which is all a proxy can observe before dialling a replacement (the
+/// connection task itself may finish a little later, and counting until then would report a scheduling lag of
+/// this process as an overlap).
+struct CountedStream {
+    inner: TcpStream,
+    shared: Arc<UpstreamShared>,
+    info: Arc<ConnInfo>,
+}
+
+/// A connection hyper drops without a shutdown is closed (FIN) as the socket drops, right after this.
+impl Drop for CountedStream {
+    fn drop(&mut self) {
+        self.info.count_closed(&self.shared);
+    }
+}
+
+impl tokio::io::AsyncRead for CountedStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for CountedStream {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, data)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        // Counted before the FIN leaves: counting after it would race with a proxy that sees the FIN and dials
+        // a replacement while this thread is preempted between the two.
+        self.info.count_closed(&self.shared);
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
@@ -385,12 +441,13 @@ impl Upstream {
                 shared.accepted.fetch_add(1, Ordering::SeqCst);
                 let now = shared.conns_now.fetch_add(1, Ordering::SeqCst) + 1;
                 shared.conns_peak.fetch_max(now, Ordering::SeqCst);
-                let guard = ConnGuard(shared.clone());
                 let info = Arc::new(ConnInfo {
                     id: shared.next_conn_id.fetch_add(1, Ordering::SeqCst),
                     served: AtomicUsize::new(0),
                     kill: Notify::new(),
+                    counted: AtomicBool::new(true),
                 });
+                let guard = ConnGuard(shared.clone(), info.clone());
                 let task = tokio::spawn(serve_connection(stream, shared.clone(), info, guard));
                 let mut tasks = tasks.lock().unwrap();
                 tasks.retain(|t| !t.is_finished());
@@ -542,6 +599,11 @@ async fn serve_connection(stream: TcpStream, shared: Arc<UpstreamShared>, info: 
         let shared = shared.clone();
         let info = info.clone();
         service_fn(move |req| handle(shared.clone(), info.clone(), req))
+    };
+    let stream = CountedStream {
+        inner: stream,
+        shared: shared.clone(),
+        info: info.clone(),
     };
     let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
     tokio::pin!(conn);
