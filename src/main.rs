@@ -3,6 +3,9 @@
 //! Exit codes: 0 after a clean run or drain, 2 for a configuration problem (one line naming the key),
 //! 1 for anything else that stops start-up.
 
+#![forbid(unsafe_code)]
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
