@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
@@ -14,7 +15,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -28,7 +29,12 @@ struct Status {
     upstreams: BTreeMap<String, PoolSnapshot>,
 }
 
+/// Scrapers and probes need few connections; a cap keeps a flood of them from using up file descriptors the
+/// proxy needs.
+const MAX_ADMIN_CONNECTIONS: usize = 64;
+
 pub async fn serve(listener: TcpListener, state: Arc<State>, stop: CancellationToken) {
+    let room = Arc::new(tokio::sync::Semaphore::new(MAX_ADMIN_CONNECTIONS));
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -38,13 +44,19 @@ pub async fn serve(listener: TcpListener, state: Arc<State>, stop: CancellationT
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             continue;
         };
+        let Ok(permit) = room.clone().try_acquire_owned() else {
+            continue;
+        };
         let state = state.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let service = service_fn(move |request| {
                 let state = state.clone();
                 async move { Ok::<_, Infallible>(answer(&state, &request)) }
             });
             let _ = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(10))
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
         });

@@ -320,12 +320,26 @@ impl Config {
         if let Some(threads) = self.threads {
             positive("threads", threads as u128)?;
         }
+        if self.max_client_connections > tokio::sync::Semaphore::MAX_PERMITS {
+            return Err(ConfigError::new(
+                "max_client_connections",
+                format!("must be at most {}", tokio::sync::Semaphore::MAX_PERMITS),
+            ));
+        }
         for (key, value) in [
             ("first_byte_timeout", self.first_byte_timeout),
             ("header_read_timeout", self.header_read_timeout),
             ("client_idle_timeout", self.client_idle_timeout),
         ] {
             positive(key, value.as_nanos())?;
+        }
+        for (key, value) in [
+            ("first_byte_timeout", self.first_byte_timeout),
+            ("header_read_timeout", self.header_read_timeout),
+            ("client_idle_timeout", self.client_idle_timeout),
+            ("shutdown_timeout", self.shutdown_timeout),
+        ] {
+            not_absurd(key, value)?;
         }
         for (name, upstream) in &self.upstreams {
             let valid_name = !name.is_empty()
@@ -354,6 +368,18 @@ impl Config {
             ] {
                 positive(&key(field), value.as_nanos())?;
             }
+            for (field, value) in [
+                ("queue_timeout", upstream.queue_timeout),
+                ("connect_timeout", upstream.connect_timeout),
+                ("request_timeout", upstream.request_timeout),
+                ("idle_timeout", upstream.idle_timeout),
+                ("close_timeout", upstream.close_timeout),
+                ("body_idle_timeout", upstream.body_idle_timeout),
+                ("max_connection_lifetime", upstream.max_connection_lifetime),
+                ("abort_drain_timeout", upstream.abort_drain_timeout),
+            ] {
+                not_absurd(&key(field), value)?;
+            }
         }
         for (index, route) in self.routes.iter().enumerate() {
             if !self.upstreams.contains_key(&route.upstream) {
@@ -377,6 +403,17 @@ impl Config {
                 "no route configured (add a [[routes]] entry with upstream = \"NAME\")",
             ));
         }
+        Ok(())
+    }
+}
+
+/// Deadlines are computed as `now + duration`; a year bounds them far from overflow and from any sane setting.
+const LONGEST_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+fn not_absurd(key: &str, value: Duration) -> Result<(), ConfigError> {
+    if value > LONGEST_DURATION {
+        Err(ConfigError::new(key, "must be at most a year (365d)"))
+    } else {
         Ok(())
     }
 }

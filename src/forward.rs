@@ -7,7 +7,8 @@
 
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -17,6 +18,7 @@ use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
 
 use crate::error::{Outcome, ProxyError};
@@ -32,6 +34,15 @@ pub struct ClientInfo {
     pub peer: SocketAddr,
     /// Whether the peer is a trusted proxy whose `X-Forwarded-*` we extend rather than replace.
     pub trusted: bool,
+    /// The peer's address as an `X-Forwarded-For` value, made once per connection.
+    peer_ip: HeaderValue,
+}
+
+impl ClientInfo {
+    pub fn new(peer: SocketAddr, trusted: bool) -> Self {
+        let peer_ip = HeaderValue::from_str(&peer.ip().to_string()).unwrap_or_else(|_| HeaderValue::from_static(""));
+        ClientInfo { peer, trusted, peer_ip }
+    }
 }
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -108,14 +119,23 @@ fn origin_form(uri: &Uri, method: &Method) -> Uri {
 }
 
 fn set_forwarded(headers: &mut HeaderMap, client: &ClientInfo, host: HeaderValue) {
-    let ip = client.peer.ip().to_string();
-    let for_value = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(previous) if client.trusted => format!("{previous}, {ip}"),
-        _ => ip,
+    let previous: Vec<&str> = if client.trusted {
+        // Every field line counts: earlier hops may have sent theirs separately.
+        headers
+            .get_all(&X_FORWARDED_FOR)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect()
+    } else {
+        Vec::new()
     };
-    if let Ok(value) = HeaderValue::from_str(&for_value) {
-        headers.insert(X_FORWARDED_FOR, value);
-    }
+    let value = if previous.is_empty() {
+        client.peer_ip.clone()
+    } else {
+        let joined = format!("{}, {}", previous.join(", "), client.peer.ip());
+        HeaderValue::from_str(&joined).unwrap_or_else(|_| client.peer_ip.clone())
+    };
+    headers.insert(X_FORWARDED_FOR, value);
     if !(client.trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
         headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
     }
@@ -190,6 +210,10 @@ pub struct RequestBody {
 #[error("{0} sent nothing for {1:?}")]
 pub struct BodyStalled(&'static str, Duration);
 
+#[derive(Debug, thiserror::Error)]
+#[error("the exchange was cut off: its body made no progress for body_idle_timeout")]
+pub struct CutOff;
+
 impl RequestBody {
     pub fn new(inner: Incoming, idle_timeout: Duration) -> Self {
         RequestBody {
@@ -246,26 +270,51 @@ pub struct Completion {
     pub status: StatusCode,
 }
 
-/// An upstream response body in flight, holding the lease until its end.
-pub struct UpstreamBody {
-    /// Taken only by `Drop`, to drain what the client left.
+/// An upstream response in flight: its body, the lease it holds until the end, and how the end is counted.
+struct Relay {
     inner: Option<Incoming>,
     lease: Option<Lease>,
-    timer: IdleTimer,
     completion: Option<Completion>,
+    /// Cut off by the stall watchdog: the client is told by an error, not a clean end.
+    cut_off: bool,
 }
 
-impl UpstreamBody {
-    pub fn new(inner: Incoming, lease: Lease, completion: Completion) -> Self {
-        let idle_timeout = lease.pool().limits.body_idle_timeout;
-        UpstreamBody {
-            inner: Some(inner),
-            lease: Some(lease),
-            timer: IdleTimer::new(idle_timeout),
-            completion: Some(completion),
+impl Relay {
+    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let Some(inner) = self.inner.as_mut() else {
+            return if self.cut_off {
+                Poll::Ready(Some(Err(BodyStalled("client", Duration::ZERO).into())))
+            } else {
+                Poll::Ready(None)
+            };
+        };
+        match Pin::new(inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
+            Poll::Ready(Some(Err(err))) => {
+                self.finish(Outcome::UpstreamError, false);
+                Poll::Ready(Some(Err(err.into())))
+            }
+            Poll::Ready(None) => {
+                self.finish(Outcome::Ok, true);
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
         }
     }
 
+    fn is_end_stream(&self) -> bool {
+        !self.cut_off && self.inner.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.as_ref().map_or_else(SizeHint::default, Body::size_hint)
+    }
+
+    fn is_finished(&self) -> bool {
+        self.lease.is_none()
+    }
+
+    /// Ends the exchange: the lease goes back (reused or closed) and the outcome is counted, once.
     fn finish(&mut self, outcome: Outcome, reusable: bool) {
         if let Some(mut lease) = self.lease.take() {
             if !reusable {
@@ -276,6 +325,116 @@ impl UpstreamBody {
             done.counters.record(outcome, Some(done.status));
         }
     }
+
+    /// The stream stopped moving for too long: dropping the unread body makes hyper close the upstream
+    /// connection, whose task then frees the slot.
+    fn cut_off(&mut self, outcome: Outcome) {
+        self.inner = None;
+        self.cut_off = true;
+        self.finish(outcome, false);
+    }
+
+    /// The answer was dropped before its end. An empty body (HEAD, 204, 304) is complete; otherwise the client
+    /// left mid-body, and what is left is handed back for draining.
+    fn abandon(&mut self) -> Option<(Incoming, Lease)> {
+        // Already finished (or cut off): nothing is left to count or drain.
+        self.lease.as_ref()?;
+        if self.is_end_stream() {
+            self.finish(Outcome::Ok, true);
+            return None;
+        }
+        if let Some(done) = self.completion.take() {
+            done.counters.record(Outcome::ClientAbort, Some(done.status));
+        }
+        match (self.inner.take(), self.lease.take()) {
+            (Some(body), Some(lease)) => Some((body, lease)),
+            (_, lease) => {
+                if let Some(mut lease) = lease {
+                    lease.forbid_reuse();
+                }
+                None
+            }
+        }
+    }
+}
+
+/// A relay an outside watchdog can cut off: an HTTP/2 client can stop reading one stream without blocking its
+/// socket, and hyper then stops polling that stream's body, so no timer inside the body would ever run.
+struct Watched {
+    relay: Mutex<Relay>,
+    epoch: Instant,
+    /// Milliseconds since `epoch` of the last frame handed on.
+    progress_ms: AtomicU64,
+    ended: Notify,
+}
+
+impl Watched {
+    fn relay(&self) -> MutexGuard<'_, Relay> {
+        self.relay.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+async fn watch_for_stall(watched: Arc<Watched>, limit: Duration) {
+    loop {
+        let last = watched.progress_ms.load(Ordering::Acquire);
+        let deadline = watched.epoch + Duration::from_millis(last) + limit;
+        tokio::select! {
+            _ = watched.ended.notified() => return,
+            _ = tokio::time::sleep_until(deadline) => {
+                if watched.progress_ms.load(Ordering::Acquire) == last {
+                    let mut relay = watched.relay();
+                    if !relay.is_finished() {
+                        relay.cut_off(Outcome::ClientAbort);
+                    }
+                    return;
+                }
+            }
+        }
+    }
+}
+
+enum RelayHandle {
+    Owned(Relay),
+    Watched(Arc<Watched>),
+}
+
+/// An upstream response body in flight, holding the lease until its end.
+pub struct UpstreamBody {
+    relay: RelayHandle,
+    timer: IdleTimer,
+}
+
+impl UpstreamBody {
+    /// `watch`: also cut the exchange off when the client stops taking the body (HTTP/2 streams).
+    pub fn new(inner: Incoming, lease: Lease, completion: Completion, watch: bool) -> Self {
+        let idle_timeout = lease.pool().limits.body_idle_timeout;
+        let relay = Relay {
+            inner: Some(inner),
+            lease: Some(lease),
+            completion: Some(completion),
+            cut_off: false,
+        };
+        let relay = if watch && !relay.is_end_stream() {
+            let watched = Arc::new(Watched {
+                relay: Mutex::new(relay),
+                epoch: Instant::now(),
+                progress_ms: AtomicU64::new(0),
+                ended: Notify::new(),
+            });
+            tokio::spawn(watch_for_stall(watched.clone(), idle_timeout));
+            RelayHandle::Watched(watched)
+        } else {
+            RelayHandle::Owned(relay)
+        };
+        UpstreamBody {
+            relay,
+            timer: IdleTimer::new(idle_timeout),
+        }
+    }
 }
 
 impl Body for UpstreamBody {
@@ -284,59 +443,70 @@ impl Body for UpstreamBody {
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
-        let Some(inner) = this.inner.as_mut() else {
-            return Poll::Ready(None);
+        let polled = match &mut this.relay {
+            RelayHandle::Owned(relay) => relay.poll_frame(cx),
+            RelayHandle::Watched(watched) => {
+                let polled = watched.relay().poll_frame(cx);
+                match &polled {
+                    Poll::Ready(Some(Ok(_))) => watched.progress_ms.store(watched.now_ms(), Ordering::Release),
+                    Poll::Ready(_) => watched.ended.notify_one(),
+                    Poll::Pending => {}
+                }
+                polled
+            }
         };
-        match Pin::new(inner).poll_frame(cx) {
+        match polled {
             Poll::Ready(Some(Ok(frame))) => {
                 this.timer.progressed();
                 Poll::Ready(Some(Ok(frame)))
             }
-            Poll::Ready(Some(Err(err))) => {
-                this.finish(Outcome::UpstreamError, false);
-                Poll::Ready(Some(Err(err.into())))
-            }
-            Poll::Ready(None) => {
-                this.finish(Outcome::Ok, true);
-                Poll::Ready(None)
-            }
             Poll::Pending if this.timer.expired(cx) => {
-                this.finish(Outcome::UpstreamTimeout, false);
-                Poll::Ready(Some(Err(BodyStalled("upstream", this.timer.timeout).into())))
+                let limit = this.timer.timeout;
+                match &mut this.relay {
+                    RelayHandle::Owned(relay) => relay.cut_off(Outcome::UpstreamTimeout),
+                    RelayHandle::Watched(watched) => {
+                        watched.relay().cut_off(Outcome::UpstreamTimeout);
+                        watched.ended.notify_one();
+                    }
+                }
+                Poll::Ready(Some(Err(BodyStalled("upstream", limit).into())))
             }
-            Poll::Pending => Poll::Pending,
+            other => other,
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.as_ref().is_none_or(Body::is_end_stream)
+        match &self.relay {
+            RelayHandle::Owned(relay) => relay.is_end_stream(),
+            RelayHandle::Watched(watched) => watched.relay().is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.as_ref().map_or_else(SizeHint::default, Body::size_hint)
+        match &self.relay {
+            RelayHandle::Owned(relay) => relay.size_hint(),
+            RelayHandle::Watched(watched) => watched.relay().size_hint(),
+        }
     }
 }
 
 impl Drop for UpstreamBody {
     fn drop(&mut self) {
-        let Some(lease) = self.lease.take() else { return };
-        if self.is_end_stream() {
-            // HEAD, 204, 304 and empty bodies: nothing left to read, the exchange is complete.
-            self.lease = Some(lease);
-            self.finish(Outcome::Ok, true);
-            return;
-        }
-        if let Some(done) = self.completion.take() {
-            done.counters.record(Outcome::ClientAbort, Some(done.status));
-        }
+        let abandoned = match &mut self.relay {
+            RelayHandle::Owned(relay) => relay.abandon(),
+            RelayHandle::Watched(watched) => {
+                watched.ended.notify_one();
+                watched.relay().abandon()
+            }
+        };
+        let Some((body, lease)) = abandoned else { return };
         // The client left mid-body. Dropping the connection now would leave the upstream working on the old
         // request while a replacement brings new work; read the rest instead and keep the connection.
-        let body = self.inner.take();
-        match (tokio::runtime::Handle::try_current(), body) {
-            (Ok(runtime), Some(body)) => {
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
                 runtime.spawn(drain_then_release(body, lease));
             }
-            _ => {
+            Err(_) => {
                 let mut lease = lease;
                 lease.forbid_reuse();
             }
@@ -456,6 +626,7 @@ pub fn to_client(
     response: Response<Incoming>,
     mut lease: Lease,
     counters: Arc<OutcomeCounters>,
+    watch: bool,
 ) -> Response<ResponseBody> {
     let (mut parts, body) = response.into_parts();
     if !keeps_alive(parts.version, &parts.headers) {
@@ -469,7 +640,7 @@ pub fn to_client(
     };
     Response::from_parts(
         parts,
-        ResponseBody::upstream(UpstreamBody::new(body, lease, completion)),
+        ResponseBody::upstream(UpstreamBody::new(body, lease, completion, watch)),
     )
 }
 

@@ -108,7 +108,8 @@ impl Proxy {
         pool.metrics.queue_waited(arrived.elapsed());
 
         let (reply, answer) = oneshot::channel();
-        tokio::spawn(exchange(lease, upstream_request, reply));
+        // An HTTP/2 client can stop a stream without blocking its socket; its body gets a watchdog.
+        tokio::spawn(exchange(lease, upstream_request, !is_http1, reply));
         match answer.await {
             Ok(Ok(response)) => response,
             Ok(Err(err)) => self.answer_error(&pool, err),
@@ -157,16 +158,126 @@ type Answer = Result<Response<ResponseBody>, ProxyError>;
 
 /// Sends the request upstream and hands back the response head. Runs in its own task: if the client goes away,
 /// the answer is dropped here, and its body then drains so the connection survives.
-async fn exchange(mut lease: Lease, request: Request<RequestBody>, reply: oneshot::Sender<Answer>) {
+async fn exchange(lease: Lease, request: Request<RequestBody>, watch_body: bool, reply: oneshot::Sender<Answer>) {
     let pool = lease.pool().clone();
-    let answer = match send(&pool, &mut lease, request).await {
-        Ok(response) => Ok(forward::to_client(response, lease, pool.metrics.requests.clone())),
+    let answer = match send(&pool, lease, request).await {
+        Ok((response, lease)) => Ok(forward::to_client(
+            response,
+            lease,
+            pool.metrics.requests.clone(),
+            watch_body,
+        )),
         Err(err) => Err(err),
     };
     if let Err(Err(_)) = reply.send(answer) {
         // The client left before the upstream failed; an unsent success is counted by its body instead.
         pool.metrics.requests.record(Outcome::ClientAbort, None);
     }
+}
+
+/// The sending loop, with the retry rules: a request the upstream never received is retried on another
+/// connection; one that may have reached it is retried once, on a fresh connection, only if it is a GET or HEAD
+/// without a body and the connection was a reused one (the upstream closed it while idle). A failed lease is
+/// given up before the retry is admitted, so its slot can serve the retry.
+async fn send(
+    pool: &Arc<UpstreamPool>,
+    mut lease: Lease,
+    mut request: Request<RequestBody>,
+) -> Result<(Response<Incoming>, Lease), ProxyError> {
+    // The head is kept (an allocation) only where a replay can happen: on a reused connection.
+    let mut replay = if lease.reused() { replayable(&request) } else { None };
+    // Every unsent attempt uses up a stale idle connection or a fresh dial, so this bound is never the limit in
+    // practice; it only guarantees termination.
+    let mut attempts_left = pool.limits.max_connections + 2;
+    loop {
+        attempts_left = attempts_left.saturating_sub(1);
+        let reused = lease.reused();
+        let conn = match lease.connection().await {
+            Ok(conn) => conn,
+            Err(err) => {
+                lease.forbid_reuse();
+                drop(lease);
+                if reused && attempts_left > 0 {
+                    // A stale idle connection: nothing was sent on it.
+                    lease = readmit(pool, false).await?;
+                    continue;
+                }
+                return Err(err);
+            }
+        };
+        let dispatched = Instant::now();
+        let limit = pool.limits.request_timeout;
+        match tokio::time::timeout(limit, conn.sender.try_send_request(request)).await {
+            Err(_) => {
+                lease.forbid_reuse();
+                return Err(ProxyError::UpstreamTimeout(limit));
+            }
+            Ok(Ok(response)) => {
+                pool.metrics.responded(dispatched.elapsed());
+                return Ok((response, lease));
+            }
+            Ok(Err(mut failed)) => {
+                lease.forbid_reuse();
+                drop(lease);
+                if let Some(unsent) = failed.take_message() {
+                    if reused && attempts_left > 0 {
+                        request = unsent;
+                        lease = readmit(pool, false).await?;
+                        continue;
+                    }
+                } else if reused {
+                    if let Some(again) = replay.take().map(ReplayHead::rebuild) {
+                        tracing::debug!(upstream = %pool.name, "retrying an idempotent request on a fresh connection");
+                        request = again;
+                        lease = readmit(pool, true).await?;
+                        continue;
+                    }
+                }
+                return Err(ProxyError::Upstream(failed.into_error()));
+            }
+        }
+    }
+}
+
+/// A retry goes to the front of the queue: it was admitted once already. `fresh` keeps it off long-idle
+/// connections, which may have been closed by the upstream like the one that just failed.
+async fn readmit(pool: &Arc<UpstreamPool>, fresh: bool) -> Result<Lease, ProxyError> {
+    let deadline = tokio::time::Instant::now() + pool.limits.queue_timeout;
+    let admitted = if fresh {
+        pool.admit_fresh(deadline).await
+    } else {
+        pool.admit(true, deadline, std::future::pending()).await
+    };
+    admitted.map_err(|refused| match refused {
+        Refused::Shed(shed) => ProxyError::Shed(shed),
+        Refused::ClientGone => ProxyError::Shed(Shed::QueueTimeout),
+    })
+}
+
+/// The head of a GET/HEAD without a body, kept to resend it if a reused connection fails after sending.
+struct ReplayHead {
+    method: Method,
+    uri: http::Uri,
+    headers: http::HeaderMap,
+}
+
+impl ReplayHead {
+    fn rebuild(self) -> Request<RequestBody> {
+        let mut request = Request::new(RequestBody::empty());
+        *request.method_mut() = self.method;
+        *request.uri_mut() = self.uri;
+        *request.headers_mut() = self.headers;
+        request
+    }
+}
+
+fn replayable(request: &Request<RequestBody>) -> Option<ReplayHead> {
+    let idempotent = request.method() == Method::GET || request.method() == Method::HEAD;
+    (idempotent && request.body().is_end_stream()).then(|| ReplayHead {
+        method: request.method().clone(),
+        uri: request.uri().clone(),
+        headers: request.headers().clone(),
+    })
 }
 
 /// Counts a client abort if dropped before [`AbortWatch::disarm`].
@@ -188,114 +299,4 @@ impl Drop for AbortWatch<'_> {
             counters.record(Outcome::ClientAbort, None);
         }
     }
-}
-
-/// The sending loop, with the retry rules: a request the upstream never received is retried on another
-/// connection; one that may have reached it is retried once, on a fresh connection, only if it is a GET or HEAD
-/// without a body and the connection was a reused one (the upstream closed it while idle).
-async fn send(
-    pool: &Arc<UpstreamPool>,
-    lease: &mut Lease,
-    mut request: Request<RequestBody>,
-) -> Result<Response<Incoming>, ProxyError> {
-    // Cloning the head costs an allocation, so only requests on reused connections keep one.
-    let mut replay = if lease.reused() { replayable(&request) } else { None };
-    // Every unsent attempt uses up a stale idle connection or a fresh dial, so this bound is never the limit in
-    // practice; it only guarantees termination.
-    let mut attempts_left = pool.limits.max_connections + 2;
-    loop {
-        attempts_left = attempts_left.saturating_sub(1);
-        let reused = lease.reused();
-        let conn = match lease.connection().await {
-            Ok(conn) => conn,
-            Err(err) => {
-                if reused && attempts_left > 0 {
-                    // A stale idle connection: nothing was sent on it.
-                    *lease = readmit(pool).await?;
-                    continue;
-                }
-                lease.forbid_reuse();
-                return Err(err);
-            }
-        };
-        let dispatched = Instant::now();
-        let limit = pool.limits.request_timeout;
-        match tokio::time::timeout(limit, conn.sender.try_send_request(request)).await {
-            Err(_) => {
-                lease.forbid_reuse();
-                return Err(ProxyError::UpstreamTimeout(limit));
-            }
-            Ok(Ok(response)) => {
-                pool.metrics.responded(dispatched.elapsed());
-                return Ok(response);
-            }
-            Ok(Err(mut failed)) => {
-                lease.forbid_reuse();
-                if let Some(unsent) = failed.take_message() {
-                    if reused && attempts_left > 0 {
-                        request = unsent;
-                        *lease = readmit(pool).await?;
-                        continue;
-                    }
-                } else if reused {
-                    if let Some(again) = replay.take().and_then(|head| head.rebuild()) {
-                        tracing::debug!(upstream = %pool.name, "retrying an idempotent request on a fresh connection");
-                        request = again;
-                        *lease = readmit_fresh(pool).await?;
-                        continue;
-                    }
-                }
-                return Err(ProxyError::Upstream(failed.into_error()));
-            }
-        }
-    }
-}
-
-/// A retry goes to the front of the queue: it was admitted once already.
-async fn readmit(pool: &Arc<UpstreamPool>) -> Result<Lease, ProxyError> {
-    let deadline = tokio::time::Instant::now() + pool.limits.queue_timeout;
-    match pool.admit(true, deadline, std::future::pending()).await {
-        Ok(lease) => Ok(lease),
-        Err(Refused::Shed(shed)) => Err(ProxyError::Shed(shed)),
-        Err(Refused::ClientGone) => Err(ProxyError::Shed(Shed::QueueTimeout)),
-    }
-}
-
-/// Like [`readmit`], but never on a reused connection: the replay must not meet another stale one.
-async fn readmit_fresh(pool: &Arc<UpstreamPool>) -> Result<Lease, ProxyError> {
-    loop {
-        let lease = readmit(pool).await?;
-        if !lease.reused() {
-            return Ok(lease);
-        }
-        // An idle connection was handed over; close it (its slot then comes back to us first) and wait again.
-        let mut lease = lease;
-        lease.forbid_reuse();
-    }
-}
-
-/// The head of a GET/HEAD without a body, kept to resend it if a reused connection fails after sending.
-struct ReplayHead {
-    method: Method,
-    uri: http::Uri,
-    headers: http::HeaderMap,
-}
-
-impl ReplayHead {
-    fn rebuild(self) -> Option<Request<RequestBody>> {
-        let mut request = Request::new(RequestBody::empty());
-        *request.method_mut() = self.method;
-        *request.uri_mut() = self.uri;
-        *request.headers_mut() = self.headers;
-        Some(request)
-    }
-}
-
-fn replayable(request: &Request<RequestBody>) -> Option<ReplayHead> {
-    let idempotent = request.method() == Method::GET || request.method() == Method::HEAD;
-    (idempotent && request.body().is_end_stream()).then(|| ReplayHead {
-        method: request.method().clone(),
-        uri: request.uri().clone(),
-        headers: request.headers().clone(),
-    })
 }

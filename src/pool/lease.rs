@@ -58,8 +58,14 @@ impl Lease {
         }
         match &mut self.held {
             Held::Conn(conn) => {
-                conn.sender.ready().await.map_err(ProxyError::Upstream)?;
-                Ok(conn)
+                // A pooled connection is normally ready at once; one that is not within request_timeout (its
+                // last request body still trickling, say) is treated like a stale one.
+                let limit = self.pool.limits.request_timeout;
+                match tokio::time::timeout(limit, conn.sender.ready()).await {
+                    Ok(Ok(())) => Ok(conn),
+                    Ok(Err(err)) => Err(ProxyError::Upstream(err)),
+                    Err(_) => Err(ProxyError::UpstreamTimeout(limit)),
+                }
             }
             _ => Err(ProxyError::Connect("no connection".into())),
         }

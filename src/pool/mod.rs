@@ -139,6 +139,36 @@ impl UpstreamPool {
             self.queue_peak.fetch_max(state.queue.len(), Ordering::Relaxed);
             ticket
         };
+        self.wait(ticket, deadline, client_gone).await
+    }
+
+    /// Admits a retry that must not meet a long-idle connection again (the last one was closed under it): a free
+    /// slot if there is one, else the oldest idle connection is closed to make room and the retry waits at the
+    /// front of the queue for that slot, or for a connection that has just finished an exchange.
+    pub async fn admit_fresh(self: &Arc<Self>, deadline: tokio::time::Instant) -> Result<Lease, Refused> {
+        let (ticket, evicted) = {
+            let mut state = self.lock();
+            if state.open < self.limits.max_connections {
+                state.open += 1;
+                self.connections_peak.fetch_max(state.open, Ordering::Relaxed);
+                drop(state);
+                return Ok(Lease::new(self.clone(), Grant::Dial(Slot::issued(self.clone()))));
+            }
+            let evicted = state.idle.pop_front();
+            let ticket = state.queue.join(true).map_err(Refused::Shed)?;
+            (ticket, evicted)
+        };
+        // Dropped outside the lock; its task frees the slot once the upstream has closed too.
+        drop(evicted);
+        self.wait(ticket, deadline, std::future::pending()).await
+    }
+
+    async fn wait(
+        self: &Arc<Self>,
+        ticket: Ticket<Grant>,
+        deadline: tokio::time::Instant,
+        client_gone: impl Future<Output = ()>,
+    ) -> Result<Lease, Refused> {
         let mut waiting = Waiting {
             pool: self,
             ticket: Some(ticket),
@@ -294,6 +324,8 @@ impl Drop for Waiting<'_> {
             if self.pool.lock().queue.leave(ticket.id) {
                 return;
             }
+            // Closing first means a grant is either refused back to its sender or already here to take.
+            ticket.granted.close();
             if let Ok(grant) = ticket.granted.try_recv() {
                 self.pool.give_back(grant);
             }

@@ -32,6 +32,7 @@ enum Protocol {
 /// Waits for the first bytes and tells HTTP/2 prior knowledge from HTTP/1 by peeking, so nothing is consumed.
 async fn sniff(stream: &TcpStream) -> std::io::Result<Protocol> {
     let mut buf = [0u8; 24];
+    let mut pause = Duration::from_millis(1);
     loop {
         let n = stream.peek(&mut buf).await?;
         let seen = buf.get(..n).unwrap_or_default();
@@ -44,9 +45,10 @@ async fn sniff(stream: &TcpStream) -> std::io::Result<Protocol> {
         if !H2_PREFACE.starts_with(seen) || n == buf.len() {
             return Ok(Protocol::Http1);
         }
-        // A preface split across packets is rare; peek returns at once while data is pending, so pause briefly
-        // instead of spinning until the rest arrives (the caller's deadline bounds this).
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        // A preface split across packets is rare; peek returns at once while data is pending, so back off instead
+        // of spinning until the rest arrives (the caller's first_byte_timeout bounds this).
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(100));
     }
 }
 
@@ -76,10 +78,7 @@ pub async fn serve(
     let io = TokioIo::new(
         SharedStream::new(stream.clone(), observer).with_write_stall_limit(config.client_write_stall_limit()),
     );
-    let client = ClientInfo {
-        peer,
-        trusted: proxy.is_trusted(peer.ip()),
-    };
+    let client = ClientInfo::new(peer, proxy.is_trusted(peer.ip()));
     let watched = (protocol == Protocol::Http1).then(|| stream.clone());
     let service = {
         let activity = activity.clone();

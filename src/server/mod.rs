@@ -180,15 +180,17 @@ async fn accept_loop(
     loop {
         // Wait for room first: past max_client_connections, new clients wait in the kernel's backlog.
         let permit = tokio::select! {
+            biased;
+            _ = draining.cancelled() => return,
             permit = limit.clone().acquire_owned() => match permit {
                 Ok(permit) => permit,
                 Err(_) => return,
             },
-            _ = draining.cancelled() => return,
         };
         let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
+            biased;
             _ = draining.cancelled() => return,
+            accepted = listener.accept() => accepted,
         };
         match accepted {
             Ok((stream, peer)) => {
@@ -197,9 +199,8 @@ async fn accept_loop(
                 let draining = draining.clone();
                 let metrics = metrics.clone();
                 connections.spawn(async move {
-                    metrics.client_connections.inc();
+                    let _open = OpenClient::new(&metrics.client_connections);
                     connection::serve(stream, peer, proxy, config, draining).await;
-                    metrics.client_connections.dec();
                     drop(permit);
                 });
             }
@@ -209,5 +210,21 @@ async fn accept_loop(
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
+    }
+}
+
+/// Counts one open client connection for as long as it lives, however its task ends.
+struct OpenClient<'a>(&'a prometheus_client::metrics::gauge::Gauge);
+
+impl<'a> OpenClient<'a> {
+    fn new(gauge: &'a prometheus_client::metrics::gauge::Gauge) -> Self {
+        gauge.inc();
+        OpenClient(gauge)
+    }
+}
+
+impl Drop for OpenClient<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
