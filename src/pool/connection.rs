@@ -46,10 +46,23 @@ impl UpstreamPool {
     /// Dials a new connection with the right `slot` gives; the slot moves into the connection's task.
     pub(crate) async fn dial(self: &Arc<Self>, slot: Slot) -> Result<Conn, ProxyError> {
         let limit = self.limits.connect_timeout;
-        let stream = match tokio::time::timeout(limit, connect(&self.origin)).await {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(err)) => return Err(ProxyError::Connect(err.to_string())),
-            Err(_) => return Err(ProxyError::ConnectTimeout(limit)),
+        let deadline = tokio::time::Instant::now() + limit;
+        let stream = match connect(&self.origin, deadline).await {
+            Ok(stream) => stream,
+            Err(Dial::Failed(err)) => return Err(ProxyError::Connect(err.to_string())),
+            Err(Dial::TimedOut(attempt)) => {
+                if let Some(attempt) = attempt {
+                    // The handshake may complete just as we give up; the slot stays taken until that
+                    // connection is gone too.
+                    let close_timeout = self.limits.close_timeout;
+                    tokio::spawn(async move {
+                        abandon_attempt(&attempt, close_timeout).await;
+                        drop(attempt);
+                        drop(slot);
+                    });
+                }
+                return Err(ProxyError::ConnectTimeout(limit));
+            }
         };
         // Requests are small and latency-bound; Nagle would add a round trip to every exchange.
         let _ = stream.set_nodelay(true);
@@ -80,14 +93,60 @@ impl UpstreamPool {
     }
 }
 
-/// Resolves the host at every dial and tries each address in turn.
-async fn connect(origin: &Origin) -> std::io::Result<TcpStream> {
+enum Dial {
+    Failed(std::io::Error),
+    /// The deadline passed; the attempt in progress then, if any, is handed back to be closed with care.
+    TimedOut(Option<TcpStream>),
+}
+
+/// Resolves the host at every dial and tries each address in turn, all before `deadline`.
+async fn connect(origin: &Origin, deadline: tokio::time::Instant) -> Result<TcpStream, Dial> {
+    let resolved = tokio::time::timeout_at(deadline, tokio::net::lookup_host((origin.host.as_str(), origin.port)));
+    let addresses = match resolved.await {
+        Ok(Ok(addresses)) => addresses,
+        Ok(Err(err)) => return Err(Dial::Failed(err)),
+        Err(_) => return Err(Dial::TimedOut(None)),
+    };
     let mut last_error = None;
-    for address in tokio::net::lookup_host((origin.host.as_str(), origin.port)).await? {
-        match TcpStream::connect(address).await {
-            Ok(stream) => return Ok(stream),
-            Err(err) => last_error = Some(err),
+    for address in addresses {
+        let attempt = start_connect(address).map_err(Dial::Failed)?;
+        match tokio::time::timeout_at(deadline, attempt.writable()).await {
+            Err(_) => return Err(Dial::TimedOut(Some(attempt))),
+            Ok(Err(err)) => last_error = Some(err),
+            Ok(Ok(())) => match attempt.take_error() {
+                Ok(None) => return Ok(attempt),
+                Ok(Some(err)) | Err(err) => last_error = Some(err),
+            },
         }
     }
-    Err(last_error.unwrap_or_else(|| std::io::Error::other(format!("{} resolved to no address", origin.host))))
+    Err(Dial::Failed(last_error.unwrap_or_else(|| {
+        std::io::Error::other(format!("{} resolved to no address", origin.host))
+    })))
+}
+
+/// Starts a non-blocking connect whose socket stays ours even if we stop waiting for it (tokio's own connect
+/// future would close it on cancellation, possibly just after the upstream accepted it).
+fn start_connect(address: std::net::SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(address),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    socket.set_nonblocking(true)?;
+    match socket.connect(&address.into()) {
+        Ok(()) => {}
+        Err(err) if err.raw_os_error() == Some(libc::EINPROGRESS) => {}
+        Err(err) => return Err(err),
+    }
+    TcpStream::from_std(socket.into())
+}
+
+/// An attempt that timed out: if it got connected after all, close it like any connection (waiting for the
+/// upstream's side); if not, reset it so a late handshake cannot complete.
+async fn abandon_attempt(attempt: &TcpStream, close_timeout: std::time::Duration) {
+    if attempt.peer_addr().is_ok() {
+        net::close_and_wait_for_peer(attempt, close_timeout).await;
+    } else {
+        let _ = socket2::SockRef::from(attempt).set_linger(Some(std::time::Duration::ZERO));
+    }
 }
