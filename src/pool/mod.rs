@@ -149,10 +149,9 @@ impl UpstreamPool {
         let (ticket, evicted) = {
             let mut state = self.lock();
             if state.open < self.limits.max_connections {
-                state.open += 1;
-                self.connections_peak.fetch_max(state.open, Ordering::Relaxed);
+                let slot = self.issue_slot(&mut state);
                 drop(state);
-                return Ok(Lease::new(self.clone(), Grant::Dial(Slot::issued(self.clone()))));
+                return Ok(Lease::new(self.clone(), Grant::Dial(slot)));
             }
             let evicted = state.idle.pop_front();
             let ticket = state.queue.join(true).map_err(Refused::Shed)?;
@@ -203,59 +202,66 @@ impl UpstreamPool {
             // Dropping the sender lets the connection's task close it and free its slot.
         }
         if state.open < self.limits.max_connections && state.queue.is_empty() {
-            state.open += 1;
-            self.connections_peak.fetch_max(state.open, Ordering::Relaxed);
-            return Some(Grant::Dial(Slot::issued(self.clone())));
+            return Some(Grant::Dial(self.issue_slot(state)));
         }
         None
     }
 
     /// A connection finished an exchange and may be reused: the oldest waiter gets it, else it goes idle.
-    pub(crate) fn put_idle(self: &Arc<Self>, mut conn: Conn) {
+    pub(crate) fn put_idle(self: &Arc<Self>, conn: Conn) {
+        self.hand_on(Grant::Idle(conn), |state, grant| match grant {
+            Grant::Idle(conn) => {
+                state.idle.push_back(IdleConn {
+                    conn,
+                    since: Instant::now(),
+                });
+                None
+            }
+            other => Some(other),
+        });
+    }
+
+    /// A slot was dropped: hand the right on to the oldest waiter, or lower the count.
+    fn slot_freed(pool: &Arc<Self>) {
+        pool.hand_on(Grant::Dial(Slot::issued(pool.clone())), |state, grant| {
+            if let Grant::Dial(slot) = grant {
+                state.open = state.open.saturating_sub(1);
+                slot.into_count();
+                return None;
+            }
+            Some(grant)
+        });
+    }
+
+    /// Offers `grant` to the oldest waiter, then the next, until one takes it (a waiter that already left gives
+    /// it back). With nobody waiting, `keep` puts it away under the same lock, so a waiter arriving meanwhile
+    /// cannot be passed over; anything `keep` hands back is dropped after the lock is released.
+    fn hand_on(self: &Arc<Self>, mut grant: Grant, keep: impl Fn(&mut PoolState, Grant) -> Option<Grant>) {
         loop {
             let waiter = {
                 let mut state = self.lock();
                 match state.queue.pop_oldest() {
                     Some(waiter) => waiter,
                     None => {
-                        state.idle.push_back(IdleConn {
-                            conn,
-                            since: Instant::now(),
-                        });
+                        let leftover = keep(&mut state, grant);
+                        drop(state);
+                        drop(leftover);
                         return;
                     }
                 }
             };
-            match waiter.grant(Grant::Idle(conn)) {
+            match waiter.grant(grant) {
                 Ok(()) => return,
-                Err(Grant::Idle(back)) => conn = back,
-                Err(Grant::Dial(slot)) => return drop(slot),
+                Err(back) => grant = back,
             }
         }
     }
 
-    /// A slot was dropped: hand the right on to the oldest waiter, or lower the count.
-    fn slot_freed(pool: &Arc<Self>) {
-        let mut slot = Slot::issued(pool.clone());
-        loop {
-            let waiter = {
-                let mut state = pool.lock();
-                match state.queue.pop_oldest() {
-                    Some(waiter) => waiter,
-                    None => {
-                        state.open = state.open.saturating_sub(1);
-                        drop(state);
-                        slot.into_count();
-                        return;
-                    }
-                }
-            };
-            match waiter.grant(Grant::Dial(slot)) {
-                Ok(()) => return,
-                Err(Grant::Dial(back)) => slot = back,
-                Err(Grant::Idle(conn)) => return drop(conn),
-            }
-        }
+    /// Raises the count and issues the slot that stands for it; only under the lock, with room under the cap.
+    fn issue_slot(self: &Arc<Self>, state: &mut PoolState) -> Slot {
+        state.open += 1;
+        self.connections_peak.fetch_max(state.open, Ordering::Relaxed);
+        Slot::issued(self.clone())
     }
 
     /// A grant that reached a waiter which had just given up goes back where it came from.
