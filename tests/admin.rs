@@ -98,9 +98,16 @@ upstream = "api"
     assert_eq!(first_status(&data), Some(400));
 
     proxy.wait_in_use_zero("api", Duration::from_secs(5)).await;
+    let requests = "floodgate_requests_total";
+    // The 400 is written and the connection closed by hyper; the proxy counts it when the connection task ends,
+    // which may be just after the client has seen the close.
+    wait_until("the malformed request is counted", Duration::from_secs(5), || async {
+        let m = parse_metrics(&proxy.metrics().await);
+        metric_sum(&m, requests, &[("outcome", "bad_request")]) >= 1.0
+    })
+    .await;
     let text = proxy.metrics().await;
     let m = parse_metrics(&text);
-    let requests = "floodgate_requests_total";
     let check = |labels: &[(&str, &str)], expected: f64| {
         let got = metric_sum(&m, requests, labels);
         assert_eq!(got, expected, "{requests}{labels:?}\n{text}");

@@ -100,33 +100,44 @@ upstream = "nowhere"
     assert_rejected(&config, &[], &["routes", "upstream"]);
 }
 
-#[test]
-fn zero_max_connections_flag_is_rejected_naming_the_key() {
-    let (status, _, stderr) = run_to_exit(
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--admin",
-            "127.0.0.1:0",
-            "--upstream",
-            "127.0.0.1:9",
-            "--max-connections",
-            "0",
-        ],
-        Duration::from_secs(10),
+/// Runs floodgate with `args` (no config file) and expects a configuration error: exit code 2, nothing on
+/// stdout, and exactly one line on stderr naming every string in `must_name`.
+fn assert_args_rejected(args: &[&str], must_name: &[&str]) -> String {
+    let mut all = vec!["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"];
+    all.extend_from_slice(args);
+    let (status, stdout, stderr) = run_to_exit(&all, Duration::from_secs(10));
+    assert_eq!(
+        status.code(),
+        Some(2),
+        "{args:?}: configuration errors exit with 2; stdout: {stdout}; stderr: {stderr}"
     );
-    assert!(!status.success());
-    assert!(stderr.contains("max_connections"), "stderr: {stderr}");
+    assert!(!stdout.contains("floodgate ready"), "{args:?} printed ready: {stdout}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{args:?}: expected one line on stderr, got:\n{stderr}");
+    for name in must_name {
+        assert!(
+            lines[0].contains(name),
+            "{args:?}: stderr line does not name {name:?}: {}",
+            lines[0]
+        );
+    }
+    lines[0].to_owned()
 }
 
 #[test]
-fn missing_upstream_is_rejected() {
-    let (status, stdout, stderr) = run_to_exit(
-        &["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"],
-        Duration::from_secs(10),
+fn zero_max_connections_flag_is_rejected_naming_the_key() {
+    assert_args_rejected(
+        &["--upstream", "127.0.0.1:9", "--max-connections", "0"],
+        &["max_connections"],
     );
-    assert!(!status.success(), "started without any upstream: {stdout}");
-    assert!(!stderr.trim().is_empty());
+}
+
+#[test]
+fn missing_upstream_is_rejected_naming_the_key() {
+    // Neither --upstream nor a file.
+    assert_args_rejected(&[], &["upstreams"]);
+    // A file with settings but no upstream table.
+    assert_rejected("max_client_connections = 10\n", &[], &["upstreams"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -213,4 +224,64 @@ upstream = "web"
     let web_paths: Vec<String> = web.recorded().into_iter().map(|r| r.uri).collect();
     assert_eq!(api_paths, vec!["/v1/users", "/v1/orders"]);
     assert_eq!(web_paths, vec!["/static", "/static/app.js"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_requests_are_routed_by_their_authority() {
+    let a = Upstream::start().await;
+    let b = Upstream::start().await;
+    let config = TempConfig::new(&format!(
+        r#"
+[upstreams.a]
+url = "{a}"
+max_connections = 2
+
+[upstreams.b]
+url = "{b}"
+max_connections = 2
+
+[[routes]]
+host = "b.example"
+upstream = "b"
+
+[[routes]]
+upstream = "a"
+"#,
+        a = a.url(),
+        b = b.url()
+    ));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+
+    // HTTP/2 carries the host in :authority only (hyper sends no Host header over h2).
+    let mut h2 = H2Conn::connect(proxy.listen).await;
+    for (uri, expect_b) in [
+        ("http://b.example/b-plain", true),
+        ("http://B.Example:8443/b-port", true),
+        ("http://a.example/a-plain", false),
+    ] {
+        let resp = h2.try_get_uri(uri).await.unwrap();
+        assert_eq!(resp.status, StatusCode::OK, "{uri}: {}", resp.text());
+        assert_eq!(resp.version, http::Version::HTTP_2);
+        let path = uri.split_once("//").unwrap().1;
+        let path = &path[path.find('/').unwrap()..];
+        let (right, wrong) = if expect_b { (&b, &a) } else { (&a, &b) };
+        assert_eq!(
+            right.recorded_with_prefix(path).len(),
+            1,
+            "{uri} did not reach its upstream"
+        );
+        assert!(
+            wrong.recorded_with_prefix(path).is_empty(),
+            "{uri} reached the wrong upstream"
+        );
+    }
+    // The upstream gets the authority as its Host.
+    let seen = b.recorded();
+    assert_eq!(seen.len(), 2);
+    for (r, host) in seen.iter().zip(["b.example", "b.example:8443"]) {
+        let got = r.header_all("host");
+        assert_eq!(got.len(), 1, "{r:?}");
+        assert!(got[0].eq_ignore_ascii_case(host), "Host {:?}, expected {host}", got[0]);
+    }
+    assert_eq!(a.requests(), 1);
 }

@@ -397,3 +397,78 @@ async fn request_and_response_bodies_stream_both_ways() {
     assert_eq!(resp.body.len() as u64, 3 * MIB);
     assert!(pattern_matches(0, &resp.body));
 }
+
+/// Sends one request with the client's own forwarding headers through a proxy trusting `trusted` and returns
+/// what the upstream received.
+async fn forwarded_via(trusted: &str, extra_head: &str) -> RecordedRequest {
+    let upstream = Upstream::start().await;
+    let config = TempConfig::new(&format!("trusted_proxies = {trusted}\n"));
+    let path = config.path_str();
+    let proxy = Proxy::for_upstream(&upstream, 1, &["--config", &path]).await;
+    let mut conn = RawConn::connect(proxy.listen).await;
+    conn.write(
+        format!(
+            "GET /headers?trust=1 HTTP/1.1\r\n\
+             Host: app.example:8443\r\n\
+             {extra_head}\
+             X-Forwarded-Proto: https\r\n\
+             X-Forwarded-Host: orig.example\r\n\
+             Forwarded: for=1.2.3.4;proto=https;host=orig.example\r\n\
+             \r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let resp = conn.read_response(false, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let seen = upstream.recorded_with_prefix("/headers");
+    assert_eq!(seen.len(), 1);
+    seen[0].clone()
+}
+
+/// The values of `name`, all lines joined into one comma-separated list.
+fn joined(r: &RecordedRequest, name: &str) -> Vec<String> {
+    r.header_all(name)
+        .iter()
+        .flat_map(|v| v.split(','))
+        .map(|s| s.trim().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trusted_proxy_forwarding_headers_are_appended_to_and_kept() {
+    let r = forwarded_via(r#"["127.0.0.1/32"]"#, "X-Forwarded-For: 1.2.3.4\r\n").await;
+    assert_eq!(joined(&r, "x-forwarded-for"), vec!["1.2.3.4", "127.0.0.1"], "{r:?}");
+    assert_eq!(r.header_all("x-forwarded-proto"), vec!["https"], "{r:?}");
+    assert_eq!(r.header_all("x-forwarded-host"), vec!["orig.example"], "{r:?}");
+    assert_eq!(
+        r.header_all("forwarded"),
+        vec!["for=1.2.3.4;proto=https;host=orig.example"],
+        "{r:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn untrusted_peer_forwarding_headers_are_replaced_even_when_other_proxies_are_trusted() {
+    // Trusting some other network must not extend trust to this peer.
+    let r = forwarded_via(r#"["10.0.0.0/8", "::1/128"]"#, "X-Forwarded-For: 1.2.3.4\r\n").await;
+    assert_eq!(r.header_all("x-forwarded-for"), vec!["127.0.0.1"], "{r:?}");
+    assert_eq!(r.header_all("x-forwarded-proto"), vec!["http"], "{r:?}");
+    assert_eq!(r.header_all("x-forwarded-host"), vec!["app.example:8443"], "{r:?}");
+    assert!(r.header("forwarded").is_none(), "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trusted_proxy_x_forwarded_for_on_several_lines_keeps_every_hop() {
+    let r = forwarded_via(
+        r#"["127.0.0.1/32"]"#,
+        "X-Forwarded-For: 1.2.3.4\r\nX-Forwarded-For: 5.6.7.8, 9.9.9.9\r\n",
+    )
+    .await;
+    assert_eq!(
+        joined(&r, "x-forwarded-for"),
+        vec!["1.2.3.4", "5.6.7.8", "9.9.9.9", "127.0.0.1"],
+        "{r:?}"
+    );
+}

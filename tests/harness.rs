@@ -139,3 +139,36 @@ fn metrics_parser_reads_openmetrics_text() {
     assert_eq!(m[3].labels["le"], "+Inf");
     assert_eq!(metric_sum(&m, "floodgate_client_connections", &[]), 4.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_stall_body_sends_half_then_stalls_until_released() {
+    let upstream = Upstream::start().await;
+    let mut raw = RawConn::connect(upstream.addr()).await;
+    raw.write(b"GET /stall-body/1000 HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .unwrap();
+    let head = raw.read_head(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(head.status, 200);
+    assert_eq!(head.header("content-length"), Some("2000"));
+    let mut got = Vec::new();
+    while got.len() < 1000 {
+        let data = raw.read_some(4096, Duration::from_secs(5)).await.unwrap();
+        assert!(!data.is_empty(), "EOF after {} bytes", got.len());
+        got.extend(data);
+    }
+    assert_eq!(got.len(), 1000, "no more than the first half before the release");
+    assert!(pattern_matches(0, &got));
+    // Stalled: nothing more arrives (checked for 200 ms) until the release.
+    let more = raw.read_some(4096, Duration::from_millis(200)).await;
+    assert!(
+        matches!(&more, Err(e) if e.kind() == std::io::ErrorKind::TimedOut),
+        "{more:?}"
+    );
+    upstream.release_stalled();
+    while got.len() < 2000 {
+        let data = raw.read_some(4096, Duration::from_secs(5)).await.unwrap();
+        assert!(!data.is_empty(), "EOF after {} bytes", got.len());
+        got.extend(data);
+    }
+    assert_eq!(got.len(), 2000);
+}

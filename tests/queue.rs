@@ -107,3 +107,51 @@ async fn queued_requests_are_forwarded_in_arrival_order() {
     let status = proxy.upstream_status(UP).await;
     assert!(status["queue_peak"].as_u64().unwrap_or(0) >= 8, "/status: {status}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expect_100_continue_is_answered_only_once_the_request_is_admitted() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &["--max-queue", "10", "--queue-timeout", "20s"]).await;
+
+    let addr = proxy.listen;
+    let stalled = tokio::spawn(async move { get(addr, "/stall").await.status });
+    wait_until_sync("the only slot is taken", Duration::from_secs(5), || {
+        upstream.inflight() == 1
+    })
+    .await;
+
+    let mut conn = RawConn::connect(proxy.listen).await;
+    conn.write(b"POST /echo HTTP/1.1\r\nHost: client.test\r\nContent-Length: 11\r\nExpect: 100-continue\r\n\r\n")
+        .await
+        .unwrap();
+    proxy.wait_queue_depth(UP, 1, Duration::from_secs(5)).await;
+    // Queued: no 100 Continue (nor anything else) yet.
+    let early = conn.read_some(1024, Duration::from_millis(300)).await;
+    match early {
+        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+        other => panic!(
+            "a queued Expect: 100-continue request got an answer before admission: {:?}",
+            other.map(|b| String::from_utf8_lossy(&b).into_owned())
+        ),
+    }
+
+    // Admitted: 100 first, then the body goes up and the final answer comes back.
+    upstream.release_stalled();
+    assert_eq!(stalled.await.unwrap(), StatusCode::OK);
+    let interim = conn.read_head(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(interim.status, 100, "{interim:?}");
+    conn.write(b"hello world").await.unwrap();
+    let resp = conn.read_response(false, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(resp.text(), "11", "the upstream received the whole body");
+
+    let seen = upstream.recorded_with_prefix("/echo");
+    assert_eq!(seen.len(), 1);
+    assert!(
+        seen[0].header("expect").is_none(),
+        "Expect reached the upstream: {:?}",
+        seen[0]
+    );
+    assert_eq!(seen[0].header("content-length"), Some("11"), "{:?}", seen[0]);
+    proxy.wait_in_use_zero(UP, Duration::from_secs(5)).await;
+}

@@ -13,14 +13,16 @@ async fn sigterm_finishes_in_flight_and_queued_requests_then_exits_zero() {
     let mut proxy = Proxy::for_upstream(&upstream, 1, &["--max-queue", "10", "--shutdown-timeout", "10s"]).await;
     let listen = proxy.listen;
 
-    let in_flight = tokio::spawn(async move { try_get(listen, "/delay/500").await });
+    // Held at the upstream until released below, so it is certainly still in flight while /readyz turns.
+    let in_flight = tokio::spawn(async move { try_get(listen, "/stall").await });
     wait_until_sync("request in flight", Duration::from_secs(5), || upstream.inflight() == 1).await;
     let queued = tokio::spawn(async move { try_get(listen, "/delay/10?queued=1").await });
     proxy.wait_queue_depth("default", 1, Duration::from_secs(5)).await;
 
     proxy.sigterm();
-    // /readyz turns 503 at once, while the admin listener still answers.
-    wait_until("/readyz says 503", Duration::from_secs(1), || async {
+    // /readyz turns 503 at once (before the drain ends: the in-flight request is still held), while the admin
+    // listener still answers. The 5 s budget covers forking kill(1) on a loaded machine.
+    wait_until("/readyz says 503", Duration::from_secs(5), || async {
         match try_get(proxy.admin, "/readyz").await {
             Ok(r) => r.status == StatusCode::SERVICE_UNAVAILABLE,
             Err(_) => false,
@@ -34,6 +36,11 @@ async fn sigterm_finishes_in_flight_and_queued_requests_then_exits_zero() {
         !matches!(late, Ok(Ok(ref r)) if r.status == StatusCode::OK),
         "a request made after SIGTERM was served: {late:?}"
     );
+    assert!(
+        !in_flight.is_finished(),
+        "the in-flight request ended before it was released"
+    );
+    upstream.release_stalled();
 
     let resp = in_flight.await.unwrap().expect("in-flight request completes");
     assert_eq!(resp.status, StatusCode::OK);

@@ -5,6 +5,7 @@
 //! socket was reset) is the slot dropped. So a replacement is never dialled while its predecessor still exists as
 //! the upstream counts them.
 
+use std::sync::atomic::AtomicU8;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -12,7 +13,7 @@ use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use super::{Slot, UpstreamPool};
+use super::{Slot, UpstreamPool, CLOSING_NOT_COUNTED};
 use crate::config::{Origin, UpstreamConfig};
 use crate::error::ProxyError;
 use crate::forward::RequestBody;
@@ -23,6 +24,8 @@ pub type UpstreamSender = http1::SendRequest<RequestBody>;
 /// A live HTTP/1.1 connection to the upstream, as a request sees it.
 pub struct Conn {
     pub sender: UpstreamSender,
+    /// Whether the pool counts this connection as closing; see [`UpstreamPool::closing_started`].
+    pub(super) closing: Arc<AtomicU8>,
     pub id: u64,
     born: Instant,
     pub(super) served: u64,
@@ -75,17 +78,23 @@ impl UpstreamPool {
         self.connection_opened();
         let close_timeout = self.limits.close_timeout;
         let name = self.name.clone();
+        let closing = Arc::new(AtomicU8::new(CLOSING_NOT_COUNTED));
+        let counted_closing = closing.clone();
+        let pool = self.clone();
         tokio::spawn(async move {
             if let Err(err) = connection.await {
                 tracing::debug!(upstream = %name, error = %err, "upstream connection ended with an error");
             }
             net::close_and_wait_for_peer(&stream, close_timeout).await;
-            // Field order matters: the socket is closed before the slot is given back.
+            // Order matters: the socket is closed before the slot is given back, and the slot is given back
+            // before the connection stops counting as closing.
             drop(stream);
             drop(slot);
+            pool.closing_finished(&counted_closing);
         });
         Ok(Conn {
             sender,
+            closing,
             id: self.next_conn_id(),
             born: Instant::now(),
             served: 0,

@@ -83,6 +83,8 @@ impl Drop for Lease {
             conn.served += 1;
             if self.reusable && conn.is_usable(&self.pool.limits) {
                 self.pool.put_idle(conn);
+            } else {
+                self.pool.closing_started(&conn);
             }
         }
         self.pool.lease_ended();

@@ -13,7 +13,7 @@ mod slot;
 
 use std::collections::VecDeque;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -26,6 +26,10 @@ pub use slot::Slot;
 use crate::admission::{Shed, Ticket, WaitQueue};
 use crate::config::{Origin, UpstreamConfig};
 use crate::metrics::UpstreamMetrics;
+
+const CLOSING_NOT_COUNTED: u8 = 0;
+const CLOSING_COUNTED: u8 = 1;
+const CLOSING_DONE: u8 = 2;
 
 /// What an admitted request is handed: a connection ready for reuse, or the right to dial a new one.
 pub enum Grant {
@@ -48,6 +52,8 @@ struct IdleConn {
 struct PoolState {
     /// Live slots: connections dialling, busy, idle or closing.
     open: usize,
+    /// Connections an exchange gave up on that still hold their slot: each will free it soon.
+    closing: usize,
     /// Most recently used at the back; the front is the first to expire.
     idle: VecDeque<IdleConn>,
     queue: WaitQueue<Grant>,
@@ -95,6 +101,7 @@ impl UpstreamPool {
             authority,
             state: Mutex::new(PoolState {
                 open: 0,
+                closing: 0,
                 idle: VecDeque::new(),
                 queue: WaitQueue::new(limits.max_queue),
             }),
@@ -153,7 +160,12 @@ impl UpstreamPool {
                 drop(state);
                 return Ok(Lease::new(self.clone(), Grant::Dial(slot)));
             }
-            let evicted = state.idle.pop_front();
+            // A connection on its way out will free a slot soon; only without one is an idle one evicted.
+            let evicted = if state.closing == 0 {
+                state.idle.pop_front()
+            } else {
+                None
+            };
             let ticket = state.queue.join(true).map_err(Refused::Shed)?;
             (ticket, evicted)
         };
@@ -269,6 +281,29 @@ impl UpstreamPool {
         match grant {
             Grant::Idle(conn) => self.put_idle(conn),
             Grant::Dial(slot) => drop(slot),
+        }
+    }
+
+    /// An exchange gave up on `conn`; it counts as closing until its task has freed its slot. The connection's
+    /// state moves under the pool's lock on both sides, so a task that finished first is never counted.
+    pub(crate) fn closing_started(&self, conn: &Conn) {
+        let mut state = self.lock();
+        let counted = conn.closing.compare_exchange(
+            CLOSING_NOT_COUNTED,
+            CLOSING_COUNTED,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        if counted.is_ok() {
+            state.closing += 1;
+        }
+    }
+
+    /// The connection's task freed its slot.
+    fn closing_finished(&self, closing: &AtomicU8) {
+        let mut state = self.lock();
+        if closing.swap(CLOSING_DONE, Ordering::AcqRel) == CLOSING_COUNTED {
+            state.closing = state.closing.saturating_sub(1);
         }
     }
 

@@ -193,6 +193,42 @@ impl Body for PatternBody {
     }
 }
 
+/// `/stall-body`: the first half of a pattern body, a pause until the gate
+/// opens, then the second half (its pattern restarts at offset 0; no test
+/// checks those bytes).
+struct StallBody {
+    first: PatternBody,
+    gate: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    rest: PatternBody,
+}
+
+impl Body for StallBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if !this.first.is_end_stream() {
+            return Pin::new(&mut this.first).poll_frame(cx);
+        }
+        if let Some(gate) = this.gate.as_mut() {
+            match gate.as_mut().poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(()) => this.gate = None,
+            }
+        }
+        Pin::new(&mut this.rest).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.gate.is_none() && self.first.is_end_stream() && self.rest.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.first.remaining + self.rest.remaining)
+    }
+}
+
 pub fn body_empty() -> TestBody {
     Empty::<Bytes>::new().map_err(|e| match e {}).boxed()
 }
@@ -358,7 +394,12 @@ pub struct UpstreamOptions {
 /// Paths (the first segment that is a known command counts, so `/a/stall`
 /// and `/stall` are the same):
 /// `/delay/{ms}`, `/status/{code}`, `/bytes/{n}`, `/echo`, `/echo-stream`,
-/// `/headers`, `/close`, `/stall`, `/drop`; anything else: 200 `ok`.
+/// `/headers`, `/close`, `/stall`, `/stall-body/{n}`, `/drop`; anything else:
+/// 200 `ok`.
+///
+/// `/stall-body/{n}` answers 200 with `Content-Length: 2n`, sends `n` pattern
+/// bytes and then stalls mid-body until [`Upstream::release_stalled`] (then
+/// sends the rest).
 pub struct Upstream {
     addr: SocketAddr,
     opts: UpstreamOptions,
@@ -376,6 +417,7 @@ const COMMANDS: &[&str] = &[
     "headers",
     "close",
     "stall",
+    "stall-body",
     "drop",
 ];
 
@@ -792,6 +834,21 @@ async fn route(
             let mut released = shared.released.subscribe();
             let _ = released.wait_for(|r| *r).await;
             text_response(StatusCode::OK, "released")
+        }
+        Some(("stall-body", Some(n))) => {
+            let n: u64 = n.parse().unwrap_or(0);
+            let mut released = shared.released.subscribe();
+            let body = StallBody {
+                first: PatternBody::new(n).counting(shared.bytes_streamed.clone()),
+                gate: Some(Box::pin(async move {
+                    let _ = released.wait_for(|r| *r).await;
+                })),
+                rest: PatternBody::new(n).counting(shared.bytes_streamed.clone()),
+            };
+            let mut resp = Response::new(body.boxed_unsync());
+            resp.headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+            resp
         }
         Some(("drop", _)) => {
             info.kill.notify_one();
@@ -1267,6 +1324,8 @@ pub struct H2Conn {
     sender: hyper::client::conn::http2::SendRequest<TestBody>,
     addr: SocketAddr,
     _task: Arc<H2Task>,
+    /// Turns true when the connection has ended (the peer closed it, or it failed).
+    ended: watch::Receiver<bool>,
 }
 
 struct H2Task(JoinHandle<()>);
@@ -1277,37 +1336,71 @@ impl Drop for H2Task {
     }
 }
 
+/// Settings of an [`H2Conn`] beyond hyper's defaults.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct H2Options {
+    /// The client's initial per-stream receive window (SETTINGS_INITIAL_WINDOW_SIZE). hyper only hands window
+    /// back as the caller reads a body, so a small window and an unread body make a reader that stalls the
+    /// sender.
+    pub initial_stream_window_size: Option<u32>,
+}
+
 impl H2Conn {
     pub async fn connect(addr: SocketAddr) -> H2Conn {
+        Self::connect_with(addr, H2Options::default()).await
+    }
+
+    pub async fn connect_with(addr: SocketAddr, opts: H2Options) -> H2Conn {
         let stream = TcpStream::connect(addr).await.expect("connect");
         stream.set_nodelay(true).unwrap();
-        let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-            .handshake(TokioIo::new(stream))
-            .await
-            .expect("h2 handshake");
+        let mut builder = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
+        if let Some(window) = opts.initial_stream_window_size {
+            builder.initial_stream_window_size(window);
+        }
+        let (sender, conn) = builder.handshake(TokioIo::new(stream)).await.expect("h2 handshake");
+        let (ended_tx, ended) = watch::channel(false);
         let task = tokio::spawn(async move {
             let _ = conn.await;
+            ended_tx.send_replace(true);
         });
         H2Conn {
             sender,
             addr,
             _task: Arc::new(H2Task(task)),
+            ended,
         }
     }
 
-    pub async fn try_get(&mut self, path: &str) -> Result<Resp, BoxError> {
-        let req = Request::builder()
-            .method(Method::GET)
-            .uri(format!("http://{}{}", self.addr, path))
-            .body(body_empty())
-            .unwrap();
-        let resp = tokio::time::timeout(CLIENT_TIMEOUT, async {
+    /// Sends `req` and returns the response head; the body is left unread for the caller.
+    pub async fn send(&mut self, req: Request<TestBody>) -> Result<Response<Incoming>, BoxError> {
+        tokio::time::timeout(CLIENT_TIMEOUT, async {
             self.sender.ready().await?;
             self.sender.send_request(req).await
         })
         .await
-        .map_err(|_| -> BoxError { "timed out waiting for the response head".into() })??;
+        .map_err(|_| -> BoxError { "timed out waiting for the response head".into() })?
+        .map_err(Into::into)
+    }
+
+    /// GET of an absolute `uri`, whose authority becomes the `:authority` pseudo-header.
+    pub async fn try_get_uri(&mut self, uri: &str) -> Result<Resp, BoxError> {
+        let req = Request::builder()
+            .method(Method::GET)
+            .uri(uri)
+            .body(body_empty())
+            .unwrap();
+        let resp = self.send(req).await?;
         collect(resp).await
+    }
+
+    pub async fn try_get(&mut self, path: &str) -> Result<Resp, BoxError> {
+        let uri = format!("http://{}{}", self.addr, path);
+        self.try_get_uri(&uri).await
+    }
+
+    /// True once the connection has ended (closed by the peer or failed).
+    pub fn has_ended(&self) -> bool {
+        *self.ended.borrow()
     }
 }
 
