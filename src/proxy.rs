@@ -6,14 +6,16 @@
 //! does not cancel it: the response is still read to its end and the connection reused.
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 use std::time::Instant;
 
 use http::{header, Method, Request, Response, Version};
 use hyper::body::{Body, Incoming};
 use tokio::net::TcpStream;
-use tokio::sync::oneshot;
 
 use crate::admission::Shed;
 use crate::error::{Outcome, ProxyError};
@@ -107,13 +109,14 @@ impl Proxy {
         };
         pool.metrics.queue_waited(arrived.elapsed());
 
-        let (reply, answer) = oneshot::channel();
         // An HTTP/2 client can stop a stream without blocking its socket; its body gets a watchdog.
-        tokio::spawn(exchange(lease, upstream_request, !is_http1, reply));
-        match answer.await {
-            Ok(Ok(response)) => response,
-            Ok(Err(err)) => self.answer_error(&pool, err),
-            Err(_) => self.answer_error(&pool, ProxyError::Connect("exchange ended without an answer".into())),
+        let exchange = Detachable {
+            exchange: Some(Box::pin(exchange(lease, upstream_request, !is_http1))),
+            counters: pool.metrics.requests.clone(),
+        };
+        match exchange.await {
+            Ok(response) => response,
+            Err(err) => self.answer_error(&pool, err),
         }
     }
 
@@ -156,22 +159,52 @@ impl Proxy {
 
 type Answer = Result<Response<ResponseBody>, ProxyError>;
 
-/// Sends the request upstream and hands back the response head. Runs in its own task: if the client goes away,
-/// the answer is dropped here, and its body then drains so the connection survives.
-async fn exchange(lease: Lease, request: Request<RequestBody>, watch_body: bool, reply: oneshot::Sender<Answer>) {
+/// Sends the request upstream and turns the response head into the client's.
+async fn exchange(lease: Lease, request: Request<RequestBody>, watch_body: bool) -> Answer {
     let pool = lease.pool().clone();
-    let answer = match send(&pool, lease, request).await {
-        Ok((response, lease)) => Ok(forward::to_client(
-            response,
-            lease,
-            pool.metrics.requests.clone(),
-            watch_body,
-        )),
-        Err(err) => Err(err),
-    };
-    if let Err(Err(_)) = reply.send(answer) {
-        // The client left before the upstream failed; an unsent success is counted by its body instead.
-        pool.metrics.requests.record(Outcome::ClientAbort, None);
+    let (response, lease) = send(&pool, lease, request).await?;
+    Ok(forward::to_client(
+        response,
+        lease,
+        pool.metrics.requests.clone(),
+        watch_body,
+    ))
+}
+
+/// The exchange runs inline in the request's future. If the client goes away meanwhile (hyper drops that
+/// future), the rest of the exchange is spawned rather than cancelled: cancelling would make hyper close the
+/// upstream connection while the upstream is still working on the request. The detached exchange's answer is
+/// dropped, so a response body drains and keeps the connection; a failure is counted as the client's abort.
+struct Detachable {
+    exchange: Option<Pin<Box<dyn Future<Output = Answer> + Send>>>,
+    counters: Arc<OutcomeCounters>,
+}
+
+impl Future for Detachable {
+    type Output = Answer;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Answer> {
+        let this = self.get_mut();
+        let Some(exchange) = this.exchange.as_mut() else {
+            return Poll::Pending;
+        };
+        let answer = ready!(exchange.as_mut().poll(cx));
+        this.exchange = None;
+        Poll::Ready(answer)
+    }
+}
+
+impl Drop for Detachable {
+    fn drop(&mut self) {
+        let Some(exchange) = self.exchange.take() else { return };
+        let counters = self.counters.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if exchange.await.is_err() {
+                    counters.record(Outcome::ClientAbort, None);
+                }
+            });
+        }
     }
 }
 
