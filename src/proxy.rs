@@ -1,9 +1,9 @@
 //! The request's path through floodgate, built in one place: tunnel check → route → rewrite → admission →
 //! exchange → answer.
 //!
-//! Owns the order of the steps and the one place where a [`ProxyError`] becomes a response and is counted. The
-//! exchange with the upstream runs in its own task, so a client that leaves while its request is at the upstream
-//! does not cancel it: the response is still read to its end and the connection reused.
+//! Owns the order of the steps and the one place where a [`ProxyError`] becomes a response and is counted. A
+//! client that leaves while its request is at the upstream does not cancel the exchange: its remainder is
+//! spawned, the response is still read to its end and the connection reused.
 
 use std::collections::BTreeMap;
 use std::future::Future;
