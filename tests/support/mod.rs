@@ -1074,6 +1074,16 @@ impl Proxy {
         resp.text()
     }
 
+    /// `floodgate_requests_total` summed over status classes for one upstream and outcome.
+    pub async fn outcome_count(&self, upstream: &str, outcome: &str) -> f64 {
+        let samples = parse_metrics(&self.metrics().await);
+        metric_sum(
+            &samples,
+            "floodgate_requests_total",
+            &[("upstream", upstream), ("outcome", outcome)],
+        )
+    }
+
     /// Waits until `upstreams.{name}.in_use` is 0.
     pub async fn wait_in_use_zero(&self, name: &str, timeout: Duration) {
         wait_until(&format!("upstreams.{name}.in_use == 0"), timeout, || async {
