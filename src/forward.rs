@@ -7,7 +7,7 @@
 
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -277,19 +277,38 @@ struct Relay {
     completion: Option<Completion>,
     /// Cut off by the stall watchdog: the client is told by an error, not a clean end.
     cut_off: bool,
+    /// Largest data frame handed on, if bounded; what is left of a larger one waits in `rest`.
+    max_frame: Option<usize>,
+    rest: Option<Bytes>,
 }
+
+/// HTTP/2 asks for the next frame only once the client has room for the last one; small frames make that
+/// evidence of progress frequent, so a slow but steady reader is never mistaken for a stalled one.
+const WATCHED_FRAME_BYTES: usize = 16 * 1024;
 
 impl Relay {
     fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.cut_off {
+            return Poll::Ready(Some(Err(CutOff.into())));
+        }
+        if let Some(rest) = self.rest.take() {
+            return Poll::Ready(Some(Ok(self.bounded(rest))));
+        }
         let Some(inner) = self.inner.as_mut() else {
-            return if self.cut_off {
-                Poll::Ready(Some(Err(BodyStalled("client", Duration::ZERO).into())))
-            } else {
-                Poll::Ready(None)
-            };
+            return Poll::Ready(None);
         };
-        match Pin::new(inner).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
+        match Pin::new(&mut *inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if inner.is_end_stream() {
+                    // All of the response is read from the upstream: the connection can go back now, whatever
+                    // the client still has to take.
+                    self.finish(Outcome::Ok, true);
+                }
+                match frame.into_data() {
+                    Ok(data) => Poll::Ready(Some(Ok(self.bounded(data)))),
+                    Err(frame) => Poll::Ready(Some(Ok(frame))),
+                }
+            }
             Poll::Ready(Some(Err(err))) => {
                 self.finish(Outcome::UpstreamError, false);
                 Poll::Ready(Some(Err(err.into())))
@@ -302,8 +321,19 @@ impl Relay {
         }
     }
 
+    fn bounded(&mut self, mut data: Bytes) -> Frame<Bytes> {
+        if let Some(max) = self.max_frame {
+            if data.len() > max {
+                let head = data.split_to(max);
+                self.rest = Some(data);
+                return Frame::data(head);
+            }
+        }
+        Frame::data(data)
+    }
+
     fn is_end_stream(&self) -> bool {
-        !self.cut_off && self.inner.as_ref().is_none_or(Body::is_end_stream)
+        !self.cut_off && self.rest.is_none() && self.inner.as_ref().is_none_or(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -330,6 +360,7 @@ impl Relay {
     /// connection, whose task then frees the slot.
     fn cut_off(&mut self, outcome: Outcome) {
         self.inner = None;
+        self.rest = None;
         self.cut_off = true;
         self.finish(outcome, false);
     }
@@ -363,8 +394,10 @@ impl Relay {
 struct Watched {
     relay: Mutex<Relay>,
     epoch: Instant,
-    /// Milliseconds since `epoch` of the last frame handed on.
+    /// Milliseconds since `epoch` of the last time hyper asked for more (it asks once the client has room).
     progress_ms: AtomicU64,
+    /// The body is waiting on the upstream, not on the client: that stall is the body's own timer's to judge.
+    awaiting_upstream: AtomicBool,
     ended: Notify,
 }
 
@@ -379,21 +412,27 @@ impl Watched {
 }
 
 async fn watch_for_stall(watched: Arc<Watched>, limit: Duration) {
+    let mut deadline = Instant::now() + limit;
     loop {
-        let last = watched.progress_ms.load(Ordering::Acquire);
-        let deadline = watched.epoch + Duration::from_millis(last) + limit;
         tokio::select! {
             _ = watched.ended.notified() => return,
-            _ = tokio::time::sleep_until(deadline) => {
-                if watched.progress_ms.load(Ordering::Acquire) == last {
-                    let mut relay = watched.relay();
-                    if !relay.is_finished() {
-                        relay.cut_off(Outcome::ClientAbort);
-                    }
-                    return;
-                }
-            }
+            _ = tokio::time::sleep_until(deadline) => {}
         }
+        let due = watched.epoch + Duration::from_millis(watched.progress_ms.load(Ordering::Acquire)) + limit;
+        let now = Instant::now();
+        if due > now {
+            deadline = due;
+            continue;
+        }
+        if watched.awaiting_upstream.load(Ordering::Acquire) {
+            deadline = now + limit;
+            continue;
+        }
+        let mut relay = watched.relay();
+        if !relay.is_finished() {
+            relay.cut_off(Outcome::ClientAbort);
+        }
+        return;
     }
 }
 
@@ -417,12 +456,15 @@ impl UpstreamBody {
             lease: Some(lease),
             completion: Some(completion),
             cut_off: false,
+            max_frame: watch.then_some(WATCHED_FRAME_BYTES),
+            rest: None,
         };
         let relay = if watch && !relay.is_end_stream() {
             let watched = Arc::new(Watched {
                 relay: Mutex::new(relay),
                 epoch: Instant::now(),
                 progress_ms: AtomicU64::new(0),
+                awaiting_upstream: AtomicBool::new(false),
                 ended: Notify::new(),
             });
             tokio::spawn(watch_for_stall(watched.clone(), idle_timeout));
@@ -446,11 +488,15 @@ impl Body for UpstreamBody {
         let polled = match &mut this.relay {
             RelayHandle::Owned(relay) => relay.poll_frame(cx),
             RelayHandle::Watched(watched) => {
-                let polled = watched.relay().poll_frame(cx);
-                match &polled {
-                    Poll::Ready(Some(Ok(_))) => watched.progress_ms.store(watched.now_ms(), Ordering::Release),
-                    Poll::Ready(_) => watched.ended.notify_one(),
-                    Poll::Pending => {}
+                watched.progress_ms.store(watched.now_ms(), Ordering::Release);
+                let (polled, finished) = {
+                    let mut relay = watched.relay();
+                    let polled = relay.poll_frame(cx);
+                    (polled, relay.is_finished())
+                };
+                watched.awaiting_upstream.store(polled.is_pending(), Ordering::Release);
+                if finished {
+                    watched.ended.notify_one();
                 }
                 polled
             }

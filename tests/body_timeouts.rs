@@ -147,3 +147,58 @@ async fn http2_client_that_stops_reading_does_not_hold_the_slot_past_body_idle_t
     }
     assert!(got < 64 * MIB);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_client_reading_slowly_but_steadily_is_not_cut_off() {
+    // About 100 KB/s through the default 64 KiB stream window, for 3 s, with a 1 s body_idle_timeout: the
+    // stall watchdog must see the steady progress.
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &["--body-idle-timeout", "1s"]).await;
+    let mut client = H2Conn::connect(proxy.listen).await;
+    let request = Request::get(proxy.url("/bytes/20000000")).body(body_empty()).unwrap();
+    let mut body = client.send(request).await.unwrap().into_body();
+    let started = Instant::now();
+    let mut got = 0usize;
+    while started.elapsed() < Duration::from_secs(3) {
+        let frame = tokio::time::timeout(Duration::from_secs(5), body.frame())
+            .await
+            .expect("a frame within 5 s")
+            .expect("the body does not end early")
+            .unwrap_or_else(|err| panic!("a steady reader was cut off after {got} bytes: {err}"));
+        let n = frame.into_data().map(|d| d.len()).unwrap_or(0);
+        got += n;
+        tokio::time::sleep(Duration::from_micros(n as u64 * 10)).await;
+    }
+    assert_eq!(proxy.outcome_count(UP, "client_abort").await, 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_upstream_stall_is_counted_as_an_upstream_timeout_not_a_client_abort() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &["--body-idle-timeout", "300ms"]).await;
+    for i in 0..3 {
+        let mut client = H2Conn::connect(proxy.listen).await;
+        let request = Request::get(proxy.url(&format!("/stall-body/1000?{i}")))
+            .body(body_empty())
+            .unwrap();
+        let response = client.send(request).await.expect("head");
+        assert_eq!(response.status(), StatusCode::OK);
+        let mut body = response.into_body();
+        let mut failed = false;
+        while let Some(frame) = tokio::time::timeout(Duration::from_secs(5), body.frame())
+            .await
+            .expect("cut off")
+        {
+            if frame.is_err() {
+                failed = true;
+                break;
+            }
+        }
+        assert!(failed, "a stalled body must not look complete");
+        proxy.wait_in_use_zero(UP, Duration::from_secs(3)).await;
+        upstream.release_stalled();
+        upstream.restall();
+    }
+    assert_eq!(proxy.outcome_count(UP, "upstream_timeout").await, 3.0);
+    assert_eq!(proxy.outcome_count(UP, "client_abort").await, 0.0);
+}

@@ -118,7 +118,13 @@ async fn connect(origin: &Origin, deadline: tokio::time::Instant) -> Result<TcpS
     };
     let mut last_error = None;
     for address in addresses {
-        let attempt = start_connect(address).map_err(Dial::Failed)?;
+        let attempt = match start_connect(address) {
+            Ok(attempt) => attempt,
+            Err(err) => {
+                last_error = Some(err);
+                continue;
+            }
+        };
         match tokio::time::timeout_at(deadline, attempt.writable()).await {
             Err(_) => return Err(Dial::TimedOut(Some(attempt))),
             Ok(Err(err)) => last_error = Some(err),
