@@ -5,6 +5,7 @@
 //! upstream has closed its side), and the listener needs it to notice a queued client leaving. It owns no policy:
 //! what to do with a socket is decided by the caller.
 
+use std::cell::RefCell;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
@@ -105,13 +106,43 @@ impl SharedStream {
     }
 }
 
+/// Bytes read per call at most; also the size of each worker thread's scratch buffer.
+const SCRATCH_BYTES: usize = 64 * 1024;
+
+thread_local! {
+    /// Reads land here first and only the bytes received are copied into hyper's buffer. Reading straight into
+    /// hyper's (uninitialised) buffer would mean zeroing all of it on every read without `unsafe`, which cost
+    /// more than the copy of a typical request.
+    static SCRATCH: RefCell<Box<[u8]>> = RefCell::new(vec![0u8; SCRATCH_BYTES].into_boxed_slice());
+}
+
+fn read_into(stream: &TcpStream, buf: &mut ReadBuf<'_>) -> io::Result<usize> {
+    let want = buf.remaining().min(SCRATCH_BYTES);
+    let copied = SCRATCH.with(|scratch| {
+        let mut scratch = scratch.try_borrow_mut().ok()?;
+        let target = scratch.get_mut(..want)?;
+        Some(
+            stream
+                .try_read(target)
+                .inspect(|&n| buf.put_slice(target.get(..n).unwrap_or_default())),
+        )
+    });
+    match copied {
+        Some(result) => result,
+        None => {
+            let n = stream.try_read(buf.initialize_unfilled())?;
+            buf.advance(n);
+            Ok(n)
+        }
+    }
+}
+
 impl AsyncRead for SharedStream {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         loop {
             ready!(self.stream.poll_read_ready(cx))?;
-            match self.stream.try_read(buf.initialize_unfilled()) {
+            match read_into(&self.stream, buf) {
                 Ok(n) => {
-                    buf.advance(n);
                     if n > 0 {
                         if let Some(observer) = &self.observer {
                             observer.on_read();
