@@ -326,20 +326,13 @@ impl Config {
                 format!("must be at most {}", tokio::sync::Semaphore::MAX_PERMITS),
             ));
         }
-        for (key, value) in [
-            ("first_byte_timeout", self.first_byte_timeout),
-            ("header_read_timeout", self.header_read_timeout),
-            ("client_idle_timeout", self.client_idle_timeout),
+        for (key, value, zero_allowed) in [
+            ("first_byte_timeout", self.first_byte_timeout, false),
+            ("header_read_timeout", self.header_read_timeout, false),
+            ("client_idle_timeout", self.client_idle_timeout, false),
+            ("shutdown_timeout", self.shutdown_timeout, true),
         ] {
-            positive(key, value.as_nanos())?;
-        }
-        for (key, value) in [
-            ("first_byte_timeout", self.first_byte_timeout),
-            ("header_read_timeout", self.header_read_timeout),
-            ("client_idle_timeout", self.client_idle_timeout),
-            ("shutdown_timeout", self.shutdown_timeout),
-        ] {
-            not_absurd(key, value)?;
+            duration_in_range(key, value, zero_allowed)?;
         }
         for (name, upstream) in &self.upstreams {
             let valid_name = !name.is_empty()
@@ -358,27 +351,17 @@ impl Config {
             }
             Origin::parse(&upstream.url).map_err(|message| ConfigError::new(key("url"), message))?;
             positive(&key("max_connections"), upstream.max_connections as u128)?;
-            for (field, value) in [
-                ("connect_timeout", upstream.connect_timeout),
-                ("request_timeout", upstream.request_timeout),
-                ("idle_timeout", upstream.idle_timeout),
-                ("close_timeout", upstream.close_timeout),
-                ("body_idle_timeout", upstream.body_idle_timeout),
-                ("abort_drain_timeout", upstream.abort_drain_timeout),
+            for (field, value, zero_allowed) in [
+                ("queue_timeout", upstream.queue_timeout, true),
+                ("connect_timeout", upstream.connect_timeout, false),
+                ("request_timeout", upstream.request_timeout, false),
+                ("idle_timeout", upstream.idle_timeout, false),
+                ("close_timeout", upstream.close_timeout, false),
+                ("body_idle_timeout", upstream.body_idle_timeout, false),
+                ("max_connection_lifetime", upstream.max_connection_lifetime, true),
+                ("abort_drain_timeout", upstream.abort_drain_timeout, false),
             ] {
-                positive(&key(field), value.as_nanos())?;
-            }
-            for (field, value) in [
-                ("queue_timeout", upstream.queue_timeout),
-                ("connect_timeout", upstream.connect_timeout),
-                ("request_timeout", upstream.request_timeout),
-                ("idle_timeout", upstream.idle_timeout),
-                ("close_timeout", upstream.close_timeout),
-                ("body_idle_timeout", upstream.body_idle_timeout),
-                ("max_connection_lifetime", upstream.max_connection_lifetime),
-                ("abort_drain_timeout", upstream.abort_drain_timeout),
-            ] {
-                not_absurd(&key(field), value)?;
+                duration_in_range(&key(field), value, zero_allowed)?;
             }
         }
         for (index, route) in self.routes.iter().enumerate() {
@@ -410,12 +393,14 @@ impl Config {
 /// Deadlines are computed as `now + duration`; a year bounds them far from overflow and from any sane setting.
 const LONGEST_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
-fn not_absurd(key: &str, value: Duration) -> Result<(), ConfigError> {
-    if value > LONGEST_DURATION {
-        Err(ConfigError::new(key, "must be at most a year (365d)"))
-    } else {
-        Ok(())
+fn duration_in_range(key: &str, value: Duration, zero_allowed: bool) -> Result<(), ConfigError> {
+    if !zero_allowed {
+        positive(key, value.as_nanos())?;
     }
+    if value > LONGEST_DURATION {
+        return Err(ConfigError::new(key, "must be at most a year (365d)"));
+    }
+    Ok(())
 }
 
 fn positive(key: &str, value: u128) -> Result<(), ConfigError> {

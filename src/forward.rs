@@ -5,6 +5,7 @@
 //! returns the connection when the body ends, and when the client leaves early it reads the rest of the response
 //! (bounded) so the connection can still be reused. It never decides admission or counts connections.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -18,6 +19,7 @@ use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
 
@@ -28,20 +30,27 @@ use crate::server::activity::InFlight;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// What the proxy knows about the client a request came from.
-#[derive(Clone)]
+/// What the proxy knows about the client connection a request came on; made once per connection.
 pub struct ClientInfo {
     pub peer: SocketAddr,
     /// Whether the peer is a trusted proxy whose `X-Forwarded-*` we extend rather than replace.
     pub trusted: bool,
-    /// The peer's address as an `X-Forwarded-For` value, made once per connection.
+    /// The peer's address as an `X-Forwarded-For` value.
     peer_ip: HeaderValue,
+    /// The HTTP/1 client socket, watched for the client leaving while a request with an unread body is queued
+    /// (hyper notices that by itself otherwise; HTTP/2 streams are cancelled by hyper).
+    pub http1_stream: Option<Arc<TcpStream>>,
 }
 
 impl ClientInfo {
-    pub fn new(peer: SocketAddr, trusted: bool) -> Self {
+    pub fn new(peer: SocketAddr, trusted: bool, http1_stream: Option<Arc<TcpStream>>) -> Self {
         let peer_ip = HeaderValue::from_str(&peer.ip().to_string()).unwrap_or_else(|_| HeaderValue::from_static(""));
-        ClientInfo { peer, trusted, peer_ip }
+        ClientInfo {
+            peer,
+            trusted,
+            peer_ip,
+            http1_stream,
+        }
     }
 }
 
@@ -164,7 +173,7 @@ pub fn keeps_alive(version: Version, headers: &HeaderMap) -> bool {
     }
 }
 
-/// Pauses a body that has made no progress for `timeout`; the timer is only armed while it waits.
+/// Fails a body that has made no progress for `timeout`; the timer is only armed while the body waits.
 struct IdleTimer {
     timeout: Duration,
     sleep: Option<Pin<Box<Sleep>>>,
@@ -197,8 +206,6 @@ impl IdleTimer {
         sleep.as_mut().poll(cx).is_ready()
     }
 }
-
-use std::future::Future;
 
 /// The client's request body on its way upstream; fails if the client stops sending for too long.
 pub struct RequestBody {
@@ -441,6 +448,29 @@ enum RelayHandle {
     Watched(Arc<Watched>),
 }
 
+impl RelayHandle {
+    fn with_mut<R>(&mut self, f: impl FnOnce(&mut Relay) -> R) -> R {
+        match self {
+            RelayHandle::Owned(relay) => f(relay),
+            RelayHandle::Watched(watched) => f(&mut watched.relay()),
+        }
+    }
+
+    fn read<R>(&self, f: impl FnOnce(&Relay) -> R) -> R {
+        match self {
+            RelayHandle::Owned(relay) => f(relay),
+            RelayHandle::Watched(watched) => f(&watched.relay()),
+        }
+    }
+
+    /// The watchdog has nothing left to watch.
+    fn unwatch(&self) {
+        if let RelayHandle::Watched(watched) = self {
+            watched.ended.notify_one();
+        }
+    }
+}
+
 /// An upstream response body in flight, holding the lease until its end.
 pub struct UpstreamBody {
     relay: RelayHandle,
@@ -508,13 +538,8 @@ impl Body for UpstreamBody {
             }
             Poll::Pending if this.timer.expired(cx) => {
                 let limit = this.timer.timeout;
-                match &mut this.relay {
-                    RelayHandle::Owned(relay) => relay.cut_off(Outcome::UpstreamTimeout),
-                    RelayHandle::Watched(watched) => {
-                        watched.relay().cut_off(Outcome::UpstreamTimeout);
-                        watched.ended.notify_one();
-                    }
-                }
+                this.relay.with_mut(|relay| relay.cut_off(Outcome::UpstreamTimeout));
+                this.relay.unwatch();
                 Poll::Ready(Some(Err(BodyStalled("upstream", limit).into())))
             }
             other => other,
@@ -522,29 +547,18 @@ impl Body for UpstreamBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.relay {
-            RelayHandle::Owned(relay) => relay.is_end_stream(),
-            RelayHandle::Watched(watched) => watched.relay().is_end_stream(),
-        }
+        self.relay.read(Relay::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.relay {
-            RelayHandle::Owned(relay) => relay.size_hint(),
-            RelayHandle::Watched(watched) => watched.relay().size_hint(),
-        }
+        self.relay.read(Relay::size_hint)
     }
 }
 
 impl Drop for UpstreamBody {
     fn drop(&mut self) {
-        let abandoned = match &mut self.relay {
-            RelayHandle::Owned(relay) => relay.abandon(),
-            RelayHandle::Watched(watched) => {
-                watched.ended.notify_one();
-                watched.relay().abandon()
-            }
-        };
+        self.relay.unwatch();
+        let abandoned = self.relay.with_mut(Relay::abandon);
         let Some((body, lease)) = abandoned else { return };
         // The client left mid-body. Dropping the connection now would leave the upstream working on the old
         // request while a replacement brings new work; read the rest instead and keep the connection.
@@ -582,6 +596,7 @@ async fn drain_then_release(mut body: Incoming, mut lease: Lease) {
     if !matches!(drained, Ok(true)) {
         lease.forbid_reuse();
     }
+    // The body first: a connection whose response is still open must not go back to the pool.
     drop(body);
     drop(lease);
 }
@@ -609,13 +624,6 @@ impl ResponseBody {
     pub fn local(text: &'static str) -> Self {
         ResponseBody {
             kind: Kind::Local(Some(Bytes::from_static(text.as_bytes()))),
-            _in_flight: None,
-        }
-    }
-
-    pub fn owned(bytes: Bytes) -> Self {
-        ResponseBody {
-            kind: Kind::Local(Some(bytes)),
             _in_flight: None,
         }
     }

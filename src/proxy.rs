@@ -15,7 +15,6 @@ use std::time::Instant;
 
 use http::{header, Method, Request, Response, Version};
 use hyper::body::{Body, Incoming};
-use tokio::net::TcpStream;
 
 use crate::admission::Shed;
 use crate::error::{Outcome, ProxyError};
@@ -56,14 +55,8 @@ impl Proxy {
         self.trusted_proxies.iter().any(|net| net.contains(&peer))
     }
 
-    /// Serves one request. `client_stream` is the HTTP/1 client socket, watched for the client leaving while
-    /// its request (with an unread body) waits in the queue.
-    pub async fn serve(
-        self: Arc<Self>,
-        request: Request<Incoming>,
-        client: ClientInfo,
-        client_stream: Option<Arc<TcpStream>>,
-    ) -> Response<ResponseBody> {
+    /// Serves one request from `client`'s connection.
+    pub async fn serve(self: Arc<Self>, request: Request<Incoming>, client: Arc<ClientInfo>) -> Response<ResponseBody> {
         if request.method() == Method::CONNECT || request.headers().contains_key(header::UPGRADE) {
             return self.refuse(ProxyError::TunnelNotSupported);
         }
@@ -86,8 +79,8 @@ impl Proxy {
         let deadline = arrived + pool.limits.queue_timeout;
         // hyper notices a vanished HTTP/1 client by itself unless a body is still unread; then we watch.
         let client_gone = async {
-            match client_stream {
-                Some(stream) if is_http1 && has_body => net::peer_closed(&stream).await,
+            match &client.http1_stream {
+                Some(stream) if has_body => net::peer_closed(stream).await,
                 _ => std::future::pending().await,
             }
         };

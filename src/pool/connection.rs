@@ -26,7 +26,6 @@ pub struct Conn {
     pub sender: UpstreamSender,
     /// Whether the pool counts this connection as closing; see [`UpstreamPool::closing_started`].
     pub(super) closing: Arc<AtomicU8>,
-    pub id: u64,
     born: Instant,
     pub(super) served: u64,
 }
@@ -75,15 +74,14 @@ impl UpstreamPool {
             .handshake(io)
             .await
             .map_err(|err| ProxyError::Connect(err.to_string()))?;
-        self.connection_opened();
+        self.metrics.opened.inc();
         let close_timeout = self.limits.close_timeout;
-        let name = self.name.clone();
         let closing = Arc::new(AtomicU8::new(CLOSING_NOT_COUNTED));
         let counted_closing = closing.clone();
         let pool = self.clone();
         tokio::spawn(async move {
             if let Err(err) = connection.await {
-                tracing::debug!(upstream = %name, error = %err, "upstream connection ended with an error");
+                tracing::debug!(upstream = %pool.name, error = %err, "upstream connection ended with an error");
             }
             net::close_and_wait_for_peer(&stream, close_timeout).await;
             // Order matters: the socket is closed before the slot is given back, and the slot is given back
@@ -95,7 +93,6 @@ impl UpstreamPool {
         Ok(Conn {
             sender,
             closing,
-            id: self.next_conn_id(),
             born: Instant::now(),
             served: 0,
         })

@@ -87,9 +87,7 @@ pub struct UpstreamPool {
     in_use: AtomicUsize,
     connections_peak: AtomicUsize,
     queue_peak: AtomicUsize,
-    opened_total: AtomicU64,
     requests_total: AtomicU64,
-    next_conn_id: AtomicU64,
 }
 
 impl UpstreamPool {
@@ -111,9 +109,7 @@ impl UpstreamPool {
             in_use: AtomicUsize::new(0),
             connections_peak: AtomicUsize::new(0),
             queue_peak: AtomicUsize::new(0),
-            opened_total: AtomicU64::new(0),
             requests_total: AtomicU64::new(0),
-            next_conn_id: AtomicU64::new(0),
         });
         tokio::spawn(expire_idle(Arc::downgrade(&pool)));
         pool
@@ -307,21 +303,12 @@ impl UpstreamPool {
         }
     }
 
-    pub(crate) fn next_conn_id(&self) -> u64 {
-        self.next_conn_id.fetch_add(1, Ordering::Relaxed)
-    }
-
     pub(crate) fn lease_started(&self) {
         self.in_use.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn lease_ended(&self) {
         self.in_use.fetch_sub(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn connection_opened(&self) {
-        self.opened_total.fetch_add(1, Ordering::Relaxed);
-        self.metrics.opened.inc();
     }
 
     pub fn snapshot(&self) -> PoolSnapshot {
@@ -338,7 +325,7 @@ impl UpstreamPool {
             connections_open: open,
             connections_idle: idle,
             connections_peak: self.connections_peak.load(Ordering::Relaxed),
-            connections_opened_total: self.opened_total.load(Ordering::Relaxed),
+            connections_opened_total: self.metrics.opened.get(),
             queue_depth,
             queue_peak: self.queue_peak.load(Ordering::Relaxed),
             requests_total: self.requests_total.load(Ordering::Relaxed),
@@ -374,33 +361,25 @@ impl Drop for Waiting<'_> {
     }
 }
 
-/// Closes idle connections past `idle_timeout` (or their lifetime). Sleeps until the oldest one is due, so an
-/// idle pool costs one timer.
+/// Closes idle connections past `idle_timeout`, past their lifetime, or closed by the upstream meanwhile. Wakes
+/// when the oldest idle connection is due, and at least once a second for the other two cases.
 async fn expire_idle(pool: Weak<UpstreamPool>) {
     loop {
         let next_due = {
             let Some(pool) = pool.upgrade() else { return };
             let now = Instant::now();
             let idle_timeout = pool.limits.idle_timeout;
-            let mut expired = Vec::new();
-            let next_due = {
-                let mut state = pool.lock();
-                while let Some(front) = state.idle.front() {
-                    if front.since + idle_timeout > now {
-                        break;
-                    }
-                    expired.extend(state.idle.pop_front());
-                }
-                let (keep, gone): (VecDeque<IdleConn>, VecDeque<IdleConn>) = std::mem::take(&mut state.idle)
-                    .into_iter()
-                    .partition(|i| i.conn.is_usable(&pool.limits));
-                state.idle = keep;
-                expired.extend(gone);
-                state.idle.front().map(|i| i.since + idle_timeout)
-            };
-            drop(expired);
+            let mut state = pool.lock();
+            // Dropping a sender under the lock is cheap and never calls back into the pool: the connection's
+            // own task closes the socket and frees the slot.
+            state
+                .idle
+                .retain(|idle| idle.since + idle_timeout > now && idle.conn.is_usable(&pool.limits));
             let fallback = now + idle_timeout.min(Duration::from_secs(1));
-            next_due.map_or(fallback, |due| due.min(fallback))
+            state
+                .idle
+                .front()
+                .map_or(fallback, |oldest| (oldest.since + idle_timeout).min(fallback))
         };
         tokio::time::sleep_until(next_due.into()).await;
     }

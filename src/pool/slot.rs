@@ -25,10 +25,6 @@ impl Slot {
     pub(super) fn into_count(mut self) -> Option<Arc<UpstreamPool>> {
         self.pool.take()
     }
-
-    pub fn pool(&self) -> Option<&Arc<UpstreamPool>> {
-        self.pool.as_ref()
-    }
 }
 
 impl Drop for Slot {

@@ -78,8 +78,8 @@ pub async fn serve(
     let io = TokioIo::new(
         SharedStream::new(stream.clone(), observer).with_write_stall_limit(config.client_write_stall_limit()),
     );
-    let client = ClientInfo::new(peer, proxy.is_trusted(peer.ip()));
-    let watched = (protocol == Protocol::Http1).then(|| stream.clone());
+    let http1_stream = (protocol == Protocol::Http1).then(|| stream.clone());
+    let client = Arc::new(ClientInfo::new(peer, proxy.is_trusted(peer.ip()), http1_stream));
     let service = {
         let activity = activity.clone();
         let proxy = proxy.clone();
@@ -87,9 +87,8 @@ pub async fn serve(
             let in_flight = activity.request_started();
             let proxy = proxy.clone();
             let client = client.clone();
-            let watched = watched.clone();
             async move {
-                let response = proxy.serve(request, client, watched).await;
+                let response = proxy.serve(request, client).await;
                 Ok::<_, Infallible>(response.map(|body| body.tracked(in_flight)))
             }
         })
