@@ -85,6 +85,14 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// The host a request is for: the URI's authority (absolute form, HTTP/2 `:authority`) wins over `Host`, as
+/// RFC 9112 §3.2.2 asks of a proxy. Routing and the upstream's Host header both use it.
+pub fn target_host<'a>(uri: &'a Uri, headers: &'a HeaderMap) -> Option<&'a str> {
+    uri.authority()
+        .map(|authority| authority.as_str())
+        .or_else(|| headers.get(header::HOST).and_then(|host| host.to_str().ok()))
+}
+
 /// The request as it goes upstream: HTTP/1.1, origin form, with Host and `X-Forwarded-*`.
 pub fn to_upstream(
     request: Request<Incoming>,
@@ -93,14 +101,12 @@ pub fn to_upstream(
 ) -> Result<Request<RequestBody>, ProxyError> {
     let (mut parts, body) = request.into_parts();
     let client_version = parts.version;
-    let host = match parts.headers.get(header::HOST) {
-        Some(host) => host.clone(),
-        None => match parts.uri.authority() {
-            Some(authority) => HeaderValue::from_str(authority.as_str()).map_err(|_| ProxyError::MissingHost)?,
-            // HTTP/1.0 had no Host; the upstream still gets one.
-            None if client_version == Version::HTTP_10 => pool.authority.clone(),
-            None => return Err(ProxyError::MissingHost),
-        },
+    let host = match (parts.uri.authority(), parts.headers.get(header::HOST)) {
+        (Some(authority), _) => HeaderValue::from_str(authority.as_str()).map_err(|_| ProxyError::MissingHost)?,
+        (None, Some(host)) => host.clone(),
+        // HTTP/1.0 had no Host; the upstream still gets one.
+        (None, None) if client_version == Version::HTTP_10 => pool.authority.clone(),
+        (None, None) => return Err(ProxyError::MissingHost),
     };
     // A message with both framings is a smuggling attempt's tell; the upstream only ever sees one of them.
     if parts.headers.contains_key(header::TRANSFER_ENCODING) {
@@ -713,6 +719,17 @@ mod tests {
         strip_hop_by_hop(&mut headers);
         assert_eq!(headers.len(), 1, "{headers:?}");
         assert!(headers.contains_key("x-kept"));
+    }
+
+    #[test]
+    fn the_uri_authority_wins_over_host_and_host_is_the_fallback() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::HOST, HeaderValue::from_static("spoofed.example"));
+        let absolute: Uri = "http://real.example:8080/x".parse().unwrap();
+        assert_eq!(target_host(&absolute, &headers), Some("real.example:8080"));
+        let origin: Uri = "/x".parse().unwrap();
+        assert_eq!(target_host(&origin, &headers), Some("spoofed.example"));
+        assert_eq!(target_host(&origin, &HeaderMap::new()), None);
     }
 
     #[test]

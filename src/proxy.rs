@@ -60,11 +60,7 @@ impl Proxy {
         if request.method() == Method::CONNECT || request.headers().contains_key(header::UPGRADE) {
             return self.refuse(ProxyError::TunnelNotSupported);
         }
-        let host = request
-            .uri()
-            .authority()
-            .map(|a| a.as_str())
-            .or_else(|| request.headers().get(header::HOST).and_then(|h| h.to_str().ok()));
+        let host = forward::target_host(request.uri(), request.headers());
         let Some(pool) = self.router.pick(host, request.uri().path()).cloned() else {
             return self.refuse(ProxyError::NoRoute);
         };
