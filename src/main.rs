@@ -22,7 +22,7 @@ struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
     /// TOML configuration file; flags override it.
-    #[arg(long, global = true)]
+    #[arg(long)]
     config: Option<PathBuf>,
     /// Client listener address.
     #[arg(long)]
