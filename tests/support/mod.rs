@@ -927,7 +927,28 @@ impl Proxy {
     }
 
     pub async fn try_start<S: AsRef<str>>(args: &[S]) -> Result<Proxy, String> {
-        let mut child = Command::new(floodgate_bin())
+        Self::try_start_with_fd_limit(args, None).await
+    }
+
+    /// Like [`Proxy::start`], with the process's soft limit on open files set to `limit` (through the shell's
+    /// `ulimit -n`, then `exec`, so the pid is floodgate's).
+    pub async fn start_with_fd_limit<S: AsRef<str>>(args: &[S], limit: u64) -> Proxy {
+        match Self::try_start_with_fd_limit(args, Some(limit)).await {
+            Ok(p) => p,
+            Err(e) => panic!("floodgate did not start: {e}"),
+        }
+    }
+
+    pub async fn try_start_with_fd_limit<S: AsRef<str>>(args: &[S], fd_limit: Option<u64>) -> Result<Proxy, String> {
+        let mut command = match fd_limit {
+            None => Command::new(floodgate_bin()),
+            Some(limit) => {
+                let mut sh = Command::new("sh");
+                sh.args(["-c", &format!("ulimit -n {limit} && exec \"$0\" \"$@\""), floodgate_bin()]);
+                sh
+            }
+        };
+        let mut child = command
             .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
             .args(args.iter().map(|a| a.as_ref()))
             .stdin(Stdio::null())
