@@ -104,6 +104,82 @@ async fn upstream_stops_and_restarts_on_the_same_port() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_upstream_refuses_connects_and_keeps_its_port_bound() {
+    let upstream = Upstream::start().await;
+    upstream.stop().await;
+    let refused = tokio::net::TcpStream::connect(upstream.addr()).await;
+    assert_eq!(
+        refused.map(|_| ()).map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::ConnectionRefused)
+    );
+    let taken = tokio::net::TcpSocket::new_v4().unwrap().bind(upstream.addr());
+    assert!(taken.is_err(), "the port is still held while the upstream is down");
+    upstream.restart().await;
+    assert_eq!(get(upstream.addr(), "/").await.status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_resets_trickles_and_cuts_bodies_on_request() {
+    let upstream = Upstream::start().await;
+    let t = Duration::from_secs(5);
+
+    let (data, end) = raw_exchange(upstream.addr(), b"GET /reset HTTP/1.1\r\nHost: t\r\n\r\n", t).await;
+    assert!(data.is_empty());
+    assert_eq!(end, ReadEnd::Reset, "/reset answers with RST");
+
+    let (data, end) = raw_exchange(upstream.addr(), b"GET /reset-body/100 HTTP/1.1\r\nHost: t\r\n\r\n", t).await;
+    assert_eq!(first_status(&data), Some(200));
+    assert_eq!(end, ReadEnd::Reset, "/reset-body resets after the head and some body");
+
+    let (data, end) = raw_exchange(upstream.addr(), b"GET /cut/100 HTTP/1.1\r\nHost: t\r\n\r\n", t).await;
+    let text = String::from_utf8_lossy(&data).to_ascii_lowercase();
+    assert!(text.contains("content-length: 200"), "{text}");
+    assert_eq!(end, ReadEnd::Eof, "/cut closes after half the promised body");
+    assert_eq!(upstream.resets(), 2);
+
+    let mut c = H1Conn::connect(upstream.addr()).await;
+    let trickled = c.get("/trickle/4/20").await;
+    assert_eq!(trickled.status, StatusCode::OK);
+    assert_eq!(trickled.body.len(), 64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_resets_a_seeded_share_of_requests() {
+    let upstream = Upstream::start_with(UpstreamOptions {
+        reset_per_mille: 500,
+        seed: 7,
+        ..Default::default()
+    })
+    .await;
+    let mut answered = 0;
+    for _ in 0..40 {
+        if try_get(upstream.addr(), "/").await.is_ok() {
+            answered += 1;
+        }
+    }
+    assert_eq!(answered + upstream.resets(), 40);
+    assert!((8..=32).contains(&answered), "about half answered, got {answered}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_closes_keep_alive_connections_idle_past_idle_close() {
+    let upstream = Upstream::start_with(UpstreamOptions {
+        idle_close: Some(Duration::from_millis(100)),
+        ..Default::default()
+    })
+    .await;
+    let mut c = H1Conn::connect(upstream.addr()).await;
+    assert_eq!(c.get("/").await.status, StatusCode::OK);
+    assert_eq!(c.get("/").await.status, StatusCode::OK);
+    wait_until_sync("idle connection closed early", Duration::from_secs(5), || {
+        upstream.connections() == 0
+    })
+    .await;
+    assert_eq!(upstream.idle_closes(), 1);
+    assert!(c.try_get("/").await.is_err(), "the closed connection is not reusable");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_closes_idle_connections_and_kills_reused_ones_on_request() {
     let upstream = Upstream::start().await;
     let mut c = H1Conn::connect(upstream.addr()).await;

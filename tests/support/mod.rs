@@ -279,6 +279,10 @@ struct ConnInfo {
     id: u64,
     served: AtomicUsize,
     kill: Notify,
+    /// When the connection is dropped, send RST instead of FIN.
+    reset: AtomicBool,
+    /// When the last request on this connection started (or the connection was accepted).
+    last_request: Mutex<Instant>,
     /// Still counted in `conns_now`.
     counted: AtomicBool,
 }
@@ -301,8 +305,15 @@ struct UpstreamShared {
     requests: AtomicUsize,
     rejected: AtomicUsize,
     killed: AtomicUsize,
+    resets: AtomicUsize,
+    idle_closes: AtomicUsize,
     bytes_streamed: Arc<AtomicU64>,
     close_every: AtomicBool,
+    /// Chance, in 1/1000, that a request is answered by resetting its connection.
+    reset_per_mille: AtomicU64,
+    rng: Mutex<u64>,
+    /// Close a keep-alive connection this long after its last request started (0: never), as Ktor CIO does.
+    idle_close_ms: AtomicU64,
     kill_reused_once: AtomicBool,
     released: watch::Sender<bool>,
     graceful: watch::Sender<u64>,
@@ -332,6 +343,10 @@ struct CountedStream {
 /// A connection hyper drops without a shutdown is closed (FIN) as the socket drops, right after this.
 impl Drop for CountedStream {
     fn drop(&mut self) {
+        if self.info.reset.load(Ordering::SeqCst) {
+            // Linger 0: the close sends RST and discards whatever is unsent.
+            let _ = socket2::SockRef::from(&self.inner).set_linger(Some(Duration::ZERO));
+        }
         self.info.count_closed(&self.shared);
     }
 }
@@ -384,6 +399,12 @@ impl Drop for InflightGuard {
 pub struct UpstreamOptions {
     /// Answer every response with `Connection: close`.
     pub close_every: bool,
+    /// Reset (RST) the connection instead of answering, for this share of requests in 1/1000.
+    pub reset_per_mille: u64,
+    /// Seed of the random choices (resets).
+    pub seed: u64,
+    /// Close keep-alive connections this long after their last request started.
+    pub idle_close: Option<Duration>,
     /// SO_SNDBUF of accepted sockets (inherited from the listener), to keep
     /// kernel buffering small in back-pressure tests.
     pub send_buffer: Option<u32>,
@@ -400,11 +421,21 @@ pub struct UpstreamOptions {
 /// `/stall-body/{n}` answers 200 with `Content-Length: 2n`, sends `n` pattern
 /// bytes and then stalls mid-body until [`Upstream::release_stalled`] (then
 /// sends the rest).
+///
+/// Hostile behaviours: `/trickle/{chunks}/{ms}` sends a 16-byte chunk every
+/// `ms`; `/cut/{n}` promises `2n` bytes, sends `n` and closes the connection;
+/// `/reset` and `/reset-body/{n}` reset the connection (RST) before the head or
+/// after `n` body bytes; [`UpstreamOptions`] adds random resets and early
+/// closes of idle keep-alive connections; [`Upstream::stop`] refuses
+/// connections (the port stays bound, so no other test can take it) until
+/// [`Upstream::restart`].
 pub struct Upstream {
     addr: SocketAddr,
     opts: UpstreamOptions,
     shared: Arc<UpstreamShared>,
     accept_task: Mutex<Option<JoinHandle<()>>>,
+    /// While stopped: a socket bound to the port but not listening, so connects are refused and the port is ours.
+    placeholder: Mutex<Option<TcpSocket>>,
     conn_tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
 }
 
@@ -419,16 +450,40 @@ const COMMANDS: &[&str] = &[
     "stall",
     "stall-body",
     "drop",
+    "trickle",
+    "cut",
+    "reset",
+    "reset-body",
 ];
+
+/// Every socket on the port sets SO_REUSEPORT so that a bound, non-listening placeholder can hold the port while
+/// the upstream is down and the listener can come back beside it.
+fn bound_socket(addr: SocketAddr) -> std::io::Result<TcpSocket> {
+    let socket = TcpSocket::new_v4()?;
+    socket.set_reuseaddr(true)?;
+    socket.set_reuseport(true)?;
+    socket.bind(addr)?;
+    Ok(socket)
+}
 
 fn bind_listener(addr: SocketAddr, send_buffer: Option<u32>) -> std::io::Result<TcpListener> {
     let socket = TcpSocket::new_v4()?;
     socket.set_reuseaddr(true)?;
+    socket.set_reuseport(true)?;
     if let Some(size) = send_buffer {
         socket.set_send_buffer_size(size)?;
     }
     socket.bind(addr)?;
     socket.listen(1024)
+}
+
+/// splitmix64: a small deterministic generator, so a seeded test replays the same choices.
+pub fn next_random(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 impl Upstream {
@@ -448,8 +503,13 @@ impl Upstream {
             requests: AtomicUsize::new(0),
             rejected: AtomicUsize::new(0),
             killed: AtomicUsize::new(0),
+            resets: AtomicUsize::new(0),
+            idle_closes: AtomicUsize::new(0),
             bytes_streamed: Arc::new(AtomicU64::new(0)),
             close_every: AtomicBool::new(opts.close_every),
+            reset_per_mille: AtomicU64::new(opts.reset_per_mille),
+            rng: Mutex::new(opts.seed),
+            idle_close_ms: AtomicU64::new(opts.idle_close.map_or(0, |d| d.as_millis() as u64)),
             kill_reused_once: AtomicBool::new(false),
             released: watch::Sender::new(false),
             graceful: watch::Sender::new(0),
@@ -461,6 +521,7 @@ impl Upstream {
             opts,
             shared,
             accept_task: Mutex::new(None),
+            placeholder: Mutex::new(None),
             conn_tasks: Arc::new(Mutex::new(Vec::new())),
         };
         up.spawn_accept(listener);
@@ -487,6 +548,8 @@ impl Upstream {
                     id: shared.next_conn_id.fetch_add(1, Ordering::SeqCst),
                     served: AtomicUsize::new(0),
                     kill: Notify::new(),
+                    reset: AtomicBool::new(false),
+                    last_request: Mutex::new(Instant::now()),
                     counted: AtomicBool::new(true),
                 });
                 let guard = ConnGuard(shared.clone(), info.clone());
@@ -548,6 +611,25 @@ impl Upstream {
         self.shared.killed.load(Ordering::SeqCst)
     }
 
+    /// Connections reset on purpose (random resets, `/reset`, `/reset-body`).
+    pub fn resets(&self) -> usize {
+        self.shared.resets.load(Ordering::SeqCst)
+    }
+
+    /// Keep-alive connections closed early for being idle (`idle_close`).
+    pub fn idle_closes(&self) -> usize {
+        self.shared.idle_closes.load(Ordering::SeqCst)
+    }
+
+    pub fn set_reset_per_mille(&self, per_mille: u64) {
+        self.shared.reset_per_mille.store(per_mille, Ordering::SeqCst);
+    }
+
+    pub fn set_idle_close(&self, after: Option<Duration>) {
+        let ms = after.map_or(0, |d| d.as_millis().max(1) as u64);
+        self.shared.idle_close_ms.store(ms, Ordering::SeqCst);
+    }
+
     /// Bytes produced by `/bytes/{n}` bodies so far (handed to hyper).
     pub fn bytes_streamed(&self) -> u64 {
         self.shared.bytes_streamed.load(Ordering::SeqCst)
@@ -592,8 +674,15 @@ impl Upstream {
         self.shared.kill_reused_once.store(true, Ordering::SeqCst);
     }
 
-    /// Drops the listener and aborts every connection.
+    /// Stops listening and aborts every connection. Until [`Upstream::restart`] connects are refused, and the port
+    /// stays bound by a placeholder socket so that nothing else can take it.
     pub async fn stop(&self) {
+        {
+            let mut placeholder = self.placeholder.lock().unwrap();
+            if placeholder.is_none() {
+                *placeholder = Some(bound_socket(self.addr).expect("placeholder socket on the upstream's port"));
+            }
+        }
         let accept = self.accept_task.lock().unwrap().take();
         if let Some(task) = accept {
             task.abort();
@@ -610,18 +699,10 @@ impl Upstream {
 
     /// Listens again on the same port (after [`Upstream::stop`]).
     pub async fn restart(&self) {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let listener = loop {
-            match bind_listener(self.addr, self.opts.send_buffer) {
-                Ok(l) => break l,
-                Err(e) if Instant::now() < deadline => {
-                    let _ = e;
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                Err(e) => panic!("rebinding upstream on {}: {e}", self.addr),
-            }
-        };
+        let listener = bind_listener(self.addr, self.opts.send_buffer)
+            .unwrap_or_else(|e| panic!("listening again on {}: {e}", self.addr));
         self.spawn_accept(listener);
+        self.placeholder.lock().unwrap().take();
     }
 }
 
@@ -633,6 +714,13 @@ impl Drop for Upstream {
         for task in self.conn_tasks.lock().unwrap().drain(..) {
             task.abort();
         }
+    }
+}
+
+async fn sleep_until_or_never(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -650,9 +738,23 @@ async fn serve_connection(stream: TcpStream, shared: Arc<UpstreamShared>, info: 
     let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
     tokio::pin!(conn);
     let mut graceful = shared.graceful.subscribe();
+    let mut closing_idle = false;
     loop {
+        let idle_close_ms = shared.idle_close_ms.load(Ordering::SeqCst);
+        let idle_deadline = (idle_close_ms > 0 && !closing_idle)
+            .then(|| *info.last_request.lock().unwrap() + Duration::from_millis(idle_close_ms));
         tokio::select! {
             _ = conn.as_mut() => break,
+            _ = sleep_until_or_never(idle_deadline) => {
+                // A request that started meanwhile moved the deadline: look again.
+                let last = *info.last_request.lock().unwrap();
+                if last.elapsed() >= Duration::from_millis(idle_close_ms) {
+                    closing_idle = true;
+                    shared.idle_closes.fetch_add(1, Ordering::SeqCst);
+                    // Closes at once when idle, after the response in flight otherwise.
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
             changed = graceful.changed() => {
                 if changed.is_ok() {
                     conn.as_mut().graceful_shutdown();
@@ -666,6 +768,95 @@ async fn serve_connection(stream: TcpStream, shared: Arc<UpstreamShared>, info: 
                 break;
             }
         }
+    }
+}
+
+/// Answers by resetting the connection (RST): the request is read, nothing is written.
+async fn reset_connection(shared: &Arc<UpstreamShared>, info: &Arc<ConnInfo>) -> Result<Response<UpstreamBody>, Infallible> {
+    shared.resets.fetch_add(1, Ordering::SeqCst);
+    info.reset.store(true, Ordering::SeqCst);
+    info.kill.notify_one();
+    std::future::pending().await
+}
+
+fn octet_stream(body: UpstreamBody) -> Response<UpstreamBody> {
+    let mut resp = Response::new(body);
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    resp
+}
+
+const TRICKLE_CHUNK: u64 = 16;
+
+/// `/trickle`: one small chunk every `every`.
+struct TrickleBody {
+    remaining: u64,
+    every: Duration,
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+    counter: Arc<AtomicU64>,
+}
+
+impl Body for TrickleBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if this.remaining == 0 {
+            return Poll::Ready(None);
+        }
+        let sleep = this.sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep(this.every)));
+        if sleep.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        this.sleep = None;
+        this.remaining -= 1;
+        this.counter.fetch_add(TRICKLE_CHUNK, Ordering::SeqCst);
+        Poll::Ready(Some(Ok(Frame::data(pattern_chunk().slice(0..TRICKLE_CHUNK as usize)))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.remaining == 0
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.remaining * TRICKLE_CHUNK)
+    }
+}
+
+/// `/cut` and `/reset-body`: promises `promised` bytes, sends the first part, then fails, which makes hyper drop
+/// the connection mid-body (with RST when `on_cut` asks for it).
+struct CutBody {
+    first: PatternBody,
+    promised: u64,
+    flushed: bool,
+    on_cut: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl Body for CutBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if !this.first.is_end_stream() {
+            return Pin::new(&mut this.first).poll_frame(cx);
+        }
+        if !this.flushed {
+            // One Pending first makes hyper flush what it has, so the peer receives the head and the first part
+            // before the cut (an RST would discard anything still unsent).
+            this.flushed = true;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        if let Some(on_cut) = this.on_cut.take() {
+            on_cut();
+        }
+        Poll::Ready(Some(Err("upstream cuts the body off".into())))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.promised)
     }
 }
 
@@ -731,9 +922,16 @@ async fn handle(
         ));
     }
 
+    *info.last_request.lock().unwrap() = Instant::now();
+
     if served_before > 0 && shared.kill_reused_once.swap(false, Ordering::SeqCst) {
         info.kill.notify_one();
         return std::future::pending().await;
+    }
+
+    let per_mille = shared.reset_per_mille.load(Ordering::SeqCst);
+    if per_mille > 0 && next_random(&mut shared.rng.lock().unwrap()) % 1000 < per_mille {
+        return reset_connection(&shared, &info).await;
     }
 
     let _inflight = InflightGuard::new(&shared);
@@ -853,6 +1051,43 @@ async fn route(
         Some(("drop", _)) => {
             info.kill.notify_one();
             std::future::pending().await
+        }
+        Some(("reset", _)) => reset_connection(shared, info).await.unwrap_or_else(|e| match e {}),
+        Some(("reset-body", Some(n))) => {
+            let n: u64 = n.parse().unwrap_or(0);
+            let (shared, info) = (shared.clone(), info.clone());
+            let body = CutBody {
+                first: PatternBody::new(n).counting(shared.bytes_streamed.clone()),
+                promised: 2 * n,
+                flushed: false,
+                on_cut: Some(Box::new(move || {
+                    shared.resets.fetch_add(1, Ordering::SeqCst);
+                    info.reset.store(true, Ordering::SeqCst);
+                })),
+            };
+            octet_stream(body.boxed_unsync())
+        }
+        Some(("cut", Some(n))) => {
+            let n: u64 = n.parse().unwrap_or(0);
+            let body = CutBody {
+                first: PatternBody::new(n).counting(shared.bytes_streamed.clone()),
+                promised: 2 * n,
+                flushed: false,
+                on_cut: None,
+            };
+            octet_stream(body.boxed_unsync())
+        }
+        Some(("trickle", Some(chunks))) => {
+            let chunks: u64 = chunks.parse().unwrap_or(0);
+            let ms = segments.iter().skip_while(|s| **s != "trickle").nth(2);
+            let every = Duration::from_millis(ms.and_then(|s| s.parse().ok()).unwrap_or(10));
+            let body = TrickleBody {
+                remaining: chunks,
+                every,
+                sleep: None,
+                counter: shared.bytes_streamed.clone(),
+            };
+            octet_stream(body.boxed_unsync())
         }
         _ => text_response(StatusCode::OK, "ok"),
     }
