@@ -42,6 +42,7 @@ pub struct Metrics {
     opened: Family<Labels, Counter>,
     peak: Family<Labels, Gauge>,
     response: Family<Labels, Histogram, fn() -> Histogram>,
+    retries: Family<Labels, Counter>,
     pub client_connections: Gauge,
     client_side: Arc<OutcomeCounters>,
 }
@@ -63,6 +64,7 @@ impl Metrics {
         let opened = Family::<Labels, Counter>::default();
         let peak = Family::<Labels, Gauge>::default();
         let response = Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram as _);
+        let retries = Family::<Labels, Counter>::default();
         let client_connections = Gauge::default();
         registry.register(
             "floodgate_requests",
@@ -105,6 +107,12 @@ impl Metrics {
             response.clone(),
         );
         registry.register(
+            "floodgate_upstream_retries",
+            "Requests sent again after their connection failed: unsent (a stale idle connection, nothing reached \
+             the upstream) or replayed (an idempotent request that may have reached it)",
+            retries.clone(),
+        );
+        registry.register(
             "floodgate_client_connections",
             "Open client connections",
             client_connections.clone(),
@@ -120,6 +128,7 @@ impl Metrics {
             opened,
             peak,
             response,
+            retries,
             client_connections,
             client_side,
         }
@@ -129,6 +138,7 @@ impl Metrics {
     pub fn upstream(&self, name: &str) -> UpstreamMetrics {
         let labels = || vec![("upstream", name.to_string())];
         let state = |state: &str| vec![("upstream", name.to_string()), ("state", state.to_string())];
+        let reason = |reason: &str| vec![("upstream", name.to_string()), ("reason", reason.to_string())];
         UpstreamMetrics {
             requests: Arc::new(OutcomeCounters::new(self.requests.clone(), Some(name.to_string()))),
             inflight: self.inflight.get_or_create_owned(&labels()),
@@ -139,6 +149,8 @@ impl Metrics {
             opened: self.opened.get_or_create_owned(&labels()),
             peak: self.peak.get_or_create_owned(&labels()),
             response: self.response.get_or_create_owned(&labels()),
+            retried_unsent: self.retries.get_or_create_owned(&reason("unsent")),
+            replayed: self.retries.get_or_create_owned(&reason("replayed")),
         }
     }
 
@@ -209,6 +221,8 @@ pub struct UpstreamMetrics {
     pub opened: Counter,
     peak: Gauge,
     response: Histogram,
+    pub retried_unsent: Counter,
+    pub replayed: Counter,
 }
 
 impl UpstreamMetrics {

@@ -57,17 +57,10 @@ impl Proxy {
 
     /// Serves one request from `client`'s connection.
     pub async fn serve(self: Arc<Self>, request: Request<Incoming>, client: Arc<ClientInfo>) -> Response<ResponseBody> {
-        if request.method() == Method::CONNECT || request.headers().contains_key(header::UPGRADE) {
-            return self.refuse(ProxyError::TunnelNotSupported);
-        }
-        let host = forward::target_host(request.uri(), request.headers());
-        let Some(pool) = self.router.pick(host, request.uri().path()).cloned() else {
-            return self.refuse(ProxyError::NoRoute);
-        };
         let has_body = !request.body().is_end_stream();
         let is_http1 = request.version() <= Version::HTTP_11;
-        let upstream_request = match forward::to_upstream(request, &client, &pool) {
-            Ok(request) => request,
+        let (pool, upstream_request) = match self.prepare(request, &client) {
+            Ok(prepared) => prepared,
             Err(err) => return self.refuse(err),
         };
 
@@ -107,6 +100,25 @@ impl Proxy {
             Ok(response) => response,
             Err(err) => self.answer_error(&pool, err),
         }
+    }
+
+    /// The steps before admission: tunnels refused, the upstream picked, the head rewritten for it.
+    pub(crate) fn prepare(
+        &self,
+        request: Request<Incoming>,
+        client: &ClientInfo,
+    ) -> Result<(Arc<UpstreamPool>, Request<RequestBody>), ProxyError> {
+        if request.method() == Method::CONNECT || request.headers().contains_key(header::UPGRADE) {
+            return Err(ProxyError::TunnelNotSupported);
+        }
+        let host = forward::target_host(request.uri(), request.headers());
+        let pool = self
+            .router
+            .pick(host, request.uri().path())
+            .cloned()
+            .ok_or(ProxyError::NoRoute)?;
+        let upstream_request = forward::to_upstream(request, client, &pool)?;
+        Ok((pool, upstream_request))
     }
 
     fn refuse(&self, err: ProxyError) -> Response<ResponseBody> {
@@ -221,6 +233,7 @@ async fn send(
                 drop(lease);
                 if reused && attempts_left > 0 {
                     // A stale idle connection: nothing was sent on it.
+                    pool.metrics.retried_unsent.inc();
                     lease = readmit(pool, false).await?;
                     continue;
                 }
@@ -243,6 +256,7 @@ async fn send(
                 drop(lease);
                 if let Some(unsent) = failed.take_message() {
                     if reused && attempts_left > 0 {
+                        pool.metrics.retried_unsent.inc();
                         request = unsent;
                         lease = readmit(pool, false).await?;
                         continue;
@@ -250,6 +264,7 @@ async fn send(
                 } else if reused {
                     if let Some(again) = replay.take().map(ReplayHead::rebuild) {
                         tracing::debug!(upstream = %pool.name, "retrying an idempotent request on a fresh connection");
+                        pool.metrics.replayed.inc();
                         request = again;
                         lease = readmit(pool, true).await?;
                         continue;

@@ -403,7 +403,8 @@ pub struct UpstreamOptions {
     pub reset_per_mille: u64,
     /// Seed of the random choices (resets).
     pub seed: u64,
-    /// Close keep-alive connections this long after their last request started.
+    /// Close keep-alive connections this long after their last request started; a request arriving in the last
+    /// quarter of that time is taken to have crossed the close on the wire and gets no answer.
     pub idle_close: Option<Duration>,
     /// SO_SNDBUF of accepted sockets (inherited from the listener), to keep
     /// kernel buffering small in back-pressure tests.
@@ -772,7 +773,10 @@ async fn serve_connection(stream: TcpStream, shared: Arc<UpstreamShared>, info: 
 }
 
 /// Answers by resetting the connection (RST): the request is read, nothing is written.
-async fn reset_connection(shared: &Arc<UpstreamShared>, info: &Arc<ConnInfo>) -> Result<Response<UpstreamBody>, Infallible> {
+async fn reset_connection(
+    shared: &Arc<UpstreamShared>,
+    info: &Arc<ConnInfo>,
+) -> Result<Response<UpstreamBody>, Infallible> {
     shared.resets.fetch_add(1, Ordering::SeqCst);
     info.reset.store(true, Ordering::SeqCst);
     info.kill.notify_one();
@@ -805,7 +809,9 @@ impl Body for TrickleBody {
         if this.remaining == 0 {
             return Poll::Ready(None);
         }
-        let sleep = this.sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep(this.every)));
+        let sleep = this
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(this.every)));
         if sleep.as_mut().poll(cx).is_pending() {
             return Poll::Pending;
         }
@@ -922,7 +928,15 @@ async fn handle(
         ));
     }
 
-    *info.last_request.lock().unwrap() = Instant::now();
+    let idle_for = std::mem::replace(&mut *info.last_request.lock().unwrap(), Instant::now()).elapsed();
+    let idle_close_ms = shared.idle_close_ms.load(Ordering::SeqCst);
+    if idle_close_ms > 0 && served_before > 0 && idle_for >= Duration::from_millis(idle_close_ms * 3 / 4) {
+        // On a real network the upstream's FIN takes a while to arrive: a request sent in the last quarter of
+        // the idle period crosses it on the wire, and the upstream closes without answering.
+        shared.idle_closes.fetch_add(1, Ordering::SeqCst);
+        info.kill.notify_one();
+        return std::future::pending().await;
+    }
 
     if served_before > 0 && shared.kill_reused_once.swap(false, Ordering::SeqCst) {
         info.kill.notify_one();
@@ -1179,7 +1193,11 @@ impl Proxy {
             None => Command::new(floodgate_bin()),
             Some(limit) => {
                 let mut sh = Command::new("sh");
-                sh.args(["-c", &format!("ulimit -n {limit} && exec \"$0\" \"$@\""), floodgate_bin()]);
+                sh.args([
+                    "-c",
+                    &format!("ulimit -n {limit} && exec \"$0\" \"$@\""),
+                    floodgate_bin(),
+                ]);
                 sh
             }
         };
