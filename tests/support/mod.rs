@@ -12,6 +12,8 @@
 //! Every test binary uses a different subset of this module.
 #![allow(dead_code)]
 
+pub mod chaos;
+
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;
