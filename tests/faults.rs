@@ -394,3 +394,33 @@ async fn seeded_chaos_of_clients_vanishing_in_the_queue_mid_upload_and_mid_downl
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_cut_off_or_reset_mid_body_reaches_the_client_as_an_error_and_the_connection_is_never_pooled() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &[]).await;
+    for path in ["/cut/50000", "/reset-body/50000"] {
+        let mut client = H1Conn::connect(proxy.listen).await;
+        let request = http::Request::get(path).body(body_empty()).unwrap();
+        let resp = client.send(request).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK, "{path}: the head had already been forwarded");
+        let body = http_body_util::BodyExt::collect(resp.into_body()).await;
+        assert!(body.is_err(), "{path}: a truncated body must not look complete to the client");
+        proxy.wait_in_use_zero(UP, SETTLE).await;
+        assert_eq!(get(proxy.listen, "/next").await.status, StatusCode::OK);
+        let conn_of = |prefix: &str| upstream.recorded_with_prefix(prefix).last().map(|r| r.conn_id);
+        assert_ne!(conn_of(path), conn_of("/next"), "{path}: the broken connection was not reused");
+    }
+    assert_settled(&proxy, &upstream, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trickling_response_that_keeps_making_progress_is_relayed_whole_past_body_idle_timeout() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &["--body-idle-timeout", "300ms"]).await;
+    // 20 chunks 100 ms apart: twice the idle timeout in all, never more than a third of it between chunks.
+    let resp = get(proxy.listen, "/trickle/20/100").await;
+    assert_eq!(resp.status, StatusCode::OK);
+    assert_eq!(resp.body.len(), 20 * 16);
+    assert_settled(&proxy, &upstream, 1).await;
+}
