@@ -21,6 +21,14 @@ pub enum ProxyError {
     TunnelNotSupported,
     #[error("request has no Host")]
     MissingHost,
+    #[error("request has more than one Host or an invalid one")]
+    InvalidHost,
+    #[error("request body uses a transfer coding other than chunked")]
+    UnsupportedTransferCoding,
+    #[error("the client's request body failed: {0}")]
+    ClientBody(String),
+    #[error("the client's request body made no progress for {0:?}")]
+    ClientBodyTimeout(Duration),
     #[error("could not connect to upstream: {0}")]
     Connect(String),
     #[error("connect to upstream timed out after {0:?}")]
@@ -89,7 +97,9 @@ impl ProxyError {
             ProxyError::Shed(_) => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::TunnelNotSupported => StatusCode::NOT_IMPLEMENTED,
-            ProxyError::MissingHost => StatusCode::BAD_REQUEST,
+            ProxyError::MissingHost | ProxyError::InvalidHost | ProxyError::ClientBody(_) => StatusCode::BAD_REQUEST,
+            ProxyError::UnsupportedTransferCoding => StatusCode::NOT_IMPLEMENTED,
+            ProxyError::ClientBodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ProxyError::Connect(_) | ProxyError::ConnectTimeout(_) | ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
         }
@@ -103,6 +113,10 @@ impl ProxyError {
             ProxyError::NoRoute => "no route\n",
             ProxyError::TunnelNotSupported => "tunnels (Upgrade, WebSocket, CONNECT) are not supported yet\n",
             ProxyError::MissingHost => "missing Host header\n",
+            ProxyError::InvalidHost => "invalid Host header\n",
+            ProxyError::UnsupportedTransferCoding => "transfer coding not supported\n",
+            ProxyError::ClientBody(_) => "bad request body\n",
+            ProxyError::ClientBodyTimeout(_) => "request body timeout\n",
             ProxyError::Connect(_) => "upstream connect failed\n",
             ProxyError::ConnectTimeout(_) => "upstream connect timeout\n",
             ProxyError::Upstream(_) => "upstream error\n",
@@ -116,7 +130,9 @@ impl ProxyError {
             ProxyError::Shed(Shed::QueueTimeout) => Outcome::ShedQueueTimeout,
             ProxyError::NoRoute => Outcome::NoRoute,
             ProxyError::TunnelNotSupported => Outcome::NotImplemented,
-            ProxyError::MissingHost => Outcome::BadRequest,
+            ProxyError::MissingHost | ProxyError::InvalidHost | ProxyError::ClientBody(_) => Outcome::BadRequest,
+            ProxyError::UnsupportedTransferCoding => Outcome::NotImplemented,
+            ProxyError::ClientBodyTimeout(_) => Outcome::ClientTimeout,
             ProxyError::Connect(_) | ProxyError::ConnectTimeout(_) | ProxyError::Upstream(_) => Outcome::UpstreamError,
             ProxyError::UpstreamTimeout(_) => Outcome::UpstreamTimeout,
         }

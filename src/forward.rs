@@ -162,6 +162,42 @@ fn set_forwarded(headers: &mut HeaderMap, client: &ClientInfo, host: HeaderValue
     }
 }
 
+/// RFC 9112 §3.2: more than one Host line, or a Host that is not a plain `host[:port]`, is a bad request: the
+/// proxy would route by one reading of it while the upstream might act on another. A missing Host is decided by
+/// [`to_upstream`] (HTTP/1.0 may omit it).
+pub fn check_host(headers: &HeaderMap) -> Result<(), ProxyError> {
+    let mut lines = headers.get_all(header::HOST).iter();
+    let Some(host) = lines.next() else {
+        return Ok(());
+    };
+    let valid = lines.next().is_none()
+        && !host.is_empty()
+        && !host.as_bytes().contains(&b'@')
+        && http::uri::Authority::try_from(host.as_bytes()).is_ok();
+    if valid {
+        Ok(())
+    } else {
+        Err(ProxyError::InvalidHost)
+    }
+}
+
+/// hyper decodes the `chunked` transfer coding and no other, and Transfer-Encoding is hop-by-hop: a body sent with
+/// another coding (gzip, say) would reach the upstream with that coding undeclared. RFC 9112 §6.1 answers a coding
+/// the server does not understand with 501. `identity` (a no-op from older RFCs) passes. A list whose last coding
+/// is not chunked, and Transfer-Encoding on HTTP/1.0, hyper refuses itself (400).
+pub fn check_transfer_coding(headers: &HeaderMap) -> Result<(), ProxyError> {
+    let understood = |coding: &str| coding.eq_ignore_ascii_case("chunked") || coding.eq_ignore_ascii_case("identity");
+    let all_understood = headers.get_all(header::TRANSFER_ENCODING).iter().all(|line| {
+        line.to_str()
+            .is_ok_and(|line| line.split(',').map(str::trim).all(understood))
+    });
+    if all_understood {
+        Ok(())
+    } else {
+        Err(ProxyError::UnsupportedTransferCoding)
+    }
+}
+
 /// Whether the upstream keeps the connection open after this response.
 pub fn keeps_alive(version: Version, headers: &HeaderMap) -> bool {
     let connection_has = |token: &str| {
@@ -222,6 +258,22 @@ pub struct RequestBody {
 #[derive(Debug, thiserror::Error)]
 #[error("{0} sent nothing for {1:?}")]
 pub struct BodyStalled(&'static str, Duration);
+
+/// An exchange that failed because the client's request body did (bad chunked framing, cut short, or stalled past
+/// body_idle_timeout) failed on the client's side, not the upstream's: 400 or 408, counted as such. hyper reports
+/// a failed request body as a user error whose cause is the error [`RequestBody`] yielded.
+pub fn client_body_failure(err: &hyper::Error) -> Option<ProxyError> {
+    if !err.is_user() {
+        return None;
+    }
+    let cause = std::error::Error::source(err)?;
+    if let Some(stalled) = cause.downcast_ref::<BodyStalled>() {
+        return Some(ProxyError::ClientBodyTimeout(stalled.1));
+    }
+    cause
+        .downcast_ref::<hyper::Error>()
+        .map(|failed| ProxyError::ClientBody(failed.to_string()))
+}
 
 #[derive(Debug, thiserror::Error)]
 #[error("the exchange was cut off: its body made no progress for body_idle_timeout")]

@@ -111,6 +111,8 @@ impl Proxy {
         if request.method() == Method::CONNECT || request.headers().contains_key(header::UPGRADE) {
             return Err(ProxyError::TunnelNotSupported);
         }
+        forward::check_host(request.headers())?;
+        forward::check_transfer_coding(request.headers())?;
         let host = forward::target_host(request.uri(), request.headers());
         let pool = self
             .router
@@ -270,7 +272,8 @@ async fn send(
                         continue;
                     }
                 }
-                return Err(ProxyError::Upstream(failed.into_error()));
+                let err = failed.into_error();
+                return Err(forward::client_body_failure(&err).unwrap_or(ProxyError::Upstream(err)));
             }
         }
     }

@@ -177,6 +177,8 @@ async fn accept_loop(
     draining: &CancellationToken,
 ) {
     let metrics = state.proxy.metrics.clone();
+    // Accepts failed in a row: the first is logged as a warning, the rest at debug level until one succeeds.
+    let mut failed_accepts: u64 = 0;
     loop {
         // Wait for room first: past max_client_connections, new clients wait in the kernel's backlog.
         let permit = tokio::select! {
@@ -194,6 +196,10 @@ async fn accept_loop(
         };
         match accepted {
             Ok((stream, peer)) => {
+                if failed_accepts > 0 {
+                    tracing::info!(failed_accepts, "accepting again");
+                    failed_accepts = 0;
+                }
                 let proxy = state.proxy.clone();
                 let config = config.clone();
                 let draining = draining.clone();
@@ -205,8 +211,14 @@ async fn accept_loop(
                 });
             }
             Err(err) => {
-                // Typically out of file descriptors: back off instead of spinning on the same error.
-                tracing::warn!(error = %err, "accept failed; backing off");
+                // Typically out of file descriptors: back off instead of spinning on the same error, and say so
+                // once per episode rather than at every retry.
+                if failed_accepts == 0 {
+                    tracing::warn!(error = %err, "accept failed; backing off, retrying every 100ms");
+                } else {
+                    tracing::debug!(error = %err, "accept failed again");
+                }
+                failed_accepts += 1;
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
