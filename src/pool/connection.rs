@@ -7,11 +7,11 @@
 
 use std::sync::atomic::AtomicU8;
 use std::sync::Arc;
-use std::time::Instant;
 
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 
 use super::{Slot, UpstreamPool, CLOSING_NOT_COUNTED};
 use crate::config::{Origin, UpstreamConfig};

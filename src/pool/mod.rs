@@ -9,15 +9,18 @@
 
 mod connection;
 mod lease;
+#[cfg(test)]
+mod properties;
 mod slot;
 
 use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::HeaderValue;
+use tokio::time::Instant;
 
 pub use connection::{Conn, UpstreamSender};
 pub use lease::Lease;
@@ -163,6 +166,7 @@ impl UpstreamPool {
                 None
             };
             let ticket = state.queue.join(true).map_err(Refused::Shed)?;
+            self.queue_peak.fetch_max(state.queue.len(), Ordering::Relaxed);
             (ticket, evicted)
         };
         // Dropped outside the lock; its task frees the slot once the upstream has closed too.
@@ -381,7 +385,7 @@ async fn expire_idle(pool: Weak<UpstreamPool>) {
                 .front()
                 .map_or(fallback, |oldest| (oldest.since + idle_timeout).min(fallback))
         };
-        tokio::time::sleep_until(next_due.into()).await;
+        tokio::time::sleep_until(next_due).await;
     }
 }
 
