@@ -403,13 +403,24 @@ async fn response_cut_off_or_reset_mid_body_reaches_the_client_as_an_error_and_t
         let mut client = H1Conn::connect(proxy.listen).await;
         let request = http::Request::get(path).body(body_empty()).unwrap();
         let resp = client.send(request).await.unwrap();
-        assert_eq!(resp.status(), StatusCode::OK, "{path}: the head had already been forwarded");
+        assert_eq!(
+            resp.status(),
+            StatusCode::OK,
+            "{path}: the head had already been forwarded"
+        );
         let body = http_body_util::BodyExt::collect(resp.into_body()).await;
-        assert!(body.is_err(), "{path}: a truncated body must not look complete to the client");
+        assert!(
+            body.is_err(),
+            "{path}: a truncated body must not look complete to the client"
+        );
         proxy.wait_in_use_zero(UP, SETTLE).await;
         assert_eq!(get(proxy.listen, "/next").await.status, StatusCode::OK);
         let conn_of = |prefix: &str| upstream.recorded_with_prefix(prefix).last().map(|r| r.conn_id);
-        assert_ne!(conn_of(path), conn_of("/next"), "{path}: the broken connection was not reused");
+        assert_ne!(
+            conn_of(path),
+            conn_of("/next"),
+            "{path}: the broken connection was not reused"
+        );
     }
     assert_settled(&proxy, &upstream, 1).await;
 }
