@@ -159,6 +159,16 @@ impl Origin {
         if host.is_empty() {
             return Err(format!("`{text}` has no host"));
         }
+        // A name, an IPv4 address or a bracketed IPv6 one; the URI grammar lets more through (`a[1::]`).
+        let valid_host = if uri_authority.host().starts_with('[') {
+            host.parse::<std::net::Ipv6Addr>().is_ok()
+        } else {
+            host.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
+        };
+        if !valid_host {
+            return Err(format!("`{text}` has an invalid host"));
+        }
         let port = match uri_authority.port_u16() {
             Some(port) => port,
             None if rest.contains(':') && !authority.ends_with(']') => {
@@ -221,13 +231,23 @@ impl Config {
 
     /// Reads the file (if any), applies the flags and validates the result.
     pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigError> {
-        let mut config = match file {
+        let config = match file {
             Some(path) => Config::from_file(path)?,
             None => Config::default(),
         };
-        config.apply(overrides);
-        config.validate()?;
-        Ok(config)
+        config.finish(overrides)
+    }
+
+    /// [`Config::load`] from the text of a file rather than its path; `origin` names the text in errors.
+    pub(crate) fn load_toml(text: &str, origin: &str, overrides: &Overrides) -> Result<Config, ConfigError> {
+        let source = config::File::from_str(text, config::FileFormat::Toml);
+        Config::from_source(source, origin)?.finish(overrides)
+    }
+
+    fn finish(mut self, overrides: &Overrides) -> Result<Config, ConfigError> {
+        self.apply(overrides);
+        self.validate()?;
+        Ok(self)
     }
 
     /// A client that stops reading gets as long as the most patient upstream's `body_idle_timeout`: the listener
@@ -242,10 +262,17 @@ impl Config {
 
     fn from_file(path: &Path) -> Result<Config, ConfigError> {
         let source = config::File::from(path).format(config::FileFormat::Toml).required(true);
+        Config::from_source(source, &path.display().to_string())
+    }
+
+    fn from_source<S>(source: S, origin: &str) -> Result<Config, ConfigError>
+    where
+        S: config::Source + Send + Sync + 'static,
+    {
         let raw = config::Config::builder()
             .add_source(source)
             .build()
-            .map_err(|err| ConfigError::new(path.display().to_string(), one_line(&err.to_string())))?;
+            .map_err(|err| ConfigError::new(origin, one_line(&err.to_string())))?;
         raw.try_deserialize::<Config>().map_err(from_config_error)
     }
 
@@ -455,6 +482,7 @@ mod tests {
         assert!(Origin::parse("https://example.com").is_err());
         assert!(Origin::parse("http://example.com/path").is_err());
         assert!(Origin::parse("example.com:notaport").is_err());
+        assert!(Origin::parse("http://a[1::]:9000").is_err());
     }
 
     #[test]

@@ -23,6 +23,8 @@ pub enum ProxyError {
     MissingHost,
     #[error("request has more than one Host or an invalid one")]
     InvalidHost,
+    #[error("request target `*` is only for OPTIONS")]
+    AsteriskTarget,
     #[error("request body uses a transfer coding other than chunked")]
     UnsupportedTransferCoding,
     #[error("the client's request body failed: {0}")]
@@ -97,7 +99,10 @@ impl ProxyError {
             ProxyError::Shed(_) => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::TunnelNotSupported => StatusCode::NOT_IMPLEMENTED,
-            ProxyError::MissingHost | ProxyError::InvalidHost | ProxyError::ClientBody(_) => StatusCode::BAD_REQUEST,
+            ProxyError::MissingHost
+            | ProxyError::InvalidHost
+            | ProxyError::AsteriskTarget
+            | ProxyError::ClientBody(_) => StatusCode::BAD_REQUEST,
             ProxyError::UnsupportedTransferCoding => StatusCode::NOT_IMPLEMENTED,
             ProxyError::ClientBodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ProxyError::Connect(_) | ProxyError::ConnectTimeout(_) | ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
@@ -114,6 +119,7 @@ impl ProxyError {
             ProxyError::TunnelNotSupported => "tunnels (Upgrade, WebSocket, CONNECT) are not supported yet\n",
             ProxyError::MissingHost => "missing Host header\n",
             ProxyError::InvalidHost => "invalid Host header\n",
+            ProxyError::AsteriskTarget => "request target * is only for OPTIONS\n",
             ProxyError::UnsupportedTransferCoding => "transfer coding not supported\n",
             ProxyError::ClientBody(_) => "bad request body\n",
             ProxyError::ClientBodyTimeout(_) => "request body timeout\n",
@@ -130,7 +136,10 @@ impl ProxyError {
             ProxyError::Shed(Shed::QueueTimeout) => Outcome::ShedQueueTimeout,
             ProxyError::NoRoute => Outcome::NoRoute,
             ProxyError::TunnelNotSupported => Outcome::NotImplemented,
-            ProxyError::MissingHost | ProxyError::InvalidHost | ProxyError::ClientBody(_) => Outcome::BadRequest,
+            ProxyError::MissingHost
+            | ProxyError::InvalidHost
+            | ProxyError::AsteriskTarget
+            | ProxyError::ClientBody(_) => Outcome::BadRequest,
             ProxyError::UnsupportedTransferCoding => Outcome::NotImplemented,
             ProxyError::ClientBodyTimeout(_) => Outcome::ClientTimeout,
             ProxyError::Connect(_) | ProxyError::ConnectTimeout(_) | ProxyError::Upstream(_) => Outcome::UpstreamError,

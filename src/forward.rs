@@ -62,12 +62,8 @@ const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection")
 
 /// Removes the hop-by-hop headers of RFC 9110 §7.6.1, including every header the `Connection` field names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(','))
-        .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+    let named: Vec<HeaderName> = connection_options(headers)
+        .filter_map(|option| HeaderName::from_bytes(option).ok())
         .collect();
     for name in named {
         headers.remove(name);
@@ -85,6 +81,16 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// The options of every `Connection` line, read as bytes: a line with a non-ASCII byte still names its other
+/// options (reading it as text would drop the whole line, and with it a `close` or a header to strip).
+fn connection_options(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .flat_map(|value| value.as_bytes().split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+}
+
 /// The host a request is for: the URI's authority (absolute form, HTTP/2 `:authority`) wins over `Host`, as
 /// RFC 9112 §3.2.2 asks of a proxy. Routing and the upstream's Host header both use it.
 pub fn target_host<'a>(uri: &'a Uri, headers: &'a HeaderMap) -> Option<&'a str> {
@@ -100,12 +106,28 @@ pub fn to_upstream(
     pool: &UpstreamPool,
 ) -> Result<Request<RequestBody>, ProxyError> {
     let (mut parts, body) = request.into_parts();
-    let client_version = parts.version;
+    upstream_head(&mut parts, client, &pool.authority)?;
+    let body = RequestBody::new(body, pool.limits.body_idle_timeout);
+    Ok(Request::from_parts(parts, body))
+}
+
+/// The head half of [`to_upstream`]; `default_host` is the Host given to an HTTP/1.0 request that has none.
+pub(crate) fn upstream_head(
+    parts: &mut http::request::Parts,
+    client: &ClientInfo,
+    default_host: &HeaderValue,
+) -> Result<(), ProxyError> {
+    // RFC 9112 §3.2.4: the asterisk form is for OPTIONS alone; another method with it is no valid request line.
+    if parts.uri.path() == "*" && parts.method != Method::OPTIONS {
+        return Err(ProxyError::AsteriskTarget);
+    }
     let host = match (parts.uri.authority(), parts.headers.get(header::HOST)) {
+        // RFC 9110 §4.2.4: userinfo in a request target is an error; it must never become the upstream's Host.
+        (Some(authority), _) if authority.as_str().contains('@') => return Err(ProxyError::InvalidHost),
         (Some(authority), _) => HeaderValue::from_str(authority.as_str()).map_err(|_| ProxyError::MissingHost)?,
         (None, Some(host)) => host.clone(),
         // HTTP/1.0 had no Host; the upstream still gets one.
-        (None, None) if client_version == Version::HTTP_10 => pool.authority.clone(),
+        (None, None) if parts.version == Version::HTTP_10 => default_host.clone(),
         (None, None) => return Err(ProxyError::MissingHost),
     };
     // A message with both framings is a smuggling attempt's tell; the upstream only ever sees one of them.
@@ -119,17 +141,17 @@ pub fn to_upstream(
     set_forwarded(&mut parts.headers, client, host);
     parts.uri = origin_form(&parts.uri, &parts.method);
     parts.version = Version::HTTP_11;
-    let body = RequestBody::new(body, pool.limits.body_idle_timeout);
-    Ok(Request::from_parts(parts, body))
+    Ok(())
 }
 
 fn origin_form(uri: &Uri, method: &Method) -> Uri {
     if method == Method::OPTIONS && uri.path() == "*" {
         return uri.clone();
     }
-    match uri.path_and_query() {
-        Some(pq) => Uri::from(pq.clone()),
-        None => Uri::from_static("/"),
+    match uri.path_and_query().map(|pq| Uri::from(pq.clone())) {
+        Some(origin) if origin.path().starts_with('/') => origin,
+        // Neither path nor query (`http://host#f` is kept as an empty one, which would print as no target).
+        _ => Uri::from_static("/"),
     }
 }
 
@@ -151,15 +173,24 @@ fn set_forwarded(headers: &mut HeaderMap, client: &ClientInfo, host: HeaderValue
         HeaderValue::from_str(&joined).unwrap_or_else(|_| client.peer_ip.clone())
     };
     headers.insert(X_FORWARDED_FOR, value);
-    if !(client.trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
-        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
-    }
-    if !(client.trusted && headers.contains_key(&X_FORWARDED_HOST)) {
-        headers.insert(X_FORWARDED_HOST, host);
-    }
+    // A trusted hop's own values stay, as one line each: with several, the upstream might read another one than
+    // the hop meant.
+    let proto = client.trusted.then(|| one_line(headers, &X_FORWARDED_PROTO)).flatten();
+    headers.insert(X_FORWARDED_PROTO, proto.unwrap_or(HeaderValue::from_static("http")));
+    let forwarded_host = client.trusted.then(|| one_line(headers, &X_FORWARDED_HOST)).flatten();
+    headers.insert(X_FORWARDED_HOST, forwarded_host.unwrap_or(host));
     if !client.trusted {
         headers.remove(header::FORWARDED);
     }
+}
+
+/// All lines of a field as one, joined by commas as RFC 9110 §5.3 reads them; `None` without any.
+fn one_line(headers: &HeaderMap, name: &HeaderName) -> Option<HeaderValue> {
+    let mut lines = headers.get_all(name).iter();
+    let first = lines.next()?.clone();
+    lines.try_fold(first, |joined, line| {
+        HeaderValue::from_bytes(&[joined.as_bytes(), b", ", line.as_bytes()].concat()).ok()
+    })
 }
 
 /// RFC 9112 §3.2: more than one Host line, or a Host that is not a plain `host[:port]`, is a bad request: the
@@ -200,14 +231,8 @@ pub fn check_transfer_coding(headers: &HeaderMap) -> Result<(), ProxyError> {
 
 /// Whether the upstream keeps the connection open after this response.
 pub fn keeps_alive(version: Version, headers: &HeaderMap) -> bool {
-    let connection_has = |token: &str| {
-        headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .any(|t| t.trim().eq_ignore_ascii_case(token))
-    };
+    let connection_has =
+        |token: &str| connection_options(headers).any(|option| option.eq_ignore_ascii_case(token.as_bytes()));
     match version {
         Version::HTTP_11 => !connection_has("close"),
         Version::HTTP_10 => connection_has("keep-alive") && !connection_has("close"),

@@ -29,6 +29,8 @@ pub mod config;
 pub mod demo;
 pub mod error;
 pub mod forward;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod metrics;
 pub mod net;
 pub mod pool;

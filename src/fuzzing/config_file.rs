@@ -1,0 +1,110 @@
+//! The `config` target: a TOML file through the real loader and validation.
+
+use std::time::Duration;
+
+use http::HeaderValue;
+
+use crate::config::{Config, Origin, Overrides};
+
+/// Loads `bytes` as a config file. A refusal must name its key on one line; an accepted config must hold every
+/// limit the reference file documents, so nothing downstream (pools, listeners, timers) has to check again.
+pub fn config_file(bytes: &[u8]) {
+    let text = String::from_utf8_lossy(bytes);
+    match Config::load_toml(&text, "config", &Overrides::default()) {
+        Ok(config) => check_accepted(&config),
+        Err(err) => {
+            assert!(!err.key.is_empty(), "a refusal names no key: {err}");
+            assert!(!err.to_string().contains('\n'), "a refusal spans lines: {err:?}");
+        }
+    }
+}
+
+fn check_accepted(config: &Config) {
+    assert!(!config.upstreams.is_empty(), "accepted without an upstream");
+    assert!(!config.routes.is_empty(), "accepted without a route");
+    assert!(config.max_client_connections > 0, "max_client_connections is 0");
+    assert!(
+        config.max_client_connections <= tokio::sync::Semaphore::MAX_PERMITS,
+        "max_client_connections {} is more than a semaphore holds",
+        config.max_client_connections
+    );
+    assert!(config.max_header_bytes > 0, "max_header_bytes is 0");
+    assert!(config.max_concurrent_streams > 0, "max_concurrent_streams is 0");
+    assert!(config.threads != Some(0), "threads is 0");
+    for (name, value, zero_allowed) in [
+        ("first_byte_timeout", config.first_byte_timeout, false),
+        ("header_read_timeout", config.header_read_timeout, false),
+        ("client_idle_timeout", config.client_idle_timeout, false),
+        ("shutdown_timeout", config.shutdown_timeout, true),
+    ] {
+        check_duration(name, value, zero_allowed);
+    }
+    for (name, upstream) in &config.upstreams {
+        assert!(
+            !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
+            "upstream name {name:?} is not a-z, 0-9, _"
+        );
+        let origin = match Origin::parse(&upstream.url) {
+            Ok(origin) => origin,
+            Err(message) => panic!("accepted url {:?} does not parse: {message}", upstream.url),
+        };
+        assert!(
+            origin.port > 0 && !origin.host.is_empty(),
+            "origin {origin:?} cannot be dialled"
+        );
+        // The pool's default Host header; a fallback there would send requests for another host.
+        assert!(
+            HeaderValue::from_str(&origin.authority()).is_ok(),
+            "origin {origin:?} gives no valid Host header"
+        );
+        assert_eq!(
+            Origin::parse(&origin.authority()).as_ref(),
+            Ok(&origin),
+            "origin authority does not parse back"
+        );
+        assert!(upstream.max_connections > 0, "upstreams.{name}.max_connections is 0");
+        for (field, value, zero_allowed) in [
+            ("queue_timeout", upstream.queue_timeout, true),
+            ("connect_timeout", upstream.connect_timeout, false),
+            ("request_timeout", upstream.request_timeout, false),
+            ("idle_timeout", upstream.idle_timeout, false),
+            ("close_timeout", upstream.close_timeout, false),
+            ("body_idle_timeout", upstream.body_idle_timeout, false),
+            ("max_connection_lifetime", upstream.max_connection_lifetime, true),
+            ("abort_drain_timeout", upstream.abort_drain_timeout, false),
+        ] {
+            check_duration(&format!("upstreams.{name}.{field}"), value, zero_allowed);
+        }
+    }
+    for (index, route) in config.routes.iter().enumerate() {
+        assert!(
+            config.upstreams.contains_key(&route.upstream),
+            "routes[{index}] goes to unknown upstream {:?}",
+            route.upstream
+        );
+        if let Some(prefix) = &route.path_prefix {
+            assert!(
+                prefix.starts_with('/'),
+                "routes[{index}].path_prefix {prefix:?} is not a path"
+            );
+        }
+    }
+    // The listener gives a client that stops reading this long; it must be a usable deadline too.
+    check_duration("client_write_stall_limit", config.client_write_stall_limit(), false);
+}
+
+/// Deadlines are `now + duration`: non-zero where zero would fire at once, and never near overflow.
+fn check_duration(key: &str, value: Duration, zero_allowed: bool) {
+    assert!(zero_allowed || !value.is_zero(), "{key} is 0");
+    assert!(
+        value <= Duration::from_secs(366 * 24 * 3600),
+        "{key} {value:?} is more than a year"
+    );
+    assert!(
+        tokio::time::Instant::now().checked_add(value).is_some(),
+        "{key} {value:?} overflows a deadline"
+    );
+}

@@ -1,0 +1,218 @@
+//! The `request_head` target: bytes from a client socket through hyper's HTTP/1 server, the way a floodgate
+//! listener serves them, then floodgate's own steps before admission (tunnel check, route, rewrite).
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, Method, Request, Response, Version};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::upstream_head::{self, ClientHead};
+use crate::config::{Config, Origin, Overrides};
+use crate::error::ProxyError;
+use crate::forward::{self, ClientInfo};
+use crate::metrics::Metrics;
+use crate::pool::UpstreamPool;
+use crate::proxy::Proxy;
+use crate::route::Router;
+
+/// Routes of every kind, so that picking one is exercised too; the catch-all means every request is routed.
+const ROUTES: &str = r#"
+trusted_proxies = ["10.0.0.0/8"]
+[upstreams.app]
+url = "http://127.0.0.1:9"
+[upstreams.api]
+url = "127.0.0.1:9"
+[upstreams.www]
+url = "http://[::1]:9"
+[upstreams.assets]
+url = "localhost:9"
+[[routes]]
+host = "example.com"
+path_prefix = "/api"
+upstream = "api"
+[[routes]]
+host = "WWW.example.com:8080"
+upstream = "www"
+[[routes]]
+path_prefix = "/static/"
+upstream = "assets"
+[[routes]]
+host = "[::1]"
+upstream = "www"
+[[routes]]
+upstream = "app"
+"#;
+
+/// One client that is a trusted proxy and one that is not: each input is served to both.
+const PEERS: [&str; 2] = ["192.0.2.7:40000", "10.1.2.3:40000"];
+
+/// A connection that has not finished with all of its input by then is stuck.
+const STUCK_AFTER: Duration = Duration::from_secs(10);
+
+struct Fixture {
+    runtime: tokio::runtime::Runtime,
+    config: Config,
+    proxy: Proxy,
+}
+
+/// Built once per process: a runtime, the pools (they spawn their idle reaper) and the proxy over them.
+fn fixture() -> &'static Fixture {
+    static FIXTURE: OnceLock<Fixture> = OnceLock::new();
+    FIXTURE.get_or_init(|| {
+        let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(runtime) => runtime,
+            Err(err) => panic!("cannot build a runtime: {err}"),
+        };
+        let config = match Config::load_toml(ROUTES, "request_head routes", &Overrides::default()) {
+            Ok(config) => config,
+            Err(err) => panic!("the fixture's config is refused: {err}"),
+        };
+        let proxy = runtime.block_on(async { proxy_for(&config) });
+        Fixture { runtime, config, proxy }
+    })
+}
+
+/// The proxy `server::Floodgate::bind` would build, without binding anything.
+fn proxy_for(config: &Config) -> Proxy {
+    let metrics = Arc::new(Metrics::new());
+    let mut pools = BTreeMap::new();
+    for (name, upstream) in &config.upstreams {
+        let origin = match Origin::parse(&upstream.url) {
+            Ok(origin) => origin,
+            Err(message) => panic!("the fixture's upstream {name} is refused: {message}"),
+        };
+        let pool = UpstreamPool::new(name, origin, upstream.clone(), metrics.upstream(name));
+        pools.insert(name.clone(), pool);
+    }
+    let routes = config.routes.iter().filter_map(|route| {
+        let pool = pools.get(&route.upstream)?.clone();
+        Some((route.host.clone(), route.path_prefix.clone(), pool))
+    });
+    let router = Router::new(routes.collect::<Vec<_>>());
+    Proxy::new(router, pools, metrics, config.trusted_proxies.clone())
+}
+
+/// Serves `bytes`, sent by a client that then closes its sending side, on one HTTP/1 connection; every request
+/// hyper parses out of them is checked on its way to the upstream.
+pub fn request_head(bytes: &[u8]) {
+    let fixture = fixture();
+    for peer in PEERS {
+        let peer: SocketAddr = match peer.parse() {
+            Ok(peer) => peer,
+            Err(err) => panic!("bad fixture peer {peer}: {err}"),
+        };
+        let client = ClientInfo::new(peer, fixture.proxy.is_trusted(peer.ip()), None);
+        let served = fixture.runtime.block_on(async {
+            tokio::time::timeout(STUCK_AFTER, serve(&fixture.config, &fixture.proxy, &client, bytes)).await
+        });
+        assert!(served.is_ok(), "the connection is stuck after {STUCK_AFTER:?}");
+    }
+}
+
+async fn serve(config: &Config, proxy: &Proxy, client: &ClientInfo, bytes: &[u8]) {
+    let (mut socket, server_side) = tokio::io::duplex(64 * 1024);
+    let service = service_fn(|request: Request<Incoming>| async move {
+        on_request(proxy, client, request).await;
+        Ok::<_, Infallible>(Response::new(Empty::<Bytes>::new()))
+    });
+    // As `server::connection` builds it; half-closing only lets every request of the input finish.
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(None)
+        .max_header_size(config.max_header_bytes)
+        .keep_alive(true)
+        .half_close(true);
+    let connection = builder.serve_connection(TokioIo::new(server_side), service);
+    let client_side = async {
+        // The server may stop reading early (a bad request): what is left is never sent.
+        if socket.write_all(bytes).await.is_ok() {
+            let _ = socket.shutdown().await;
+        }
+        let mut answers = Vec::new();
+        let _ = socket.read_to_end(&mut answers).await;
+    };
+    let (_, ()) = tokio::join!(connection, client_side);
+}
+
+async fn on_request(proxy: &Proxy, client: &ClientInfo, request: Request<Incoming>) {
+    let (parts, body) = request.into_parts();
+    let client_head = ClientHead::of(&parts);
+    let tunnel = parts.method == Method::CONNECT || parts.headers.contains_key(header::UPGRADE);
+    match proxy.prepare(Request::from_parts(parts, body), client) {
+        Ok((pool, upstream_request)) => {
+            assert!(!tunnel, "a tunnel request is forwarded");
+            let (sent, body) = upstream_request.into_parts();
+            upstream_head::check(&client_head, &sent, client, &pool.authority);
+            // hyper has already resolved the framing: one Content-Length, a plain number.
+            let lengths: Vec<_> = sent.headers.get_all(header::CONTENT_LENGTH).iter().collect();
+            assert!(
+                lengths.len() <= 1 && lengths.iter().all(|l| l.as_bytes().iter().all(u8::is_ascii_digit)),
+                "Content-Length goes upstream as {lengths:?}"
+            );
+            // RFC 9112 §3.2: the Host is a plain `host[:port]`, one the upstream cannot read another way.
+            if let Some(host) = sent.headers.get(header::HOST) {
+                assert!(valid_host(host.as_bytes()), "Host {host:?} goes upstream");
+            }
+            // The upstream's Host routes where the client's request was routed.
+            let host = forward::target_host(&sent.uri, &sent.headers);
+            let again = proxy.router.pick(host, sent.uri.path());
+            assert!(
+                again.is_some_and(|again| Arc::ptr_eq(again, &pool)),
+                "the request as sent upstream routes elsewhere"
+            );
+            // The exchange reads the body to its end; so does this, to reach the next request on the connection.
+            let _ = body.collect().await;
+        }
+        Err(ProxyError::TunnelNotSupported) => assert!(tunnel, "refused as a tunnel: {client_head:?}"),
+        Err(ProxyError::MissingHost) => assert!(
+            client_head.uri.authority().is_none()
+                && !client_head.headers.contains_key(header::HOST)
+                && client_head.version != Version::HTTP_10,
+            "refused for a missing Host: {client_head:?}"
+        ),
+        Err(ProxyError::InvalidHost) => {
+            let hosts: Vec<_> = client_head.headers.get_all(header::HOST).iter().collect();
+            let userinfo = client_head.uri.authority().is_some_and(|a| a.as_str().contains('@'));
+            assert!(
+                userinfo || !matches!(hosts.as_slice(), [host] if valid_host(host.as_bytes())),
+                "refused for an invalid Host: {client_head:?}"
+            );
+        }
+        Err(ProxyError::UnsupportedTransferCoding) => {
+            let codings: Vec<&[u8]> = client_head
+                .headers
+                .get_all(header::TRANSFER_ENCODING)
+                .iter()
+                .flat_map(|line| line.as_bytes().split(|&b| b == b','))
+                .map(<[u8]>::trim_ascii)
+                .collect();
+            assert!(
+                !codings
+                    .iter()
+                    .all(|c| c.eq_ignore_ascii_case(b"chunked") || c.eq_ignore_ascii_case(b"identity")),
+                "refused for a transfer coding: {client_head:?}"
+            );
+        }
+        Err(ProxyError::AsteriskTarget) => assert!(
+            client_head.uri.path() == "*" && client_head.method != Method::OPTIONS,
+            "refused for an asterisk target: {client_head:?}"
+        ),
+        Err(err) => panic!("refused before admission for {err}: {client_head:?}"),
+    }
+}
+
+/// `host[:port]` with nothing else: no userinfo, path or whitespace.
+fn valid_host(host: &[u8]) -> bool {
+    !host.is_empty() && !host.contains(&b'@') && http::uri::Authority::try_from(host).is_ok()
+}

@@ -1,0 +1,190 @@
+//! What must hold of every request head floodgate sends upstream, whatever its client sent.
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::request::Parts;
+use http::{Method, Uri, Version};
+
+use crate::forward::ClientInfo;
+
+/// The client's request head as it arrived, kept to judge the rewritten one against.
+#[derive(Debug)]
+pub(super) struct ClientHead {
+    pub method: Method,
+    pub uri: Uri,
+    pub version: Version,
+    pub headers: HeaderMap,
+}
+
+impl ClientHead {
+    pub fn of(parts: &Parts) -> Self {
+        ClientHead {
+            method: parts.method.clone(),
+            uri: parts.uri.clone(),
+            version: parts.version,
+            headers: parts.headers.clone(),
+        }
+    }
+}
+
+/// RFC 9110 §7.6.1 and the obsolete ones still seen on the wire.
+pub(super) const HOP_BY_HOP: [HeaderName; 7] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// floodgate sets these itself after the client's hop-by-hop headers are gone, so a client's `Connection` may
+/// name them without keeping them from the upstream.
+const SET_BY_PROXY: [HeaderName; 4] = [
+    header::HOST,
+    HeaderName::from_static("x-forwarded-for"),
+    HeaderName::from_static("x-forwarded-proto"),
+    HeaderName::from_static("x-forwarded-host"),
+];
+
+/// The comma-separated options of every `Connection` field line, lower-cased, read byte by byte: a value need not
+/// be ASCII for its ASCII options to count.
+pub(super) fn connection_options(headers: &HeaderMap) -> Vec<Vec<u8>> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .flat_map(|value| value.as_bytes().split(|&b| b == b','))
+        .map(|option| option.trim_ascii().to_ascii_lowercase())
+        .filter(|option| !option.is_empty())
+        .collect()
+}
+
+/// Checks the head `sent` upstream against the `client`'s request it was made from.
+pub(super) fn check(client_head: &ClientHead, sent: &Parts, client: &ClientInfo, default_host: &HeaderValue) {
+    let headers = &sent.headers;
+    for (name, value) in headers {
+        let bytes = value.as_bytes();
+        assert!(
+            !bytes.iter().any(|b| matches!(b, b'\r' | b'\n' | b'\0')),
+            "{name} value {value:?} would split or end the head"
+        );
+    }
+
+    // The request line: HTTP/1.1, origin form (`*` only for OPTIONS), the client's path and query unchanged.
+    assert_eq!(sent.version, Version::HTTP_11, "upstream requests are HTTP/1.1");
+    let target = sent.uri.to_string();
+    assert!(
+        sent.uri.scheme().is_none() && sent.uri.authority().is_none(),
+        "request target {target:?} is not in origin form"
+    );
+    assert!(
+        target.starts_with('/') || (target == "*" && sent.method == Method::OPTIONS),
+        "request target {target:?} is neither origin form nor OPTIONS *"
+    );
+    assert!(
+        target.bytes().all(|b| b.is_ascii_graphic()),
+        "request target {target:?} would break the request line"
+    );
+    // An absolute URI's empty path becomes `/`.
+    let client_path = match client_head.uri.path() {
+        "" => "/",
+        path => path,
+    };
+    let client_target = match client_head.uri.query() {
+        Some(query) => format!("{client_path}?{query}"),
+        None => client_path.to_string(),
+    };
+    assert_eq!(target, client_target, "the path and query are forwarded unchanged");
+    assert_eq!(sent.method, client_head.method, "the method is forwarded unchanged");
+
+    // Exactly one Host, the target's: the URI's authority wins over the client's Host (RFC 9112 §3.2.2).
+    let hosts: Vec<&HeaderValue> = headers.get_all(header::HOST).iter().collect();
+    let [host] = hosts.as_slice() else {
+        panic!("upstream gets {} Host lines: {hosts:?}", hosts.len());
+    };
+    let expected_host = match (client_head.uri.authority(), client_head.headers.get(header::HOST)) {
+        (Some(authority), _) => authority.as_str().as_bytes(),
+        (None, Some(host)) => host.as_bytes(),
+        (None, None) => default_host.as_bytes(),
+    };
+    assert_eq!(host.as_bytes(), expected_host, "Host is the request's target host");
+
+    // Nothing hop-by-hop, nothing the client's Connection named, no Expect (answered here).
+    for name in HOP_BY_HOP.iter().chain([&header::EXPECT]) {
+        assert!(!headers.contains_key(name), "hop-by-hop {name} goes upstream");
+    }
+    for option in connection_options(&client_head.headers) {
+        let Ok(name) = HeaderName::from_bytes(&option) else {
+            continue;
+        };
+        if !SET_BY_PROXY.contains(&name) {
+            assert!(
+                !headers.contains_key(&name),
+                "{name}, named by the client's Connection, goes upstream"
+            );
+        }
+    }
+
+    // One framing at most, and an unambiguous one.
+    let lengths: Vec<&HeaderValue> = headers.get_all(header::CONTENT_LENGTH).iter().collect();
+    if client_head.headers.contains_key(header::TRANSFER_ENCODING) {
+        assert!(
+            lengths.is_empty(),
+            "a chunked request goes upstream with Content-Length {lengths:?}"
+        );
+    }
+
+    // X-Forwarded-*: one line each; an untrusted client's own are replaced, a trusted one's extended.
+    let one = |name: &str| -> &HeaderValue {
+        let values: Vec<&HeaderValue> = headers.get_all(name).iter().collect();
+        match values.as_slice() {
+            [value] => value,
+            _ => panic!("upstream gets {} {name} lines: {values:?}", values.len()),
+        }
+    };
+    let peer_ip = client.peer.ip().to_string();
+    let forwarded_for = one("x-forwarded-for").to_str().unwrap_or_default();
+    let forwarded_proto = one("x-forwarded-proto");
+    let forwarded_host = one("x-forwarded-host");
+    if client.trusted {
+        assert!(
+            forwarded_for == peer_ip || forwarded_for.ends_with(&format!(", {peer_ip}")),
+            "X-Forwarded-For {forwarded_for:?} does not end with the peer {peer_ip}"
+        );
+    } else {
+        assert_eq!(
+            forwarded_for, peer_ip,
+            "an untrusted client's X-Forwarded-For is replaced"
+        );
+        assert_eq!(
+            forwarded_proto, "http",
+            "an untrusted client's X-Forwarded-Proto is replaced"
+        );
+        assert_eq!(
+            forwarded_host, host,
+            "an untrusted client's X-Forwarded-Host is replaced"
+        );
+        assert!(
+            !headers.contains_key(header::FORWARDED),
+            "an untrusted client's Forwarded goes upstream"
+        );
+    }
+
+    // Every other header of the client's goes upstream as it came, all of its lines in order.
+    let named: Vec<HeaderName> = connection_options(&client_head.headers)
+        .iter()
+        .filter_map(|option| HeaderName::from_bytes(option).ok())
+        .collect();
+    let chunked = client_head.headers.contains_key(header::TRANSFER_ENCODING);
+    for name in client_head.headers.keys() {
+        let rewritten = SET_BY_PROXY.contains(name)
+            || HOP_BY_HOP.contains(name)
+            || named.contains(name)
+            || [header::EXPECT, header::FORWARDED].contains(name)
+            || (chunked && name == header::CONTENT_LENGTH);
+        if !rewritten {
+            let before: Vec<&HeaderValue> = client_head.headers.get_all(name).iter().collect();
+            let after: Vec<&HeaderValue> = headers.get_all(name).iter().collect();
+            assert_eq!(before, after, "{name} is changed on its way upstream");
+        }
+    }
+}
