@@ -31,6 +31,10 @@ pub enum ProxyError {
     ClientBody(String),
     #[error("the client's request body made no progress for {0:?}")]
     ClientBodyTimeout(Duration),
+    #[error("the client was still sending its request body when request_timeout ({0:?}) ran out")]
+    ClientTooSlow(Duration),
+    #[error("the client closed its connection before the end of its request body")]
+    ClientGone,
     #[error("could not connect to upstream: {0}")]
     Connect(String),
     #[error("connect to upstream timed out after {0:?}")]
@@ -104,7 +108,9 @@ impl ProxyError {
             | ProxyError::AsteriskTarget
             | ProxyError::ClientBody(_) => StatusCode::BAD_REQUEST,
             ProxyError::UnsupportedTransferCoding => StatusCode::NOT_IMPLEMENTED,
-            ProxyError::ClientBodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            ProxyError::ClientBodyTimeout(_) | ProxyError::ClientTooSlow(_) => StatusCode::REQUEST_TIMEOUT,
+            // Nobody reads it; a status is still needed for the log line.
+            ProxyError::ClientGone => StatusCode::BAD_REQUEST,
             ProxyError::Connect(_) | ProxyError::ConnectTimeout(_) | ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
         }
@@ -122,7 +128,8 @@ impl ProxyError {
             ProxyError::AsteriskTarget => "request target * is only for OPTIONS\n",
             ProxyError::UnsupportedTransferCoding => "transfer coding not supported\n",
             ProxyError::ClientBody(_) => "bad request body\n",
-            ProxyError::ClientBodyTimeout(_) => "request body timeout\n",
+            ProxyError::ClientBodyTimeout(_) | ProxyError::ClientTooSlow(_) => "request body timeout\n",
+            ProxyError::ClientGone => "request body incomplete\n",
             ProxyError::Connect(_) => "upstream connect failed\n",
             ProxyError::ConnectTimeout(_) => "upstream connect timeout\n",
             ProxyError::Upstream(_) => "upstream error\n",
@@ -141,7 +148,8 @@ impl ProxyError {
             | ProxyError::AsteriskTarget
             | ProxyError::ClientBody(_) => Outcome::BadRequest,
             ProxyError::UnsupportedTransferCoding => Outcome::NotImplemented,
-            ProxyError::ClientBodyTimeout(_) => Outcome::ClientTimeout,
+            ProxyError::ClientBodyTimeout(_) | ProxyError::ClientTooSlow(_) => Outcome::ClientTimeout,
+            ProxyError::ClientGone => Outcome::ClientAbort,
             ProxyError::Connect(_) | ProxyError::ConnectTimeout(_) | ProxyError::Upstream(_) => Outcome::UpstreamError,
             ProxyError::UpstreamTimeout(_) => Outcome::UpstreamTimeout,
         }

@@ -6,6 +6,7 @@
 //! (bounded) so the connection can still be reused. It never decides admission or counts connections.
 
 use std::future::Future;
+use std::io::ErrorKind;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -278,6 +279,9 @@ impl IdleTimer {
 pub struct RequestBody {
     inner: Option<Incoming>,
     timer: IdleTimer,
+    /// Set while the upstream is ready for more and the client has not sent it yet; shared with the exchange so
+    /// that a `request_timeout` can tell a slow client from a slow upstream. Only bodies that have one pay for it.
+    awaiting_client: Option<Arc<AtomicBool>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -295,9 +299,24 @@ pub fn client_body_failure(err: &hyper::Error) -> Option<ProxyError> {
     if let Some(stalled) = cause.downcast_ref::<BodyStalled>() {
         return Some(ProxyError::ClientBodyTimeout(stalled.1));
     }
-    cause
-        .downcast_ref::<hyper::Error>()
-        .map(|failed| ProxyError::ClientBody(failed.to_string()))
+    let failed = cause.downcast_ref::<hyper::Error>()?;
+    // The client closed or reset its connection mid-body: it is gone, not malformed.
+    let gone = std::error::Error::source(failed)
+        .and_then(|io| io.downcast_ref::<std::io::Error>())
+        .is_some_and(|io| {
+            matches!(
+                io.kind(),
+                ErrorKind::UnexpectedEof
+                    | ErrorKind::ConnectionReset
+                    | ErrorKind::ConnectionAborted
+                    | ErrorKind::BrokenPipe
+            )
+        });
+    Some(if gone || failed.is_incomplete_message() {
+        ProxyError::ClientGone
+    } else {
+        ProxyError::ClientBody(failed.to_string())
+    })
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -306,9 +325,11 @@ pub struct CutOff;
 
 impl RequestBody {
     pub fn new(inner: Incoming, idle_timeout: Duration) -> Self {
+        let awaiting_client = (!inner.is_end_stream()).then(|| Arc::new(AtomicBool::new(false)));
         RequestBody {
             inner: Some(inner),
             timer: IdleTimer::new(idle_timeout),
+            awaiting_client,
         }
     }
 
@@ -316,6 +337,18 @@ impl RequestBody {
         RequestBody {
             inner: None,
             timer: IdleTimer::new(Duration::from_secs(1)),
+            awaiting_client: None,
+        }
+    }
+
+    /// A handle that tells, later, whether the body is waiting on the client (see [`RequestBody`]).
+    pub fn awaiting_client(&self) -> Option<Arc<AtomicBool>> {
+        self.awaiting_client.clone()
+    }
+
+    fn set_awaiting_client(&self, waiting: bool) {
+        if let Some(flag) = &self.awaiting_client {
+            flag.store(waiting, Ordering::Relaxed);
         }
     }
 }
@@ -329,7 +362,9 @@ impl Body for RequestBody {
         let Some(inner) = this.inner.as_mut() else {
             return Poll::Ready(None);
         };
-        match Pin::new(inner).poll_frame(cx) {
+        let polled = Pin::new(inner).poll_frame(cx);
+        this.set_awaiting_client(polled.is_pending());
+        match polled {
             Poll::Ready(Some(Ok(frame))) => {
                 this.timer.progressed();
                 Poll::Ready(Some(Ok(frame)))

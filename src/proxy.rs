@@ -244,9 +244,14 @@ async fn send(
         };
         let dispatched = Instant::now();
         let limit = pool.limits.request_timeout;
+        let awaiting_client = request.body().awaiting_client();
         match tokio::time::timeout(limit, conn.sender.try_send_request(request)).await {
             Err(_) => {
                 lease.forbid_reuse();
+                // The upstream was ready for more body and the client had not sent it: the client is the slow one.
+                if awaiting_client.is_some_and(|waiting| waiting.load(Ordering::Relaxed)) {
+                    return Err(ProxyError::ClientTooSlow(limit));
+                }
                 return Err(ProxyError::UpstreamTimeout(limit));
             }
             Ok(Ok(response)) => {

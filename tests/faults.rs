@@ -387,6 +387,9 @@ async fn seeded_chaos_of_clients_vanishing_in_the_queue_mid_upload_and_mid_downl
         }
     }
     assert!(failures.is_empty(), "seed {seed}: {failures:#?}");
+    // Clients that leave mid-upload are aborts, not malformed requests.
+    assert_eq!(proxy.outcome_count(UP, "bad_request").await, 0.0, "seed {seed}");
+    assert!(proxy.outcome_count(UP, "client_abort").await > 0.0);
     assert!(patient >= 20, "the plan mixes in enough patient clients ({patient})");
     assert_settled(&proxy, &upstream, 4).await;
     wait_until_sync("upstream connections within the cap", SETTLE, || {
