@@ -811,13 +811,7 @@ async fn ten_thousand_idle_client_connections_leave_others_served_promptly_with_
     wait_until(
         "the client-connection gauge is back to 0",
         Duration::from_secs(30),
-        || async {
-            metric_sum(
-                &parse_metrics(&proxy.metrics().await),
-                "floodgate_client_connections",
-                &[],
-            ) == 0.0
-        },
+        || async { proxy.client_connections().await == 0.0 },
     )
     .await;
     assert_still_sound(&proxy, &upstream, 4).await;

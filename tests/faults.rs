@@ -66,6 +66,17 @@ impl Tally {
         }
     }
 
+    /// Records what a client got; a client whose connection failed without an answer connects again.
+    async fn answer_or_reconnect(&self, result: Result<Resp, BoxError>, conn: &mut H1Conn, addr: SocketAddr) {
+        match result {
+            Ok(resp) => self.record(Ok(resp.status)),
+            Err(e) => {
+                self.record(Err(e.to_string()));
+                *conn = H1Conn::connect(addr).await;
+            }
+        }
+    }
+
     fn count(&self, status: u16) -> usize {
         self.by_status.lock().unwrap().get(&status).copied().unwrap_or(0)
     }
@@ -107,13 +118,9 @@ impl Load {
                 tokio::spawn(async move {
                     let mut conn = H1Conn::connect(addr).await;
                     while !*stop.borrow() {
-                        match conn.try_get(path).await {
-                            Ok(resp) => tally.record(Ok(resp.status)),
-                            Err(e) => {
-                                tally.record(Err(e.to_string()));
-                                conn = H1Conn::connect(addr).await;
-                            }
-                        }
+                        tally
+                            .answer_or_reconnect(conn.try_get(path).await, &mut conn, addr)
+                            .await;
                     }
                 })
             })
@@ -190,13 +197,7 @@ async fn random_upstream_resets_are_answered_502_at_worst_and_non_idempotent_req
                     let path = format!("/echo?c={client}&n={n}");
                     conn.try_request(Method::POST, &path, body_pattern(1000)).await
                 };
-                match result {
-                    Ok(resp) => tally.record(Ok(resp.status)),
-                    Err(e) => {
-                        tally.record(Err(e.to_string()));
-                        conn = H1Conn::connect(addr).await;
-                    }
-                }
+                tally.answer_or_reconnect(result, &mut conn, addr).await;
             }
         }));
     }
@@ -259,16 +260,10 @@ async fn upstream_closing_idle_keep_alive_connections_early_is_invisible_to_idem
             for n in 0..30 {
                 tokio::time::sleep(Duration::from_millis(next_random(&mut rng) % 80)).await;
                 let method = if n % 3 == 0 { Method::HEAD } else { Method::GET };
-                match conn
+                let result = conn
                     .try_request(method, &format!("/?c={client}&n={n}"), body_empty())
-                    .await
-                {
-                    Ok(resp) => tally.record(Ok(resp.status)),
-                    Err(e) => {
-                        tally.record(Err(e.to_string()));
-                        conn = H1Conn::connect(addr).await;
-                    }
-                }
+                    .await;
+                tally.answer_or_reconnect(result, &mut conn, addr).await;
             }
         }));
     }

@@ -86,11 +86,7 @@ async fn soak_at_the_cap_with_aborts_and_resets_keeps_memory_and_descriptors_fla
     let mut samples = Vec::new();
     let every = Duration::from_secs(10).min(length / 4);
     loop {
-        let client_connections = metric_sum(
-            &parse_metrics(&proxy.metrics().await),
-            "floodgate_client_connections",
-            &[],
-        );
+        let client_connections = proxy.client_connections().await;
         samples.push(Sample {
             at: started.elapsed(),
             rss_kib: proxy.rss_kib(),
@@ -112,11 +108,7 @@ async fn soak_at_the_cap_with_aborts_and_resets_keeps_memory_and_descriptors_fla
     upstream.set_reset_per_mille(0);
     proxy.wait_in_use_zero(UP, Duration::from_secs(30)).await;
     wait_until("client connections closed", Duration::from_secs(30), || async {
-        metric_sum(
-            &parse_metrics(&proxy.metrics().await),
-            "floodgate_client_connections",
-            &[],
-        ) == 0.0
+        proxy.client_connections().await == 0.0
     })
     .await;
     let settled_fds = open_fds(proxy.pid());

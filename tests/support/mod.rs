@@ -1360,6 +1360,15 @@ impl Proxy {
         )
     }
 
+    /// `floodgate_client_connections`: client connections the proxy has open.
+    pub async fn client_connections(&self) -> f64 {
+        metric_sum(
+            &parse_metrics(&self.metrics().await),
+            "floodgate_client_connections",
+            &[],
+        )
+    }
+
     /// Waits until `upstreams.{name}.in_use` is 0.
     pub async fn wait_in_use_zero(&self, name: &str, timeout: Duration) {
         wait_until(&format!("upstreams.{name}.in_use == 0"), timeout, || async {
