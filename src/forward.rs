@@ -26,7 +26,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::error::{Outcome, ProxyError};
 use crate::metrics::OutcomeCounters;
-use crate::pool::{Lease, UpstreamPool};
+use crate::pool::{Lease, UploadProgress, UpstreamPool};
 use crate::server::activity::InFlight;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -279,9 +279,8 @@ impl IdleTimer {
 pub struct RequestBody {
     inner: Option<Incoming>,
     timer: IdleTimer,
-    /// Set while the upstream is ready for more and the client has not sent it yet; shared with the exchange so
-    /// that a `request_timeout` can tell a slow client from a slow upstream. Only bodies that have one pay for it.
-    awaiting_client: Option<Arc<AtomicBool>>,
+    /// How far the body has gone (see [`UploadProgress`]); only requests that have a body pay for it.
+    upload: Option<UploadProgress>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -325,11 +324,11 @@ pub struct CutOff;
 
 impl RequestBody {
     pub fn new(inner: Incoming, idle_timeout: Duration) -> Self {
-        let awaiting_client = (!inner.is_end_stream()).then(|| Arc::new(AtomicBool::new(false)));
+        let upload = (!inner.is_end_stream()).then(UploadProgress::default);
         RequestBody {
             inner: Some(inner),
             timer: IdleTimer::new(idle_timeout),
-            awaiting_client,
+            upload,
         }
     }
 
@@ -337,19 +336,13 @@ impl RequestBody {
         RequestBody {
             inner: None,
             timer: IdleTimer::new(Duration::from_secs(1)),
-            awaiting_client: None,
+            upload: None,
         }
     }
 
-    /// A handle that tells, later, whether the body is waiting on the client (see [`RequestBody`]).
-    pub fn awaiting_client(&self) -> Option<Arc<AtomicBool>> {
-        self.awaiting_client.clone()
-    }
-
-    fn set_awaiting_client(&self, waiting: bool) {
-        if let Some(flag) = &self.awaiting_client {
-            flag.store(waiting, Ordering::Relaxed);
-        }
+    /// How far the body has gone, for the exchange to look at later; `None` for a request without a body.
+    pub fn upload(&self) -> Option<UploadProgress> {
+        self.upload.clone()
     }
 }
 
@@ -362,8 +355,17 @@ impl Body for RequestBody {
         let Some(inner) = this.inner.as_mut() else {
             return Poll::Ready(None);
         };
-        let polled = Pin::new(inner).poll_frame(cx);
-        this.set_awaiting_client(polled.is_pending());
+        let polled = Pin::new(&mut *inner).poll_frame(cx);
+        if let Some(upload) = &this.upload {
+            upload.set_awaiting_client(polled.is_pending());
+            // hyper stops pulling a body of known length once it reports its end, so the end may never be
+            // polled for.
+            if matches!(polled, Poll::Ready(None))
+                || (matches!(polled, Poll::Ready(Some(Ok(_)))) && inner.is_end_stream())
+            {
+                upload.set_sent();
+            }
+        }
         match polled {
             Poll::Ready(Some(Ok(frame))) => {
                 this.timer.progressed();

@@ -21,7 +21,7 @@ use crate::error::{Outcome, ProxyError};
 use crate::forward::{self, ClientInfo, RequestBody, ResponseBody};
 use crate::metrics::{Metrics, OutcomeCounters};
 use crate::net;
-use crate::pool::{Lease, Refused, UpstreamPool};
+use crate::pool::{Lease, Refused, UploadProgress, UpstreamPool};
 use crate::route::Router;
 
 /// Everything a request needs, shared by all connections.
@@ -244,18 +244,21 @@ async fn send(
         };
         let dispatched = Instant::now();
         let limit = pool.limits.request_timeout;
-        let awaiting_client = request.body().awaiting_client();
+        let upload = request.body().upload();
         match tokio::time::timeout(limit, conn.sender.try_send_request(request)).await {
             Err(_) => {
                 lease.forbid_reuse();
                 // The upstream was ready for more body and the client had not sent it: the client is the slow one.
-                if awaiting_client.is_some_and(|waiting| waiting.load(Ordering::Relaxed)) {
+                if upload.as_ref().is_some_and(UploadProgress::awaiting_client) {
                     return Err(ProxyError::ClientTooSlow(limit));
                 }
                 return Err(ProxyError::UpstreamTimeout(limit));
             }
             Ok(Ok(response)) => {
                 pool.metrics.responded(dispatched.elapsed());
+                if let Some(upload) = upload {
+                    lease.reuse_once_sent(upload);
+                }
                 return Ok((response, lease));
             }
             Ok(Err(mut failed)) => {

@@ -433,3 +433,88 @@ async fn trickling_response_that_keeps_making_progress_is_relayed_whole_past_bod
     assert_eq!(resp.body.len(), 20 * 16);
     assert_settled(&proxy, &upstream, 1).await;
 }
+
+/// An upstream that answers each connection's first request as soon as its head arrives, without reading the
+/// body, then keeps reading (and discarding) until the proxy closes the connection: a server that turns an upload
+/// down early may do that. Returns its address and how many connections it accepted.
+async fn early_answering_upstream() -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counter = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            counter.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                let mut buf = vec![0u8; 16 * 1024];
+                while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => seen.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nearly";
+                if stream.write_all(answer).await.is_err() {
+                    return;
+                }
+                while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_answering_before_the_upload_ends_gets_its_connection_closed_not_pooled() {
+    let (addr, accepted) = early_answering_upstream().await;
+    let proxy = Proxy::start(&["--upstream", &format!("http://{addr}"), "--max-connections", "1"]).await;
+
+    // The upload stops a thousand bytes into a million, so it is still unfinished when the answer has ended.
+    let mut uploader = RawConn::connect(proxy.listen).await;
+    uploader
+        .write(b"POST /upload HTTP/1.1\r\nHost: early.test\r\nContent-Length: 1000000\r\n\r\n")
+        .await
+        .unwrap();
+    uploader.write(&[b'u'; 1000]).await.unwrap();
+    let answer = uploader.read_response(false, SETTLE).await.unwrap();
+    assert_eq!(answer.status, 200);
+    proxy.wait_in_use_zero(UP, SETTLE).await;
+    // Pooled, the connection would make the next request wait behind an upload that may never end.
+    assert_eq!(
+        proxy.upstream_field(UP, "connections_idle").await,
+        0,
+        "the connection was pooled"
+    );
+
+    let next = get(proxy.listen, "/next").await;
+    assert_eq!(next.status, StatusCode::OK);
+    assert_eq!(
+        accepted.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "the next request had a fresh connection"
+    );
+    drop(uploader);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_sent_in_full_keep_their_upstream_connection_for_the_next_request() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &[]).await;
+    let mut client = H1Conn::connect(proxy.listen).await;
+    let sized = body_pattern(100_000);
+    let chunked = http_body_util::BodyExt::boxed(PatternBody::chunked(100_000));
+    for (path, body) in [("/echo/sized", sized), ("/echo/chunked", chunked)] {
+        let resp = client.try_request(Method::POST, path, body).await.unwrap();
+        assert_eq!(resp.text(), "100000", "{path}");
+    }
+    assert_eq!(client.get("/after").await.status, StatusCode::OK);
+    assert_eq!(
+        upstream.accepted(),
+        1,
+        "every request went over the one warm connection"
+    );
+    assert_settled(&proxy, &upstream, 1).await;
+}

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::{Slot, UpstreamPool, CLOSING_NOT_COUNTED};
@@ -26,6 +27,9 @@ pub struct Conn {
     pub sender: UpstreamSender,
     /// Whether the pool counts this connection as closing; see [`UpstreamPool::closing_started`].
     pub(super) closing: Arc<AtomicU8>,
+    /// Tells the connection's task to stop driving hyper's connection now, even mid-request (see
+    /// [`Conn::close_now`]).
+    close_now: Arc<Notify>,
     born: Instant,
     pub(super) served: u64,
 }
@@ -33,6 +37,13 @@ pub struct Conn {
 impl Conn {
     pub fn is_closed(&self) -> bool {
         self.sender.is_closed()
+    }
+
+    /// An exchange gave up on this connection: close it without waiting for hyper to finish what it is doing on
+    /// it. hyper's connection outlives its sender while a request body is still going out (an upstream that
+    /// answered early, an exchange cut off by a timeout), and the slot would stay taken for as long.
+    pub(super) fn close_now(&self) {
+        self.close_now.notify_one();
     }
 
     /// Whether the connection may carry another request under the configured limits.
@@ -78,10 +89,18 @@ impl UpstreamPool {
         let close_timeout = self.limits.close_timeout;
         let closing = Arc::new(AtomicU8::new(CLOSING_NOT_COUNTED));
         let counted_closing = closing.clone();
+        let close_now = Arc::new(Notify::new());
+        let told_to_close = close_now.clone();
         let pool = self.clone();
         tokio::spawn(async move {
-            if let Err(err) = connection.await {
-                tracing::debug!(upstream = %pool.name, error = %err, "upstream connection ended with an error");
+            tokio::select! {
+                ended = connection => {
+                    if let Err(err) = ended {
+                        tracing::debug!(upstream = %pool.name, error = %err, "upstream connection ended with an error");
+                    }
+                }
+                // Dropping hyper's connection drops whatever it was still doing; the socket is closed below.
+                () = told_to_close.notified() => {}
             }
             net::close_and_wait_for_peer(&stream, close_timeout).await;
             // Order matters: the socket is closed before the slot is given back, and the slot is given back
@@ -93,6 +112,7 @@ impl UpstreamPool {
         Ok(Conn {
             sender,
             closing,
+            close_now,
             born: Instant::now(),
             served: 0,
         })

@@ -5,6 +5,7 @@
 //! makes its task close it and free its slot. The request's place among the upstream's in-flight requests ends
 //! only after that.
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use super::{Conn, Grant, UpstreamPool};
@@ -16,12 +17,48 @@ enum Held {
     Nothing,
 }
 
+/// How far a request body has gone upstream, written by the body as hyper pulls it and read by the exchange: a
+/// connection whose upload is unfinished when the response has ended (the upstream answered early) is closed, not
+/// pooled, since hyper is still sending the rest on it; and a `request_timeout` that runs out while the upstream
+/// waits on the client is the client's.
+#[derive(Clone, Default)]
+pub struct UploadProgress(Arc<AtomicU8>);
+
+const AWAITING_CLIENT: u8 = 1;
+const SENT: u8 = 2;
+
+impl UploadProgress {
+    /// The upstream side is ready for more and the client has not sent it yet (or no longer so).
+    pub fn set_awaiting_client(&self, waiting: bool) {
+        if waiting {
+            self.0.fetch_or(AWAITING_CLIENT, Ordering::Relaxed);
+        } else {
+            self.0.fetch_and(!AWAITING_CLIENT, Ordering::Relaxed);
+        }
+    }
+
+    pub fn awaiting_client(&self) -> bool {
+        self.0.load(Ordering::Relaxed) & AWAITING_CLIENT != 0
+    }
+
+    /// All of the body has been handed to the upstream connection.
+    pub fn set_sent(&self) {
+        self.0.store(SENT, Ordering::Relaxed);
+    }
+
+    pub fn is_sent(&self) -> bool {
+        self.0.load(Ordering::Relaxed) & SENT != 0
+    }
+}
+
 /// An admitted request's hold on the upstream.
 pub struct Lease {
     // Declared first so that it is dropped first: the connection goes back before the lease stops counting.
     held: Held,
     reused: bool,
     reusable: bool,
+    /// The request body, if it had one: the connection is reusable only once it is all sent.
+    upload: Option<UploadProgress>,
     pool: Arc<UpstreamPool>,
 }
 
@@ -36,6 +73,7 @@ impl Lease {
             held,
             reused,
             reusable: true,
+            upload: None,
             pool,
         }
     }
@@ -75,16 +113,23 @@ impl Lease {
     pub fn forbid_reuse(&mut self) {
         self.reusable = false;
     }
+
+    /// Reuse the connection only if this request body has been sent in full by the time the lease ends.
+    pub fn reuse_once_sent(&mut self, upload: UploadProgress) {
+        self.upload = Some(upload);
+    }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
         if let Held::Conn(mut conn) = std::mem::replace(&mut self.held, Held::Nothing) {
             conn.served += 1;
-            if self.reusable && conn.is_usable(&self.pool.limits) {
+            let sent = self.upload.as_ref().is_none_or(UploadProgress::is_sent);
+            if self.reusable && sent && conn.is_usable(&self.pool.limits) {
                 self.pool.put_idle(conn);
             } else {
                 self.pool.closing_started(&conn);
+                conn.close_now();
             }
         }
         self.pool.lease_ended();

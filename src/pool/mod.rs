@@ -23,7 +23,7 @@ use http::HeaderValue;
 use tokio::time::Instant;
 
 pub use connection::{Conn, UpstreamSender};
-pub use lease::Lease;
+pub use lease::{Lease, UploadProgress};
 pub use slot::Slot;
 
 use crate::admission::{Shed, Ticket, WaitQueue};
