@@ -66,16 +66,7 @@ fn check_accepted(config: &Config) {
             "origin authority does not parse back"
         );
         assert!(upstream.max_connections > 0, "upstreams.{name}.max_connections is 0");
-        for (field, value, zero_allowed) in [
-            ("queue_timeout", upstream.queue_timeout, true),
-            ("connect_timeout", upstream.connect_timeout, false),
-            ("request_timeout", upstream.request_timeout, false),
-            ("idle_timeout", upstream.idle_timeout, false),
-            ("close_timeout", upstream.close_timeout, false),
-            ("body_idle_timeout", upstream.body_idle_timeout, false),
-            ("max_connection_lifetime", upstream.max_connection_lifetime, true),
-            ("abort_drain_timeout", upstream.abort_drain_timeout, false),
-        ] {
+        for (field, value, zero_allowed) in upstream.durations() {
             check_duration(&format!("upstreams.{name}.{field}"), value, zero_allowed);
         }
     }
