@@ -14,7 +14,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use socket2::SockRef;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 
 /// Called with every successful read that returned data, so the listener can tell a request head is arriving.
@@ -141,7 +141,21 @@ impl AsyncRead for SharedStream {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         loop {
             ready!(self.stream.poll_read_ready(cx))?;
-            match read_into(&self.stream, buf) {
+            let asked = buf.remaining().min(SCRATCH_BYTES);
+            let mut got = None;
+            // A short read means the receive queue is drained: clear the readiness now, as tokio's own
+            // `TcpStream::poll_read` does, rather than pay for a read that would only say EAGAIN. `try_io` clears
+            // it with the readiness seen before the read, so data that arrived since is not missed.
+            let read = self.stream.try_io(Interest::READABLE, || {
+                let n = read_into(&self.stream, buf)?;
+                got = Some(n);
+                if n > 0 && n < asked {
+                    Err(io::ErrorKind::WouldBlock.into())
+                } else {
+                    Ok(n)
+                }
+            });
+            match got.map_or(read, Ok) {
                 Ok(n) => {
                     if n > 0 {
                         if let Some(observer) = &self.observer {
