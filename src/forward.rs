@@ -360,14 +360,11 @@ impl Body for RequestBody {
         };
         let polled = Pin::new(&mut *inner).poll_frame(cx);
         if let Some(upload) = &this.upload {
-            upload.set_awaiting_client(polled.is_pending());
             // hyper stops pulling a body of known length once it reports its end, so the end may never be
             // polled for.
-            if matches!(polled, Poll::Ready(None))
-                || (matches!(polled, Poll::Ready(Some(Ok(_)))) && inner.is_end_stream())
-            {
-                upload.set_sent();
-            }
+            let sent = matches!(polled, Poll::Ready(None))
+                || (matches!(polled, Poll::Ready(Some(Ok(_)))) && inner.is_end_stream());
+            upload.polled(polled.is_pending(), sent);
         }
         match polled {
             Poll::Ready(Some(Ok(frame))) => {

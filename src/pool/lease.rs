@@ -21,33 +21,32 @@ enum Held {
 /// connection whose upload is unfinished when the response has ended (the upstream answered early) is closed, not
 /// pooled, since hyper is still sending the rest on it; and a `request_timeout` that runs out while the upstream
 /// waits on the client is the client's.
+/// Only the body writes it, one poll at a time, so plain stores of the one state suffice.
 #[derive(Clone, Default)]
 pub struct UploadProgress(Arc<AtomicU8>);
 
+const SENDING: u8 = 0;
 const AWAITING_CLIENT: u8 = 1;
 const SENT: u8 = 2;
 
 impl UploadProgress {
-    /// The upstream side is ready for more and the client has not sent it yet (or no longer so).
-    pub fn set_awaiting_client(&self, waiting: bool) {
-        if waiting {
-            self.0.fetch_or(AWAITING_CLIENT, Ordering::Relaxed);
-        } else {
-            self.0.fetch_and(!AWAITING_CLIENT, Ordering::Relaxed);
-        }
+    /// After a poll of the body: still sending, waiting on the client for more, or all sent.
+    pub fn polled(&self, waiting_on_client: bool, sent: bool) {
+        let state = match (sent, waiting_on_client) {
+            (true, _) => SENT,
+            (false, true) => AWAITING_CLIENT,
+            (false, false) => SENDING,
+        };
+        self.0.store(state, Ordering::Relaxed);
     }
 
     pub fn awaiting_client(&self) -> bool {
-        self.0.load(Ordering::Relaxed) & AWAITING_CLIENT != 0
+        self.0.load(Ordering::Relaxed) == AWAITING_CLIENT
     }
 
     /// All of the body has been handed to the upstream connection.
-    pub fn set_sent(&self) {
-        self.0.store(SENT, Ordering::Relaxed);
-    }
-
     pub fn is_sent(&self) -> bool {
-        self.0.load(Ordering::Relaxed) & SENT != 0
+        self.0.load(Ordering::Relaxed) == SENT
     }
 }
 
@@ -129,7 +128,6 @@ impl Drop for Lease {
                 self.pool.put_idle(conn);
             } else {
                 self.pool.closing_started(&conn);
-                conn.close_now();
             }
         }
         self.pool.lease_ended();

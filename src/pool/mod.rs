@@ -284,9 +284,11 @@ impl UpstreamPool {
         }
     }
 
-    /// An exchange gave up on `conn`; it counts as closing until its task has freed its slot. The connection's
-    /// state moves under the pool's lock on both sides, so a task that finished first is never counted.
+    /// An exchange gave up on `conn`: its task is told to close it now, and it counts as closing until that task
+    /// has freed its slot. The connection's state moves under the pool's lock on both sides, so a task that
+    /// finished first is never counted.
     pub(crate) fn closing_started(&self, conn: &Conn) {
+        conn.close_now();
         let mut state = self.lock();
         let counted = conn.closing.compare_exchange(
             CLOSING_NOT_COUNTED,
