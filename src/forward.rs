@@ -205,15 +205,29 @@ pub fn check_host(headers: &HeaderMap) -> Result<(), ProxyError> {
     let Some(host) = lines.next() else {
         return Ok(());
     };
+    let bytes = host.as_bytes();
+    // Parsing an Authority copies the value; a plain `name[:port]` (nearly every request) is known good without it.
     let valid = lines.next().is_none()
-        && !host.is_empty()
-        && !host.as_bytes().contains(&b'@')
-        && http::uri::Authority::try_from(host.as_bytes()).is_ok();
+        && !bytes.is_empty()
+        && !bytes.contains(&b'@')
+        && (plain_host(bytes) || http::uri::Authority::try_from(bytes).is_ok());
     if valid {
         Ok(())
     } else {
         Err(ProxyError::InvalidHost)
     }
+}
+
+/// `name` or `name:port` in letters, digits, `.` and `-`: a subset of what [`http::uri::Authority`] accepts.
+fn plain_host(bytes: &[u8]) -> bool {
+    let name_byte = |b: &u8| b.is_ascii_alphanumeric() || *b == b'.' || *b == b'-';
+    let (name, port) = match bytes.iter().position(|&b| b == b':') {
+        Some(colon) => (bytes.get(..colon), bytes.get(colon + 1..)),
+        None => (Some(bytes), None),
+    };
+    let name_ok = name.is_some_and(|name| !name.is_empty() && name.iter().all(name_byte));
+    let port_ok = port.is_none_or(|port| !port.is_empty() && port.iter().all(u8::is_ascii_digit));
+    name_ok && port_ok
 }
 
 /// hyper decodes the `chunked` transfer coding and no other, and Transfer-Encoding is hop-by-hop: a body sent with
@@ -821,6 +835,24 @@ pub fn to_client(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_plain_host_is_one_that_authority_parsing_accepts_too() {
+        for host in [
+            "app.example",
+            "app.example:8080",
+            "a-b.c",
+            "10.0.0.1:1",
+            "host:99999999",
+            "x:0",
+        ] {
+            assert!(plain_host(host.as_bytes()), "{host}");
+            assert!(http::uri::Authority::try_from(host.as_bytes()).is_ok(), "{host}");
+        }
+        for host in ["", "a:b:c", "host:", ":80", "[::1]:80", "a_b", "h\u{e9}", "a@b"] {
+            assert!(!plain_host(host.as_bytes()), "{host}");
+        }
+    }
 
     #[test]
     fn hop_by_hop_headers_and_the_ones_connection_names_are_removed() {
