@@ -16,6 +16,8 @@ free loopback ports, and stops every process it started, by PID, on exit, failur
 
 Scenarios (-x), each in benches/e2e/scenarios/NAME.sh:
   closed    wrk closed loop, every subject, clients (-c) x service times (-s), cap N
+  idle      8,000 clients (idle_clients) make one request each, then stay connected: proxy RSS with them vs before
+  jvm       wrk closed loop, 50 ms, thread-per-connection JVM upstream (jvm/), 200-8,000 clients: its threads, RSS
 
 Subjects: direct (no proxy), floodgate-1, floodgate-2 (--threads 1/2), haproxy-1, haproxy-2 (nbthread 1/2),
 nginx-1, nginx-2 (worker_processes 1/2). Each run starts a fresh upstream and a fresh subject.
