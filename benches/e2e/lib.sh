@@ -166,6 +166,7 @@ backend be_app
 EOF
 }
 
+# $nginx_listen_extra, when set, goes on the listen line (scenarios/h2.sh: http2, which makes the port h2c only).
 write_nginx_cfg() { # DIR WORKERS LISTEN_PORT UPSTREAM_ADDR
   mkdir -p "$1/tmp"
   cat >"$1/nginx.conf" <<EOF
@@ -197,7 +198,7 @@ http {
     }
 
     server {
-        listen 127.0.0.1:$3;
+        listen 127.0.0.1:$3${nginx_listen_extra:+ $nginx_listen_extra};
         location / {
             proxy_pass http://app;
             proxy_http_version 1.1;
@@ -333,7 +334,7 @@ with open(sys.argv[1], "a") as f:
     f.write(json.dumps(line) + "\n")
 l, u = line["load"], line["upstream"]
 print("%s: %d responses, codes %s, p99 %.1f ms, upstream peak conns %d, peak in flight %d" % (
-    "$name", l["requests"], l["codes"], l["p99_us"] / 1000, u["peak_conns"], u["peak_inflight"]), file=sys.stderr)
+    "$name", l["requests"], l["codes"], (l["p99_us"] or 0) / 1000, u["peak_conns"], u["peak_inflight"]), file=sys.stderr)
 EOF
   local stopping=("${subject_pids[@]}" "$up_pid")
   stop_pid "${stopping[@]}"

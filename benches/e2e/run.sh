@@ -16,6 +16,9 @@ free loopback ports, and stops every process it started, by PID, on exit, failur
 
 Scenarios (-x), each in benches/e2e/scenarios/NAME.sh:
   closed    wrk closed loop, every subject, clients (-c) x service times (-s), cap N
+  open      oha open loop (latency corrected): 1,000 req/s at 2 ms, N = 8 and 64; 0.5x and 2x of N / 20 ms
+  single    wrk -t1 -c1, 0 ms service time: the latency one client sees, direct and through each proxy
+  h2        h2load, h2c clients (100 connections x 10 streams), 0 and 2 ms; the upstream stays HTTP/1.1
   idle      8,000 clients (idle_clients) make one request each, then stay connected: proxy RSS with them vs before
   jvm       wrk closed loop, 50 ms, thread-per-connection JVM upstream (jvm/), 200-8,000 clients: its threads, RSS
 
