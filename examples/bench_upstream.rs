@@ -19,20 +19,92 @@
 //! socket failed); a request counts from the moment its handler starts until it returns the response, so the
 //! service time is inside and the write of the response is not. Each peak is the maximum over every value its
 //! counter took (`fetch_add` returns each one exactly once), not a sample.
+//!
+//! The service time is kept by a timer thread of its own rather than tokio's timer, which rounds every sleep up to
+//! the next millisecond tick: a "2 ms" service would really be 2-3 ms, and N / service time would not be the
+//! bound it claims. `service_p50_us`/`service_p99_us` report what the handlers really took.
+//!
+//! The hand-off gap: on each connection, the time from one handler returning its response to the next handler
+//! starting on the same connection — the idle time a proxy in front leaves on a connection it holds, which at a
+//! fixed service time is what separates its throughput from N / service time. Reported as `gap_p50_us` and
+//! `gap_p99_us` over the window (null before the first reuse).
 
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clap::Parser;
+use hdrhistogram::Histogram;
 use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+
+type Sleeper = (Instant, u64, oneshot::Sender<()>);
+
+/// Wakes sleepers at their deadline to within the OS's timed-wait precision (tens of µs), from one thread.
+#[derive(Clone)]
+struct PreciseTimer {
+    requests: mpsc::Sender<Sleeper>,
+    next_id: Arc<AtomicU64>,
+}
+
+impl PreciseTimer {
+    fn start() -> std::io::Result<Self> {
+        let (requests, incoming) = mpsc::channel::<Sleeper>();
+        std::thread::Builder::new()
+            .name("service-timer".into())
+            .spawn(move || {
+                // Ordered by deadline, then by arrival (the id), so equal deadlines never compare the senders.
+                let mut due: BinaryHeap<Reverse<(Instant, u64)>> = BinaryHeap::new();
+                let mut wakers = HashMap::new();
+                loop {
+                    let received = match due.peek() {
+                        None => incoming.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                        Some(Reverse((at, _))) => incoming.recv_timeout(at.saturating_duration_since(Instant::now())),
+                    };
+                    match received {
+                        Ok((at, id, waker)) => {
+                            due.push(Reverse((at, id)));
+                            wakers.insert(id, waker);
+                        }
+                        Err(RecvTimeoutError::Timeout) => {}
+                        Err(RecvTimeoutError::Disconnected) => return,
+                    }
+                    let now = Instant::now();
+                    while let Some(&Reverse((at, id))) = due.peek() {
+                        if at > now {
+                            break;
+                        }
+                        due.pop();
+                        if let Some(waker) = wakers.remove(&id) {
+                            let _ = waker.send(());
+                        }
+                    }
+                }
+            })?;
+        Ok(Self {
+            requests,
+            next_id: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    async fn sleep(&self, duration: Duration) {
+        let (waker, woken) = oneshot::channel();
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        if self.requests.send((Instant::now() + duration, id, waker)).is_ok() {
+            let _ = woken.await;
+        }
+    }
+}
 
 #[derive(Parser, Debug)]
 #[command(about = "A counting HTTP/1.1 upstream for benches/e2e/run.sh")]
@@ -77,17 +149,47 @@ impl PeakGauge {
     }
 }
 
-#[derive(Default)]
 struct Counters {
     conns: PeakGauge,
     inflight: PeakGauge,
     accepted: AtomicU64,
     served: AtomicU64,
+    /// Hand-off gaps in microseconds; one lock per request is nothing next to a proxy's hand-off.
+    gaps: Mutex<Histogram<u64>>,
+    /// Handler times in microseconds: the service time as it really was.
+    service: Mutex<Histogram<u64>>,
+}
+
+fn histogram() -> Histogram<u64> {
+    // Auto-resizing, 3 significant figures: a gap of a few µs and one of seconds are both kept.
+    Histogram::new(3).unwrap_or_else(|_| unreachable!("3 significant figures is valid"))
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Self {
+            conns: PeakGauge::default(),
+            inflight: PeakGauge::default(),
+            accepted: AtomicU64::default(),
+            served: AtomicU64::default(),
+            gaps: Mutex::new(histogram()),
+            service: Mutex::new(histogram()),
+        }
+    }
 }
 
 impl Counters {
     fn snapshot(&self) -> serde_json::Value {
+        let gaps = self.gaps.lock().unwrap_or_else(PoisonError::into_inner);
+        let gap = |q: f64| (!gaps.is_empty()).then(|| gaps.value_at_quantile(q));
+        let service = self.service.lock().unwrap_or_else(PoisonError::into_inner);
+        let service_at = |q: f64| (!service.is_empty()).then(|| service.value_at_quantile(q));
         serde_json::json!({
+            "service_p50_us": service_at(0.5),
+            "service_p99_us": service_at(0.99),
+            "gap_p50_us": gap(0.5),
+            "gap_p99_us": gap(0.99),
+            "gaps": gaps.len(),
             "conns": self.conns.now.load(Ordering::SeqCst),
             "peak_conns": self.conns.peak.load(Ordering::SeqCst),
             "inflight": self.inflight.now.load(Ordering::SeqCst),
@@ -103,6 +205,8 @@ impl Counters {
         self.inflight.reset();
         self.accepted.store(0, Ordering::SeqCst);
         self.served.store(0, Ordering::SeqCst);
+        self.gaps.lock().unwrap_or_else(PoisonError::into_inner).reset();
+        self.service.lock().unwrap_or_else(PoisonError::into_inner).reset();
         before
     }
 }
@@ -131,13 +235,31 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
     response
 }
 
-async fn serve(counters: Arc<Counters>, delay: Duration) -> Response<Full<Bytes>> {
+async fn serve(
+    counters: Arc<Counters>,
+    delay: Duration,
+    timer: &PreciseTimer,
+    last_answer: &Mutex<Option<Instant>>,
+) -> Response<Full<Bytes>> {
     counters.inflight.up();
     let _inflight = InflightGuard(&counters);
+    let start = Instant::now();
+    if let Some(answered) = *last_answer.lock().unwrap_or_else(PoisonError::into_inner) {
+        let gap = u64::try_from(start.duration_since(answered).as_micros()).unwrap_or(u64::MAX);
+        let _ = counters.gaps.lock().unwrap_or_else(PoisonError::into_inner).record(gap);
+    }
     if !delay.is_zero() {
-        tokio::time::sleep(delay).await;
+        timer.sleep(delay).await;
     }
     counters.served.fetch_add(1, Ordering::SeqCst);
+    let answered = Instant::now();
+    let took = u64::try_from(answered.duration_since(start).as_micros()).unwrap_or(u64::MAX);
+    let _ = counters
+        .service
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .record(took);
+    *last_answer.lock().unwrap_or_else(PoisonError::into_inner) = Some(answered);
     text(StatusCode::OK, "ok\n")
 }
 
@@ -149,11 +271,15 @@ fn control(counters: &Counters, req: &Request<hyper::body::Incoming>) -> Respons
     }
 }
 
-async fn serve_data_connection(stream: TcpStream, counters: Arc<Counters>, delay: Duration) {
+async fn serve_data_connection(stream: TcpStream, counters: Arc<Counters>, delay: Duration, timer: PreciseTimer) {
     let _conn = ConnGuard(counters.clone());
+    // HTTP/1.1 serves one request at a time per connection, so this is never contended.
+    let last_answer = Arc::new(Mutex::new(None));
     let svc = service_fn(move |_req: Request<hyper::body::Incoming>| {
         let counters = counters.clone();
-        async move { Ok::<_, Infallible>(serve(counters, delay).await) }
+        let last_answer = last_answer.clone();
+        let timer = timer.clone();
+        async move { Ok::<_, Infallible>(serve(counters, delay, &timer, &last_answer).await) }
     });
     // Errors here are the client's doing (reset, garbage); the connection is over either way.
     let _ = hyper::server::conn::http1::Builder::new()
@@ -171,17 +297,18 @@ async fn serve_control_connection(stream: TcpStream, counters: Arc<Counters>) {
         .await;
 }
 
-async fn accept_loop(listener: TcpListener, counters: Arc<Counters>, delay: Option<Duration>) {
+/// `service`: the data listener's service time and timer; None for the control listener.
+async fn accept_loop(listener: TcpListener, counters: Arc<Counters>, service: Option<(Duration, PreciseTimer)>) {
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
                 let _ = stream.set_nodelay(true);
-                match delay {
-                    Some(delay) => {
+                match &service {
+                    Some((delay, timer)) => {
                         // Counted here, before the task is spawned, so no accepted connection is ever missed.
                         counters.conns.up();
                         counters.accepted.fetch_add(1, Ordering::SeqCst);
-                        tokio::spawn(serve_data_connection(stream, counters.clone(), delay));
+                        tokio::spawn(serve_data_connection(stream, counters.clone(), *delay, timer.clone()));
                     }
                     None => {
                         tokio::spawn(serve_control_connection(stream, counters.clone()));
@@ -219,7 +346,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
     );
     let counters = Arc::new(Counters::default());
     let delay = Duration::from_millis(args.delay_ms);
-    tokio::spawn(accept_loop(data, counters.clone(), Some(delay)));
+    let timer = PreciseTimer::start()?;
+    tokio::spawn(accept_loop(data, counters.clone(), Some((delay, timer))));
     tokio::spawn(accept_loop(ctl, counters.clone(), None));
     shutdown_signal().await?;
     println!("{}", counters.snapshot());

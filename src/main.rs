@@ -169,9 +169,14 @@ async fn shutdown_signal() {
 }
 
 fn build_runtime(threads: Option<usize>) -> std::io::Result<tokio::runtime::Runtime> {
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    // One thread: the current-thread scheduler, which hands a woken task over without the work-stealing
+    // machinery (atomics, a parked worker to unpark) that a single worker cannot use anyway.
+    let mut builder = match threads {
+        Some(1) => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    };
     builder.enable_all();
-    if let Some(threads) = threads {
+    if let Some(threads) = threads.filter(|&t| t > 1) {
         builder.worker_threads(threads);
     }
     builder.build()

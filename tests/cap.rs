@@ -14,7 +14,13 @@ const UP: &str = "default";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_hundred_concurrent_clients_are_served_over_exactly_four_upstream_connections() {
     let upstream = Upstream::start().await;
-    let proxy = Proxy::for_upstream(&upstream, 4, &["--max-queue", "1000", "--queue-timeout", "20s"]).await;
+    // One worker thread: the single-thread runtime the benchmark's floodgate-1 runs on (other tests use the default).
+    let proxy = Proxy::for_upstream(
+        &upstream,
+        4,
+        &["--max-queue", "1000", "--queue-timeout", "20s", "--threads", "1"],
+    )
+    .await;
 
     // 500 client connections, all open before the first request is sent.
     let mut clients = Vec::with_capacity(500);

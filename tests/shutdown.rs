@@ -10,7 +10,13 @@ use support::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_finishes_in_flight_and_queued_requests_then_exits_zero() {
     let upstream = Upstream::start().await;
-    let mut proxy = Proxy::for_upstream(&upstream, 1, &["--max-queue", "10", "--shutdown-timeout", "10s"]).await;
+    // On the single-thread runtime (`--threads 1`): the signal, the drain and the exit all run on the one thread.
+    let mut proxy = Proxy::for_upstream(
+        &upstream,
+        1,
+        &["--max-queue", "10", "--shutdown-timeout", "10s", "--threads", "1"],
+    )
+    .await;
     let listen = proxy.listen;
 
     // Held at the upstream until released below, so it is certainly still in flight while /readyz turns.

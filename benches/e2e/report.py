@@ -152,7 +152,7 @@ def write_plot(meta, runs, path):
     for ax, (_, mod, rs) in zip(axes[:, 0], drawable):
         mod.plot(rs, meta, ax)
     fig.suptitle(f"floodgate e2e benchmark, {meta['date']}, {meta['git']}, {meta['nproc']} CPUs", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.985))
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return True

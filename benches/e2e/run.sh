@@ -16,6 +16,7 @@ free loopback ports, and stops every process it started, by PID, on exit, failur
 
 Scenarios (-x), each in benches/e2e/scenarios/NAME.sh:
   closed    wrk closed loop, every subject, clients (-c) x service times (-s), cap N
+  capacity  wrk closed loop, every subject, N = 64 (capacity_cap), 1000 clients, 0 ms: the proxy is the bottleneck
   open      oha open loop (latency corrected): 1,000 req/s at 2 ms, N = 8 and 64; 0.5x and 2x of N / 20 ms
   single    wrk -t1 -c1, 0 ms service time: the latency one client sees, direct and through each proxy
   h2        h2load, h2c clients (100 connections x 10 streams), 0 and 2 ms; the upstream stays HTTP/1.1
@@ -34,6 +35,8 @@ Options:
   -x "S ..."   scenarios to run, in this order                                  [all of them]
   -L "L ..."   CPU layouts: shared (no pinning), pinned (load generator on the upper half of
                the CPUs, proxy and upstream on the lower half)                  ["shared pinned"]
+  -P "S ..."   the scenarios (of -x) that also run in the pinned layout; the pinned closed loop
+               runs only the service times of closed_pinned_delays ("0 2")     ["closed capacity single"]
   -c "C ..."   closed: client connections (wrk -c), one run per value           ["200 1000"]
   -s "MS ..."  closed: upstream service times in ms                             ["0 2 20 50"]
   -d SECS      measured seconds per run                                         [10]
@@ -60,17 +63,19 @@ cmdline="benches/e2e/run.sh$(printf ' %q' "$@")"
 [[ $# -gt 0 ]] || cmdline="benches/e2e/run.sh"
 
 cap=8 queue=1024 queue_timeout=2 closed_clients="200 1000" closed_delays="0 2 20 50" duration=10 warmup=2 reps=3
-scenarios="closed" layouts="shared pinned"
+scenarios="closed capacity open single h2 idle jvm" layouts="shared pinned"
+pinned_scenarios="closed capacity single"
 subjects="direct floodgate-1 floodgate-2 haproxy-1 haproxy-2 nginx-1 nginx-2"
 wrk_threads=2 upstream_threads=1 out="" doc="$repo/docs/benchmarks.md" install=1 build=1
 
-while getopts "n:q:T:x:L:c:s:d:w:r:S:t:u:o:D:IBh" opt; do
+while getopts "n:q:T:x:L:P:c:s:d:w:r:S:t:u:o:D:IBh" opt; do
   case $opt in
     n) cap=$OPTARG ;;
     q) queue=$OPTARG ;;
     T) queue_timeout=$OPTARG ;;
     x) scenarios=$OPTARG ;;
     L) layouts=$OPTARG ;;
+    P) pinned_scenarios=$OPTARG ;;
     c) closed_clients=$OPTARG ;;
     s) closed_delays=$OPTARG ;;
     d) duration=$OPTARG ;;
@@ -119,6 +124,16 @@ for s in $scenarios; do
   source "$here/scenarios/$s.sh"
   if declare -F "tools_$s" >/dev/null; then "tools_$s"; fi
 done
+# The plot needs matplotlib: use a python3 that has it, else Debian's (python3-matplotlib installs for /usr/bin/python3).
+report_python=python3
+if ! python3 -c 'import matplotlib' 2>/dev/null; then
+  if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
+    report_python=/usr/bin/python3
+  elif [[ $doc != "-" ]] && ((install)) && command -v apt-get >/dev/null 2>&1; then
+    apt_need+=(python3-matplotlib)
+    report_python=/usr/bin/python3
+  fi
+fi
 install_tools
 PATH="$PATH:/usr/sbin:/sbin"
 
@@ -157,8 +172,8 @@ E2E_V_haproxy=$(ver haproxy -v) E2E_V_nginx=$(ver nginx -v) E2E_V_wrk=$(ver wrk 
 E2E_V_oha=$(ver oha --version) E2E_V_h2load=$(ver h2load --version) E2E_V_java=$(ver java -version)
 export E2E_GIT E2E_CPU E2E_OS E2E_MEM ${!E2E_V_*}
 # Every setting, by name, for the report (a scenario's own settings are globals named after it: closed_clients...).
-for v in cap queue queue_timeout duration warmup reps wrk_threads upstream_threads scenarios layouts subjects \
-  ${!closed_*} ${!open_*} ${!single_*} ${!h2_*} ${!idle_*} ${!jvm_*}; do
+for v in cap queue queue_timeout duration warmup reps wrk_threads upstream_threads scenarios layouts pinned_scenarios subjects \
+  ${!closed_*} ${!capacity_*} ${!open_*} ${!single_*} ${!h2_*} ${!idle_*} ${!jvm_*}; do
   export "E2E_S_$v=${!v}"
 done
 python3 - <<'PY'
@@ -180,20 +195,30 @@ PY
 
 # --- the matrix ------------------------------------------------------------------------------------------------------
 total=0
-for s in $scenarios; do total=$((total + $("count_$s"))); done
-total=$((total * reps * $(wc -w <<<"$layouts")))
+layout_scenarios() { # LAYOUT: the scenarios it runs, in -x order
+  local s
+  for s in $scenarios; do
+    [[ $1 == shared || " $pinned_scenarios " == *" $s "* ]] && echo "$s"
+  done
+  return 0
+}
+for layout_name in $layouts; do
+  set_layout "$layout_name"
+  for s in $(layout_scenarios "$layout_name"); do total=$((total + $("count_$s"))); done
+done
+total=$((total * reps))
 log "$total runs of ${duration}s (+${warmup}s warm-up) each: scenarios $scenarios; layouts $layouts; $reps repetition(s)"
 for ((rep = 1; rep <= reps; rep++)); do
   for layout_name in $layouts; do
     set_layout "$layout_name"
-    for s in $scenarios; do
+    for s in $(layout_scenarios "$layout_name"); do
       "scenario_$s" "$rep"
     done
   done
 done
 
 if [[ $doc != "-" ]]; then
-  python3 "$here/report.py" "$out" "$doc"
+  "$report_python" "$here/report.py" "$out" "$doc"
   log "wrote $doc"
 fi
 log "done: $results"
