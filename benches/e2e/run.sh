@@ -39,8 +39,8 @@ Options:
                runs only the service times of closed_pinned_delays ("0 2")     ["closed capacity single"]
   -c "C ..."   closed: client connections (wrk -c), one run per value           ["200 1000"]
   -s "MS ..."  closed: upstream service times in ms                             ["0 2 20 50"]
-  -d SECS      measured seconds per run                                         [10]
-  -w SECS      warm-up seconds per run before the measured window (0: none)    [2]
+  -d SECS      measured seconds per run                                         [4]
+  -w SECS      warm-up seconds per run before the measured window (0: none)    [1]
   -r REPS      repetitions of the whole matrix (subjects interleaved)           [3]
   -S "NAME .." subjects to run                                                  [all seven above]
   -t THREADS   wrk threads                                                      [2]
@@ -62,7 +62,7 @@ repo=$(cd "$here/../.." && pwd)
 cmdline="benches/e2e/run.sh$(printf ' %q' "$@")"
 [[ $# -gt 0 ]] || cmdline="benches/e2e/run.sh"
 
-cap=8 queue=1024 queue_timeout=2 closed_clients="200 1000" closed_delays="0 2 20 50" duration=10 warmup=2 reps=3
+cap=8 queue=1024 queue_timeout=2 closed_clients="200 1000" closed_delays="0 2 20 50" duration=4 warmup=1 reps=3
 scenarios="closed capacity open single h2 idle jvm" layouts="shared pinned"
 pinned_scenarios="closed capacity single"
 subjects="direct floodgate-1 floodgate-2 haproxy-1 haproxy-2 nginx-1 nginx-2"

@@ -3,14 +3,14 @@
 # behind a proxy with a cap of N, N threads should do. Sourced by run.sh.
 #
 # Settings (environment variables, e.g. `jvm_clients="200 1000" benches/e2e/run.sh -x jvm`):
-#   jvm_clients    wrk connections, one run per value                       [200 1000 4000 8000]
+#   jvm_clients    wrk connections, one run per value                       [200 1000 8000]
 #   jvm_subjects   subjects                                                 [those of -S: all seven]
 #   jvm_delay      service time, ms                                         [50]
 #   jvm_heap       -Xms = -Xmx, so the RSS is the heap plus what threads and connections cost  [256m]
 #   jvm_xss        thread stack size (-Xss)                                 [256k]
 #   jvm_max_conns  connections the JVM accepts at once (each is a thread); more are closed at once  [9000]
 
-: "${jvm_clients:=200 1000 4000 8000}"
+: "${jvm_clients:=200 1000 8000}"
 : "${jvm_subjects:=$subjects}"
 : "${jvm_delay:=50}"
 : "${jvm_heap:=256m}"
