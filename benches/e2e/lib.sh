@@ -173,7 +173,8 @@ write_nginx_cfg() { # DIR WORKERS LISTEN_PORT UPSTREAM_ADDR
 worker_processes $2;
 worker_rlimit_nofile 20000;
 pid $1/nginx.pid;
-error_log $1/error.log warn;
+# crit: at warn and error nginx logs a line for every 502 it answers for want of a free upstream (gigabytes per run).
+error_log $1/error.log crit;
 daemon off;
 
 events {
