@@ -1,7 +1,10 @@
-//! Configuration: a TOML file and command-line flags turned into one validated, typed [`Config`].
+//! Configuration: layers turned into one validated, typed [`Config`]. Each layer overrides the one before:
+//! built-in defaults, a TOML file, `FLOODGATE__` environment variables ([`Env`]), command-line flags
+//! ([`Overrides`]).
 //!
-//! Owns the defaults (stated again in `config/floodgate.toml`), the parsing of humane durations and the
-//! validation that stops start-up with one line naming the offending key. It never reads the network and never
+//! Owns the defaults (stated again in `config/floodgate.toml`), the environment mapping, the parsing of humane
+//! durations, the validation that refuses a configuration with one line per problem, each naming its key, and
+//! the redaction of [`Secret`] values wherever a configuration is shown. It never reads the network and never
 //! starts anything; what it returns is trusted by every other module.
 
 use std::collections::BTreeMap;
@@ -10,7 +13,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use ipnet::IpNet;
-use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize, Serializer};
 
 /// A configuration problem, always naming the key it is about.
 #[derive(Debug, thiserror::Error)]
@@ -29,13 +33,190 @@ impl ConfigError {
     }
 }
 
-/// The whole validated configuration.
-#[derive(Debug, Clone, Deserialize)]
+/// Every problem found in one configuration, each naming its key; never empty. Displayed on one line (`; `
+/// between problems); the binary prints [`ConfigErrors::problems`] one per line.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", join_problems(.0))]
+pub struct ConfigErrors(Vec<ConfigError>);
+
+impl ConfigErrors {
+    pub fn problems(&self) -> &[ConfigError] {
+        &self.0
+    }
+}
+
+impl From<ConfigError> for ConfigErrors {
+    fn from(problem: ConfigError) -> Self {
+        ConfigErrors(vec![problem])
+    }
+}
+
+fn join_problems(problems: &[ConfigError]) -> String {
+    problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+}
+
+/// What [`Secret`] values are shown as.
+pub const REDACTED: &str = "<redacted>";
+
+/// A configuration value that must never be shown. It serializes (what `floodgate check` prints) and debug-prints
+/// (what logs show) as [`REDACTED`], so a key declared with this type, such as a future admin bearer token or
+/// TLS private key, is redacted everywhere without each place remembering to.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Secret {
+        Secret(value.into())
+    }
+
+    /// The value itself, for the one place that uses it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(REDACTED)
+    }
+}
+
+impl Serialize for Secret {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(REDACTED)
+    }
+}
+
+/// Variables whose names start with this set configuration keys: the rest of the name is the key's path with
+/// [`ENV_SEPARATOR`] between its parts, case-insensitive (`FLOODGATE__UPSTREAMS__API__MAX_CONNECTIONS`).
+/// Kubernetes injects `FLOODGATE_PORT=tcp://…`, `FLOODGATE_SERVICE_HOST`, `FLOODGATE_PORT_8080_TCP_ADDR`… into
+/// every pod of a namespace with a Service named floodgate; a single underscore never matches, so those never
+/// reach the configuration.
+pub const ENV_PREFIX: &str = "FLOODGATE__";
+pub const ENV_SEPARATOR: &str = "__";
+
+/// The variables the environment layer reads.
+#[derive(Debug, Clone)]
+pub enum Env {
+    /// The process's environment.
+    Process,
+    /// Exactly these variables instead (tests, the fuzz targets, the demo).
+    Vars(BTreeMap<String, String>),
+}
+
+impl Env {
+    /// No variables at all: the file and the flags alone.
+    pub fn none() -> Env {
+        Env::Vars(BTreeMap::new())
+    }
+
+    /// The names of the variables that set keys, sorted, so that `floodgate check` can say where values came
+    /// from.
+    pub fn variables(&self) -> Vec<String> {
+        let mut names: Vec<String> = match self {
+            Env::Process => std::env::vars_os()
+                .filter_map(|(name, _)| name.into_string().ok())
+                .collect(),
+            Env::Vars(vars) => vars.keys().cloned().collect(),
+        };
+        names.retain(|name| {
+            name.get(..ENV_PREFIX.len())
+                .is_some_and(|prefix| prefix.eq_ignore_ascii_case(ENV_PREFIX))
+        });
+        names.sort();
+        names
+    }
+}
+
+/// The variable that sets `key` (`upstreams.api.url` → `FLOODGATE__UPSTREAMS__API__URL`).
+pub fn env_var(key: &str) -> String {
+    format!("{ENV_PREFIX}{}", key.replace('.', ENV_SEPARATOR).to_ascii_uppercase())
+}
+
+/// The environment layer as configuration values keyed like the file's (`upstreams.api.max_connections`).
+#[derive(Debug, Clone)]
+struct EnvLayer(config::Map<String, config::Value>);
+
+impl config::Source for EnvLayer {
+    fn clone_into_box(&self) -> Box<dyn config::Source + Send + Sync> {
+        Box::new(self.clone())
+    }
+
+    fn collect(&self) -> Result<config::Map<String, config::Value>, config::ConfigError> {
+        Ok(self.0.clone())
+    }
+}
+
+impl EnvLayer {
+    /// Reads the variables once; problems the layer itself finds go to `problems` and their variables are left
+    /// out, so the rest of the configuration is still checked.
+    fn read(env: &Env, problems: &mut Vec<ConfigError>) -> EnvLayer {
+        let prefix = ENV_PREFIX.trim_end_matches(ENV_SEPARATOR);
+        let source = config::Environment::with_prefix(prefix)
+            .prefix_separator(ENV_SEPARATOR)
+            .separator(ENV_SEPARATOR);
+        let source = match env {
+            Env::Process => source,
+            Env::Vars(vars) => source.source(Some(vars.clone().into_iter().collect())),
+        };
+        let mut values = match config::Source::collect(&source) {
+            Ok(values) => values,
+            Err(err) => {
+                problems.push(ConfigError::new("environment", one_line(&err.to_string())));
+                config::Map::new()
+            }
+        };
+        // Routes are a list of tables, and a variable's name has no way to say which entry it means.
+        let mut route_variables = Vec::new();
+        values.retain(|key, _| {
+            let is_route = key == "routes" || key.starts_with("routes.") || key.starts_with("routes[");
+            if is_route {
+                route_variables.push(env_var(key));
+            }
+            !is_route
+        });
+        route_variables.sort();
+        problems.extend(route_variables.into_iter().map(|variable| {
+            ConfigError::new(
+                "routes",
+                format!("cannot be set from the environment ({variable}); give [[routes]] in the file"),
+            )
+        }));
+        // The one list of plain values: in a variable, comma-separated.
+        if let Some(value) = values.get_mut("trusted_proxies") {
+            if let Ok(text) = value.clone().into_string() {
+                let origin = "the environment".to_string();
+                let items: Vec<config::Value> = text
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|item| !item.is_empty())
+                    .map(|item| config::Value::new(Some(&origin), item))
+                    .collect();
+                *value = config::Value::new(Some(&origin), items);
+            }
+        }
+        EnvLayer(values)
+    }
+
+    /// Names the variable behind a bad value: the key alone would send an operator looking in the file.
+    fn annotate(&self, problem: &mut ConfigError) {
+        let key = problem.key.split('[').next().unwrap_or(&problem.key);
+        if self.0.contains_key(key) {
+            problem.message = format!("{} (from {})", problem.message, env_var(key));
+        }
+    }
+}
+
+/// The whole validated configuration. Serializes as the TOML file that states it (what `floodgate check`
+/// prints).
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub listen: SocketAddr,
     pub admin: SocketAddr,
     /// Tokio worker threads; `None` lets the runtime use one per CPU.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub threads: Option<usize>,
     pub max_client_connections: usize,
     #[serde(with = "humantime_serde")]
@@ -74,7 +255,7 @@ impl Default for Config {
 }
 
 /// One named upstream origin and the limits of its pool.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct UpstreamConfig {
     /// `http://host:port` or a bare `host:port`.
@@ -142,10 +323,12 @@ impl UpstreamConfig {
 }
 
 /// Picks an upstream by Host and/or path prefix; neither means catch-all.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouteConfig {
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub path_prefix: Option<String>,
     pub upstream: String,
 }
@@ -212,7 +395,7 @@ impl Origin {
     }
 }
 
-/// Values given on the command line; each one overrides the file.
+/// Values given on the command line; each one overrides the file and the environment.
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {
     pub listen: Option<SocketAddr>,
@@ -232,39 +415,74 @@ pub struct Overrides {
     pub threads: Option<usize>,
 }
 
+impl Overrides {
+    /// Whether a flag set `key`, making a problem with its value the flag's rather than the environment's.
+    fn sets(&self, key: &str) -> bool {
+        let global = match key {
+            "listen" => self.listen.is_some(),
+            "admin" => self.admin.is_some(),
+            "threads" => self.threads.is_some(),
+            "client_idle_timeout" => self.client_idle_timeout.is_some(),
+            "header_read_timeout" => self.header_read_timeout.is_some(),
+            "first_byte_timeout" => self.first_byte_timeout.is_some(),
+            "shutdown_timeout" => self.shutdown_timeout.is_some(),
+            _ => false,
+        };
+        let Some(field) = key
+            .strip_prefix("upstreams.")
+            .and_then(|rest| rest.split_once('.'))
+            .map(|(_, f)| f)
+        else {
+            return global;
+        };
+        match field {
+            "url" => self.upstream.is_some(),
+            "max_connections" => self.max_connections.is_some(),
+            "max_queue" => self.max_queue.is_some(),
+            "queue_timeout" => self.queue_timeout.is_some(),
+            "connect_timeout" => self.connect_timeout.is_some(),
+            "request_timeout" => self.request_timeout.is_some(),
+            "idle_timeout" => self.idle_timeout.is_some(),
+            "body_idle_timeout" => self.body_idle_timeout.is_some(),
+            _ => false,
+        }
+    }
+}
+
 /// The name the quick `--upstream` case gives its one upstream.
 pub const DEFAULT_UPSTREAM: &str = "default";
 
 impl Config {
-    /// The quick case: everything goes to one upstream with the given cap.
-    pub fn single_upstream(upstream: &str, max_connections: usize) -> Result<Config, ConfigError> {
+    /// The quick case: everything goes to one upstream with the given cap. Reads no file and no environment.
+    pub fn single_upstream(upstream: &str, max_connections: usize) -> Result<Config, ConfigErrors> {
         let overrides = Overrides {
             upstream: Some(upstream.to_string()),
             max_connections: Some(max_connections),
             ..Overrides::default()
         };
-        Config::load(None, &overrides)
+        Config::load(None, &Env::none(), &overrides)
     }
 
-    /// Reads the file (if any), applies the flags and validates the result.
-    pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigError> {
-        let config = match file {
-            Some(path) => Config::from_file(path)?,
-            None => Config::default(),
-        };
-        config.finish(overrides)
+    /// Built-in defaults < the file (if any) < `env` < the flags, then validation.
+    pub fn load(file: Option<&Path>, env: &Env, overrides: &Overrides) -> Result<Config, ConfigErrors> {
+        let file = file.map(|path| {
+            let source = config::File::from(path).format(config::FileFormat::Toml).required(true);
+            (source, path.display().to_string())
+        });
+        Config::from_layers(file, env, overrides)
     }
 
-    /// [`Config::load`] from the text of a file rather than its path; `origin` names the text in errors.
-    pub(crate) fn load_toml(text: &str, origin: &str, overrides: &Overrides) -> Result<Config, ConfigError> {
+    /// [`Config::load`] from the text of a file rather than its path, without environment; `origin` names the
+    /// text in errors.
+    pub(crate) fn load_toml(text: &str, origin: &str, overrides: &Overrides) -> Result<Config, ConfigErrors> {
         let source = config::File::from_str(text, config::FileFormat::Toml);
-        Config::from_source(source, origin)?.finish(overrides)
+        Config::from_layers(Some((source, origin.to_string())), &Env::none(), overrides)
     }
 
-    fn finish(mut self, overrides: &Overrides) -> Result<Config, ConfigError> {
-        self.apply(overrides);
-        self.validate()?;
-        Ok(self)
+    /// The configuration as the TOML file that would state it, every [`Secret`] shown as [`REDACTED`]: what
+    /// `floodgate check` prints. Loading it again gives the same configuration (secrets aside).
+    pub fn to_redacted_toml(&self) -> Result<String, toml::ser::Error> {
+        toml::to_string(self)
     }
 
     /// A client that stops reading gets as long as the most patient upstream's `body_idle_timeout`: the listener
@@ -277,20 +495,55 @@ impl Config {
             .unwrap_or_else(|| UpstreamConfig::default().body_idle_timeout)
     }
 
-    fn from_file(path: &Path) -> Result<Config, ConfigError> {
-        let source = config::File::from(path).format(config::FileFormat::Toml).required(true);
-        Config::from_source(source, &path.display().to_string())
-    }
-
-    fn from_source<S>(source: S, origin: &str) -> Result<Config, ConfigError>
+    fn from_layers<S>(file: Option<(S, String)>, env: &Env, overrides: &Overrides) -> Result<Config, ConfigErrors>
     where
         S: config::Source + Send + Sync + 'static,
     {
-        let raw = config::Config::builder()
-            .add_source(source)
-            .build()
-            .map_err(|err| ConfigError::new(origin, one_line(&err.to_string())))?;
-        raw.try_deserialize::<Config>().map_err(from_config_error)
+        let mut problems = Vec::new();
+        let env_layer = EnvLayer::read(env, &mut problems);
+        // The defaults are `Config::default()`, which serde fills in for every key no layer sets.
+        let mut builder = config::Config::builder();
+        let mut origin = "configuration".to_string();
+        if let Some((source, name)) = file {
+            builder = builder.add_source(source);
+            origin = name;
+        }
+        let raw = match builder.add_source(env_layer.clone()).build() {
+            Ok(raw) => raw,
+            // An unreadable or unparsable file: nothing below can be checked.
+            Err(err) => {
+                problems.push(ConfigError::new(origin, one_line(&err.to_string())));
+                return Err(ConfigErrors(problems));
+            }
+        };
+        let mut config = match raw.clone().try_deserialize::<Config>() {
+            Ok(config) => config,
+            Err(err) => {
+                let mut found = config::Source::collect(&raw)
+                    .map(|table| value_problems(&table))
+                    .unwrap_or_default();
+                if found.is_empty() {
+                    found.push(config_problem(err, ""));
+                }
+                for problem in &mut found {
+                    env_layer.annotate(problem);
+                }
+                problems.extend(found);
+                return Err(ConfigErrors(problems));
+            }
+        };
+        config.apply(overrides);
+        for mut problem in config.validate() {
+            if !overrides.sets(&problem.key) {
+                env_layer.annotate(&mut problem);
+            }
+            problems.push(problem);
+        }
+        if problems.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigErrors(problems))
+        }
     }
 
     fn apply(&mut self, o: &Overrides) {
@@ -351,24 +604,26 @@ impl Config {
         }
     }
 
-    fn validate(&self) -> Result<(), ConfigError> {
+    /// Every problem with the values, in key order within each part; empty when the configuration is usable.
+    fn validate(&self) -> Vec<ConfigError> {
+        let mut problems = Problems::default();
         if self.upstreams.is_empty() {
-            return Err(ConfigError::new(
+            problems.push(
                 "upstreams",
                 "no upstream configured (give --upstream http://host:port or an [upstreams.NAME] table)",
-            ));
+            );
         }
-        positive("max_client_connections", self.max_client_connections as u128)?;
-        positive("max_header_bytes", self.max_header_bytes as u128)?;
-        positive("max_concurrent_streams", u128::from(self.max_concurrent_streams))?;
+        problems.count("max_client_connections", self.max_client_connections as u128, false);
+        problems.count("max_header_bytes", self.max_header_bytes as u128, false);
+        problems.count("max_concurrent_streams", u128::from(self.max_concurrent_streams), false);
         if let Some(threads) = self.threads {
-            positive("threads", threads as u128)?;
+            problems.count("threads", threads as u128, false);
         }
         if self.max_client_connections > tokio::sync::Semaphore::MAX_PERMITS {
-            return Err(ConfigError::new(
+            problems.push(
                 "max_client_connections",
                 format!("must be at most {}", tokio::sync::Semaphore::MAX_PERMITS),
-            ));
+            );
         }
         for (key, value, zero_allowed) in [
             ("first_byte_timeout", self.first_byte_timeout, false),
@@ -376,95 +631,178 @@ impl Config {
             ("client_idle_timeout", self.client_idle_timeout, false),
             ("shutdown_timeout", self.shutdown_timeout, true),
         ] {
-            duration_in_range(key, value, zero_allowed)?;
+            problems.duration(key, value, zero_allowed);
         }
         for (name, upstream) in &self.upstreams {
-            let valid_name = !name.is_empty()
-                && name
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-            if !valid_name {
-                return Err(ConfigError::new(
+            if !is_addressable_name(name) {
+                problems.push(
                     format!("upstreams.{name}"),
-                    "upstream names may only use a-z, 0-9 and _",
-                ));
+                    "upstream names use a-z, 0-9 and single _ between them (so that \
+                     FLOODGATE__UPSTREAMS__<NAME>__<KEY> can reach every one)",
+                );
             }
             let key = |field: &str| format!("upstreams.{name}.{field}");
             if upstream.url.is_empty() {
-                return Err(ConfigError::new(key("url"), "missing (e.g. \"http://127.0.0.1:9000\")"));
+                problems.push(key("url"), "missing (e.g. \"http://127.0.0.1:9000\")");
+            } else if let Err(message) = Origin::parse(&upstream.url) {
+                problems.push(key("url"), message);
             }
-            Origin::parse(&upstream.url).map_err(|message| ConfigError::new(key("url"), message))?;
-            positive(&key("max_connections"), upstream.max_connections as u128)?;
+            problems.count(&key("max_connections"), upstream.max_connections as u128, false);
+            problems.count(&key("max_queue"), upstream.max_queue as u128, true);
+            problems.count(
+                &key("max_requests_per_connection"),
+                u128::from(upstream.max_requests_per_connection),
+                true,
+            );
+            problems.count(&key("abort_drain_bytes"), u128::from(upstream.abort_drain_bytes), true);
             for (field, value, zero_allowed) in upstream.durations() {
-                duration_in_range(&key(field), value, zero_allowed)?;
+                problems.duration(&key(field), value, zero_allowed);
             }
         }
         for (index, route) in self.routes.iter().enumerate() {
             if !self.upstreams.contains_key(&route.upstream) {
-                return Err(ConfigError::new(
+                problems.push(
                     format!("routes[{index}].upstream"),
                     format!("unknown upstream `{}`", route.upstream),
-                ));
+                );
             }
             if let Some(prefix) = &route.path_prefix {
                 if !prefix.starts_with('/') {
-                    return Err(ConfigError::new(
-                        format!("routes[{index}].path_prefix"),
-                        "must start with /",
-                    ));
+                    problems.push(format!("routes[{index}].path_prefix"), "must start with /");
                 }
             }
         }
-        if self.routes.is_empty() {
-            return Err(ConfigError::new(
+        // Without an upstream there is nothing a route could name; that problem is already reported.
+        if self.routes.is_empty() && !self.upstreams.is_empty() {
+            problems.push(
                 "routes",
                 "no route configured (add a [[routes]] entry with upstream = \"NAME\")",
-            ));
+            );
         }
-        Ok(())
+        problems.0
     }
+}
+
+/// Upstream names end up in variable names: `FLOODGATE__UPSTREAMS__<NAME>__URL` is lowercased and split at every
+/// `__`, so a name with an upper-case letter, a `__` or an `_` at either end could not be reached from there.
+pub fn is_addressable_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        && !name.starts_with('_')
+        && !name.ends_with('_')
+        && !name.contains("__")
 }
 
 /// Deadlines are computed as `now + duration`; a year bounds them far from overflow and from any sane setting.
 const LONGEST_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
-fn duration_in_range(key: &str, value: Duration, zero_allowed: bool) -> Result<(), ConfigError> {
-    if !zero_allowed {
-        positive(key, value.as_nanos())?;
+/// The largest integer TOML can state, so that `floodgate check` can always print what it accepted.
+const LARGEST_COUNT: u128 = i64::MAX as u128;
+
+#[derive(Default)]
+struct Problems(Vec<ConfigError>);
+
+impl Problems {
+    fn push(&mut self, key: impl Into<String>, message: impl Into<String>) {
+        self.0.push(ConfigError::new(key, message));
     }
-    if value > LONGEST_DURATION {
-        return Err(ConfigError::new(key, "must be at most a year (365d)"));
+
+    fn count(&mut self, key: &str, value: u128, zero_allowed: bool) {
+        if value == 0 && !zero_allowed {
+            self.push(key, "must be greater than zero");
+        } else if value > LARGEST_COUNT {
+            self.push(key, format!("must be at most {LARGEST_COUNT}"));
+        }
     }
-    Ok(())
+
+    fn duration(&mut self, key: &str, value: Duration, zero_allowed: bool) {
+        if value.is_zero() && !zero_allowed {
+            self.push(key, "must be greater than zero");
+        } else if value > LONGEST_DURATION {
+            self.push(key, "must be at most a year (365d)");
+        }
+    }
 }
 
-fn positive(key: &str, value: u128) -> Result<(), ConfigError> {
-    if value == 0 {
-        Err(ConfigError::new(key, "must be greater than zero"))
-    } else {
-        Ok(())
+/// serde stops at the first bad value. Deserializing one key at a time finds every one, so that a single
+/// `floodgate check` lists them all rather than one per edit. Sorted by key: the table's order is a hash's.
+fn value_problems(table: &config::Map<String, config::Value>) -> Vec<ConfigError> {
+    let mut problems = Vec::new();
+    for (key, value) in table {
+        match key.as_str() {
+            "upstreams" => {
+                match value.clone().into_table() {
+                    Ok(upstreams) => {
+                        for (name, upstream) in upstreams {
+                            let within = format!("upstreams.{name}");
+                            match upstream.into_table() {
+                                Ok(fields) => problems.extend(fields.into_iter().filter_map(|(field, value)| {
+                                    one_key_problem::<UpstreamConfig>(&within, field, value)
+                                })),
+                                Err(err) => problems.push(config_problem(err, &within)),
+                            }
+                        }
+                    }
+                    Err(err) => problems.push(config_problem(err, "upstreams")),
+                }
+            }
+            "routes" => match value.clone().into_array() {
+                Ok(routes) => {
+                    for (index, route) in routes.into_iter().enumerate() {
+                        if let Err(err) = route.try_deserialize::<RouteConfig>() {
+                            problems.push(config_problem(err, &format!("routes[{index}]")));
+                        }
+                    }
+                }
+                Err(err) => problems.push(config_problem(err, "routes")),
+            },
+            _ => problems.extend(one_key_problem::<Config>("", key.clone(), value.clone())),
+        }
     }
+    problems.sort_by(|a, b| a.key.cmp(&b.key));
+    problems
+}
+
+/// The problem with `key = value` alone in a `T` (whose other keys take their defaults), named `within.key`.
+fn one_key_problem<T: DeserializeOwned>(within: &str, key: String, value: config::Value) -> Option<ConfigError> {
+    let table: config::Map<String, config::Value> = [(key, value)].into_iter().collect();
+    config::Value::from(table)
+        .try_deserialize::<T>()
+        .err()
+        .map(|err| config_problem(err, within))
 }
 
 /// The `config` crate reports a key path for most errors but names an unknown field only in its message; either
-/// way the result is one line whose key is the offending one.
-fn from_config_error(err: config::ConfigError) -> ConfigError {
-    let (key, text) = match &err {
-        config::ConfigError::Type { key: Some(key), .. } | config::ConfigError::At { key: Some(key), .. } => {
-            let text = err.to_string();
-            let message = text.split(" for key `").next().unwrap_or(&text).to_string();
-            (key.clone(), message)
+/// way the result is one line whose key is the offending one, below `within` (a table's path, or empty).
+fn config_problem(err: config::ConfigError, within: &str) -> ConfigError {
+    let text = err.to_string();
+    let (key, origin) = match &err {
+        config::ConfigError::Type { key, origin, .. } | config::ConfigError::At { key, origin, .. } => {
+            (key.clone().unwrap_or_default(), origin.clone())
         }
-        _ => (String::new(), err.to_string()),
+        _ => (String::new(), None),
     };
-    let (key, text) = match text
+    // The key and origin go first-class into the problem's key and the variable's note; the text keeps the rest.
+    let text = origin
+        .and_then(|origin| text.strip_suffix(&format!(" in {origin}")).map(str::to_string))
+        .unwrap_or(text);
+    let text = text.split(" for key `").next().unwrap_or(&text).to_string();
+    let key = match text
         .strip_prefix("unknown field `")
         .and_then(|rest| rest.split_once('`'))
     {
-        Some((field, _)) if key.is_empty() => (field.to_string(), text.clone()),
-        Some((field, _)) => (format!("{key}.{field}"), text.clone()),
-        None if key.is_empty() => ("config".to_string(), text),
-        None => (key, text),
+        Some((field, _)) if key.is_empty() => field.to_string(),
+        Some((field, _)) => format!("{key}.{field}"),
+        None => key,
+    };
+    let key = match (within.is_empty(), key.is_empty()) {
+        (true, true) => "config".to_string(),
+        (true, false) => key,
+        (false, true) => within.to_string(),
+        (false, false) if key.starts_with('[') => format!("{within}{key}"),
+        (false, false) => format!("{within}.{key}"),
     };
     ConfigError::new(key, one_line(&text))
 }
@@ -501,24 +839,270 @@ mod tests {
         assert!(config.routes[0].host.is_none() && config.routes[0].path_prefix.is_none());
     }
 
+    /// The built-in defaults with one upstream `app` at `url` and a catch-all route to it.
+    fn defaults_with_app(url: &str) -> Config {
+        let mut config = Config::default();
+        let app = UpstreamConfig {
+            url: url.to_string(),
+            ..UpstreamConfig::default()
+        };
+        config.upstreams.insert("app".to_string(), app);
+        config.routes.push(RouteConfig {
+            host: None,
+            path_prefix: None,
+            upstream: "app".to_string(),
+        });
+        config
+    }
+
     #[test]
-    fn the_reference_file_is_valid_and_states_the_defaults() {
+    fn the_reference_file_is_valid_and_states_every_key_with_its_default() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/floodgate.toml");
-        let config = Config::load(Some(&path), &Overrides::default()).unwrap();
-        let defaults = Config::default();
-        assert_eq!(config.listen, defaults.listen);
-        assert_eq!(config.client_idle_timeout, defaults.client_idle_timeout);
-        let app = &config.upstreams["app"];
-        let upstream_defaults = UpstreamConfig::default();
-        assert_eq!(app.max_queue, upstream_defaults.max_queue);
-        assert_eq!(app.queue_timeout, upstream_defaults.queue_timeout);
-        assert_eq!(app.idle_timeout, upstream_defaults.idle_timeout);
-        assert_eq!(app.abort_drain_bytes, upstream_defaults.abort_drain_bytes);
+        let config = Config::load(Some(&path), &Env::none(), &Overrides::default()).unwrap();
+        let mut expected = defaults_with_app("http://127.0.0.1:9000");
+        assert_eq!(config.to_redacted_toml().unwrap(), expected.to_redacted_toml().unwrap());
+        // Every key appears, set or commented out; `threads` (no default) shows up only once it has a value.
+        expected.threads = Some(2);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mentioned = |key: &str| {
+            text.lines()
+                .any(|line| line.trim_start_matches("# ").starts_with(&format!("{key} = ")))
+        };
+        let table: toml::Table = toml::from_str(&expected.to_redacted_toml().unwrap()).unwrap();
+        let mut keys: Vec<String> = table
+            .keys()
+            .filter(|k| *k != "upstreams" && *k != "routes")
+            .cloned()
+            .collect();
+        keys.extend(table["upstreams"]["app"].as_table().unwrap().keys().cloned());
+        keys.extend(["host", "path_prefix", "upstream"].map(String::from));
+        let missing: Vec<&String> = keys.iter().filter(|key| !mentioned(key)).collect();
+        assert!(missing.is_empty(), "config/floodgate.toml does not state {missing:?}");
     }
 
     #[test]
     fn zero_connections_is_rejected_with_its_key() {
         let err = Config::single_upstream("127.0.0.1:9000", 0).unwrap_err();
-        assert_eq!(err.key, "upstreams.default.max_connections");
+        assert_eq!(err.problems()[0].key, "upstreams.default.max_connections");
+    }
+
+    fn vars(pairs: &[(&str, &str)]) -> Env {
+        Env::Vars(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
+    }
+
+    const FILE: &str = r#"
+listen = "127.0.0.1:1000"
+[upstreams.api]
+url = "http://127.0.0.1:9000"
+max_connections = 4
+[[routes]]
+upstream = "api"
+"#;
+
+    fn load(env: &Env, overrides: &Overrides) -> Result<Config, ConfigErrors> {
+        let source = config::File::from_str(FILE, config::FileFormat::Toml);
+        Config::from_layers(Some((source, "test".to_string())), env, overrides)
+    }
+
+    fn problem_lines(err: &ConfigErrors) -> Vec<String> {
+        err.problems().iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn the_environment_overrides_the_file_and_flags_override_the_environment() {
+        let env = vars(&[
+            ("FLOODGATE__LISTEN", "0.0.0.0:2000"),
+            ("FLOODGATE__UPSTREAMS__API__MAX_CONNECTIONS", "16"),
+            ("FLOODGATE__UPSTREAMS__API__QUEUE_TIMEOUT", "1m 30s"),
+            ("floodgate__upstreams__api__max_queue", "7"),
+        ]);
+        let config = load(&env, &Overrides::default()).unwrap();
+        assert_eq!(config.listen, "0.0.0.0:2000".parse().unwrap());
+        let api = &config.upstreams["api"];
+        assert_eq!(api.max_connections, 16);
+        assert_eq!(
+            api.queue_timeout,
+            Duration::from_secs(90),
+            "durations parse as in the file"
+        );
+        assert_eq!(api.max_queue, 7, "names are case-insensitive");
+        assert_eq!(api.url, "http://127.0.0.1:9000", "the file's other keys stay");
+
+        let flags = Overrides {
+            listen: Some("127.0.0.1:3000".parse().unwrap()),
+            max_connections: Some(2),
+            ..Overrides::default()
+        };
+        let config = load(&env, &flags).unwrap();
+        assert_eq!(config.listen, "127.0.0.1:3000".parse().unwrap());
+        assert_eq!(config.upstreams["api"].max_connections, 2);
+    }
+
+    #[test]
+    fn the_environment_alone_can_define_an_upstream_and_trusted_proxies() {
+        let env = vars(&[
+            ("FLOODGATE__UPSTREAMS__WEB_2__URL", "127.0.0.1:9100"),
+            ("FLOODGATE__TRUSTED_PROXIES", "10.0.0.0/8, 192.168.1.1/32"),
+        ]);
+        let config = load(&env, &Overrides::default()).unwrap();
+        assert_eq!(config.upstreams["web_2"].url, "127.0.0.1:9100");
+        assert_eq!(config.upstreams["web_2"].max_connections, 8, "the rest are defaults");
+        let proxies: Vec<String> = config.trusted_proxies.iter().map(ToString::to_string).collect();
+        assert_eq!(proxies, ["10.0.0.0/8", "192.168.1.1/32"]);
+        let empty = load(&vars(&[("FLOODGATE__TRUSTED_PROXIES", "")]), &Overrides::default()).unwrap();
+        assert!(empty.trusted_proxies.is_empty());
+    }
+
+    #[test]
+    fn kubernetes_service_variables_change_nothing() {
+        let kubernetes = vars(&[
+            ("FLOODGATE_PORT", "tcp://10.96.0.12:8080"),
+            ("FLOODGATE_PORT_8080_TCP", "tcp://10.96.0.12:8080"),
+            ("FLOODGATE_PORT_8080_TCP_ADDR", "10.96.0.12"),
+            ("FLOODGATE_PORT_8080_TCP_PORT", "8080"),
+            ("FLOODGATE_PORT_8080_TCP_PROTO", "tcp"),
+            ("FLOODGATE_SERVICE_HOST", "10.96.0.12"),
+            ("FLOODGATE_SERVICE_PORT", "8080"),
+            ("FLOODGATE_SERVICE_PORT_HTTP", "8080"),
+            ("FLOODGATE_ADMIN_SERVICE_HOST", "10.96.0.13"),
+        ]);
+        let with = load(&kubernetes, &Overrides::default()).unwrap();
+        let without = load(&Env::none(), &Overrides::default()).unwrap();
+        assert_eq!(with.to_redacted_toml().unwrap(), without.to_redacted_toml().unwrap());
+        assert!(kubernetes.variables().is_empty());
+    }
+
+    #[test]
+    fn a_bad_environment_value_names_its_key_and_variable() {
+        let env = vars(&[("FLOODGATE__UPSTREAMS__API__MAX_CONNECTIONS", "lots")]);
+        let err = load(&env, &Overrides::default()).unwrap_err();
+        let lines = problem_lines(&err);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(lines[0].starts_with("upstreams.api.max_connections: "), "{lines:?}");
+        assert!(
+            lines[0].contains("(from FLOODGATE__UPSTREAMS__API__MAX_CONNECTIONS)"),
+            "{lines:?}"
+        );
+    }
+
+    #[test]
+    fn an_invalid_environment_value_names_its_variable_unless_a_flag_replaced_it() {
+        let env = vars(&[("FLOODGATE__UPSTREAMS__API__MAX_CONNECTIONS", "0")]);
+        let err = load(&env, &Overrides::default()).unwrap_err();
+        assert_eq!(
+            problem_lines(&err),
+            ["upstreams.api.max_connections: must be greater than zero \
+              (from FLOODGATE__UPSTREAMS__API__MAX_CONNECTIONS)"]
+        );
+        let flag = Overrides {
+            max_connections: Some(0),
+            ..Overrides::default()
+        };
+        let err = load(&env, &flag).unwrap_err();
+        assert_eq!(
+            problem_lines(&err),
+            ["upstreams.api.max_connections: must be greater than zero"]
+        );
+    }
+
+    #[test]
+    fn routes_cannot_come_from_the_environment() {
+        let env = vars(&[("FLOODGATE__ROUTES__0__UPSTREAM", "api")]);
+        let err = load(&env, &Overrides::default()).unwrap_err();
+        let lines = problem_lines(&err);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(lines[0].starts_with("routes: cannot be set from the environment (FLOODGATE__ROUTES__0__UPSTREAM)"));
+    }
+
+    #[test]
+    fn every_bad_value_is_reported_not_only_the_first() {
+        let text = r#"
+listen = "nowhere"
+bogus = 1
+[upstreams.api]
+url = "http://127.0.0.1:9000"
+max_connections = "many"
+queue_timeout = "5 parsecs"
+[upstreams.web]
+url = "http://127.0.0.1:9001"
+idle_timeout = 30
+"#;
+        let err = Config::load_toml(text, "test", &Overrides::default()).unwrap_err();
+        let keys: Vec<&str> = err.problems().iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "bogus",
+                "listen",
+                "upstreams.api.max_connections",
+                "upstreams.api.queue_timeout",
+                "upstreams.web.idle_timeout"
+            ]
+        );
+        assert!(err.problems().iter().all(|p| !p.to_string().contains('\n')));
+    }
+
+    #[test]
+    fn every_invalid_setting_is_reported_not_only_the_first() {
+        let text = r#"
+max_header_bytes = 0
+[upstreams.Api]
+url = "https://example.com"
+max_connections = 0
+[[routes]]
+upstream = "nowhere"
+path_prefix = "x"
+"#;
+        let err = Config::load_toml(text, "test", &Overrides::default()).unwrap_err();
+        let keys: Vec<&str> = err.problems().iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "max_header_bytes",
+                "upstreams.Api",
+                "upstreams.Api.url",
+                "upstreams.Api.max_connections",
+                "routes[0].upstream",
+                "routes[0].path_prefix"
+            ]
+        );
+    }
+
+    #[test]
+    fn upstream_names_must_survive_the_environment_mapping() {
+        for good in ["api", "web_2", "a1_b2_c3", "0"] {
+            assert!(is_addressable_name(good), "{good}");
+        }
+        for bad in ["", "Api", "web-2", "a__b", "_a", "a_", "é"] {
+            assert!(!is_addressable_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_effective_toml_loads_back_to_itself() {
+        let mut config = load(&Env::none(), &Overrides::default()).unwrap();
+        config.threads = Some(3);
+        config.trusted_proxies = vec!["10.0.0.0/8".parse().unwrap()];
+        config.routes.push(RouteConfig {
+            host: Some("example.com".to_string()),
+            path_prefix: Some("/x".to_string()),
+            upstream: "api".to_string(),
+        });
+        let text = config.to_redacted_toml().unwrap();
+        let again = Config::load_toml(&text, "effective", &Overrides::default()).unwrap();
+        assert_eq!(again.to_redacted_toml().unwrap(), text);
+    }
+
+    #[test]
+    fn secrets_are_redacted_when_printed_or_logged() {
+        #[derive(Debug, Deserialize, Serialize)]
+        struct WithSecret {
+            token: Secret,
+        }
+        let parsed: WithSecret = toml::from_str("token = \"hunter2\"").unwrap();
+        assert_eq!(parsed.token.expose(), "hunter2");
+        let printed = toml::to_string(&parsed).unwrap();
+        assert_eq!(printed.trim(), format!("token = \"{REDACTED}\""));
+        assert!(!format!("{parsed:?}").contains("hunter2"));
     }
 }

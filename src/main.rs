@@ -1,7 +1,7 @@
 //! The `floodgate` binary: command line, logging, runtime, signals and exit codes.
 //!
-//! Exit codes: 0 after a clean run or drain, 2 for a configuration problem (one line naming the key),
-//! 1 for anything else that stops start-up.
+//! Exit codes: 0 after a clean run or drain (or a valid `check`), 2 for a configuration problem (one line per
+//! problem, each naming its key), 1 for anything else that stops start-up.
 
 #![forbid(unsafe_code)]
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
@@ -11,17 +11,27 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
-use floodgate::config::{Config, Overrides};
+use clap::{Args, Parser, Subcommand};
+use floodgate::config::{Config, Env, Overrides, REDACTED};
 use floodgate::server::Floodgate;
 
 /// A reverse proxy that turns any number of clients into a fixed, bounded keep-alive pool per upstream.
+///
+/// Configuration layers, each overriding the one before: built-in defaults, the --config file, FLOODGATE__*
+/// environment variables (FLOODGATE__UPSTREAMS__API__MAX_CONNECTIONS=16), these flags.
 #[derive(Parser, Debug)]
 #[command(name = "floodgate", version, about)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
-    /// TOML configuration file; flags override it.
+    #[command(flatten)]
+    layers: LayerArgs,
+}
+
+/// The file and the flags: the layers a command line gives (the environment is read by itself).
+#[derive(Args, Debug, Default)]
+struct LayerArgs {
+    /// TOML configuration file; the environment and flags override it.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Client listener address.
@@ -71,43 +81,84 @@ struct Cli {
     threads: Option<usize>,
 }
 
+impl LayerArgs {
+    /// `floodgate check --config F` and `floodgate --config F check` both work: clap parses flags before the
+    /// subcommand into `outer`; those after it win.
+    fn or(self, outer: LayerArgs) -> LayerArgs {
+        LayerArgs {
+            config: self.config.or(outer.config),
+            listen: self.listen.or(outer.listen),
+            admin: self.admin.or(outer.admin),
+            upstream: self.upstream.or(outer.upstream),
+            max_connections: self.max_connections.or(outer.max_connections),
+            max_queue: self.max_queue.or(outer.max_queue),
+            queue_timeout: self.queue_timeout.or(outer.queue_timeout),
+            connect_timeout: self.connect_timeout.or(outer.connect_timeout),
+            request_timeout: self.request_timeout.or(outer.request_timeout),
+            idle_timeout: self.idle_timeout.or(outer.idle_timeout),
+            body_idle_timeout: self.body_idle_timeout.or(outer.body_idle_timeout),
+            client_idle_timeout: self.client_idle_timeout.or(outer.client_idle_timeout),
+            header_read_timeout: self.header_read_timeout.or(outer.header_read_timeout),
+            first_byte_timeout: self.first_byte_timeout.or(outer.first_byte_timeout),
+            shutdown_timeout: self.shutdown_timeout.or(outer.shutdown_timeout),
+            threads: self.threads.or(outer.threads),
+        }
+    }
+
+    /// All layers, with the process's environment; on problems, one line each on stderr.
+    fn load(self) -> Result<Config, ExitCode> {
+        let overrides = Overrides {
+            listen: self.listen,
+            admin: self.admin,
+            upstream: self.upstream,
+            max_connections: self.max_connections,
+            max_queue: self.max_queue,
+            queue_timeout: self.queue_timeout,
+            connect_timeout: self.connect_timeout,
+            request_timeout: self.request_timeout,
+            idle_timeout: self.idle_timeout,
+            body_idle_timeout: self.body_idle_timeout,
+            client_idle_timeout: self.client_idle_timeout,
+            header_read_timeout: self.header_read_timeout,
+            first_byte_timeout: self.first_byte_timeout,
+            shutdown_timeout: self.shutdown_timeout,
+            threads: self.threads,
+        };
+        Config::load(self.config.as_deref(), &Env::Process, &overrides).map_err(|errors| {
+            for problem in errors.problems() {
+                eprintln!("floodgate: invalid configuration: {problem}");
+            }
+            ExitCode::from(2)
+        })
+    }
+}
+
+// Parsed once at start-up: boxing the larger variant would save nothing worth the indirection.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Shows the point in ten seconds: a thread-per-connection upstream hit directly, then through floodgate.
     Demo(floodgate::demo::DemoArgs),
+    /// Validates the configuration (all layers, as the proxy would start with them) and prints it as TOML, secrets
+    /// redacted; exits 2 with one line per problem.
+    Check(LayerArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Some(Command::Demo(args)) = cli.command {
-        // The demo's output is its table; the proxy's own info lines would only interleave with it.
-        init_logging("warn");
-        return run_demo(args);
+    match cli.command {
+        Some(Command::Demo(args)) => {
+            // The demo's output is its table; the proxy's own info lines would only interleave with it.
+            init_logging("warn");
+            return run_demo(args);
+        }
+        Some(Command::Check(args)) => return run_check(args.or(cli.layers)),
+        None => {}
     }
     init_logging("info");
-    let overrides = Overrides {
-        listen: cli.listen,
-        admin: cli.admin,
-        upstream: cli.upstream,
-        max_connections: cli.max_connections,
-        max_queue: cli.max_queue,
-        queue_timeout: cli.queue_timeout,
-        connect_timeout: cli.connect_timeout,
-        request_timeout: cli.request_timeout,
-        idle_timeout: cli.idle_timeout,
-        body_idle_timeout: cli.body_idle_timeout,
-        client_idle_timeout: cli.client_idle_timeout,
-        header_read_timeout: cli.header_read_timeout,
-        first_byte_timeout: cli.first_byte_timeout,
-        shutdown_timeout: cli.shutdown_timeout,
-        threads: cli.threads,
-    };
-    let config = match Config::load(cli.config.as_deref(), &overrides) {
+    let config = match cli.layers.load() {
         Ok(config) => config,
-        Err(err) => {
-            eprintln!("floodgate: invalid configuration: {err}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     let runtime = match build_runtime(config.threads) {
         Ok(runtime) => runtime,
@@ -123,6 +174,34 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+fn run_check(args: LayerArgs) -> ExitCode {
+    let file = match &args.config {
+        Some(path) => path.display().to_string(),
+        None => "no file".to_string(),
+    };
+    let config = match args.load() {
+        Ok(config) => config,
+        Err(code) => return code,
+    };
+    let text = match config.to_redacted_toml() {
+        Ok(text) => text,
+        Err(err) => {
+            eprintln!("floodgate: cannot print the configuration: {err}");
+            return ExitCode::from(1);
+        }
+    };
+    let variables = Env::Process.variables();
+    let variables = if variables.is_empty() {
+        "none".to_string()
+    } else {
+        variables.join(", ")
+    };
+    println!("# floodgate check: valid. Effective configuration, secrets shown as {REDACTED}.");
+    println!("# Layers: built-in defaults < {file} < environment ({variables}) < flags.");
+    print!("{text}");
+    ExitCode::SUCCESS
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {

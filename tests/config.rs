@@ -59,10 +59,14 @@ max_conections = 4
 
 #[test]
 fn zero_max_connections_is_rejected_naming_the_key() {
+    // With its route: every problem gets a line of its own, and a missing route would be a second one.
     let config = r#"
 [upstreams.api]
 url = "http://127.0.0.1:9"
 max_connections = 0
+
+[[routes]]
+upstream = "api"
 "#;
     assert_rejected(config, &[], &["upstreams.api.max_connections"]);
 }

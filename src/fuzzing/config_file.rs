@@ -12,9 +12,12 @@ pub fn config_file(bytes: &[u8]) {
     let text = String::from_utf8_lossy(bytes);
     match Config::load_toml(&text, "config", &Overrides::default()) {
         Ok(config) => check_accepted(&config),
-        Err(err) => {
-            assert!(!err.key.is_empty(), "a refusal names no key: {err}");
-            assert!(!err.to_string().contains('\n'), "a refusal spans lines: {err:?}");
+        Err(errors) => {
+            assert!(!errors.problems().is_empty(), "a refusal with no problem");
+            for err in errors.problems() {
+                assert!(!err.key.is_empty(), "a refusal names no key: {err}");
+                assert!(!err.to_string().contains('\n'), "a refusal spans lines: {err:?}");
+            }
         }
     }
 }
@@ -40,12 +43,16 @@ fn check_accepted(config: &Config) {
         check_duration(name, value, zero_allowed);
     }
     for (name, upstream) in &config.upstreams {
+        // Reachable as FLOODGATE__UPSTREAMS__<NAME>__…: lowercase, and `__` only ever between key parts.
         assert!(
             !name.is_empty()
                 && name
                     .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
-            "upstream name {name:?} is not a-z, 0-9, _"
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+                && !name.starts_with('_')
+                && !name.ends_with('_')
+                && !name.contains("__"),
+            "upstream name {name:?} is not a-z, 0-9 and single _ inside"
         );
         let origin = match Origin::parse(&upstream.url) {
             Ok(origin) => origin,
@@ -85,6 +92,19 @@ fn check_accepted(config: &Config) {
     }
     // The listener gives a client that stops reading this long; it must be a usable deadline too.
     check_duration("client_write_stall_limit", config.client_write_stall_limit(), false);
+    // What `floodgate check` prints must be a file that gives the same configuration.
+    let printed = match config.to_redacted_toml() {
+        Ok(text) => text,
+        Err(err) => panic!("an accepted config cannot be printed: {err}"),
+    };
+    match Config::load_toml(&printed, "printed", &Overrides::default()) {
+        Ok(again) => assert_eq!(
+            again.to_redacted_toml().ok().as_deref(),
+            Some(printed.as_str()),
+            "the printed config loads as another"
+        ),
+        Err(err) => panic!("the printed config is refused: {err}\n{printed}"),
+    }
 }
 
 /// Deadlines are `now + duration`: non-zero where zero would fire at once, and never near overflow.

@@ -1191,6 +1191,22 @@ impl Proxy {
     }
 
     pub async fn try_start_with_fd_limit<S: AsRef<str>>(args: &[S], fd_limit: Option<u64>) -> Result<Proxy, String> {
+        Self::try_start_with(args, fd_limit, &[]).await
+    }
+
+    /// Like [`Proxy::start`], with `env` added to the environment floodgate inherits.
+    pub async fn start_with_env<S: AsRef<str>>(args: &[S], env: &[(&str, &str)]) -> Proxy {
+        match Self::try_start_with(args, None, env).await {
+            Ok(p) => p,
+            Err(e) => panic!("floodgate did not start: {e}"),
+        }
+    }
+
+    pub async fn try_start_with<S: AsRef<str>>(
+        args: &[S],
+        fd_limit: Option<u64>,
+        env: &[(&str, &str)],
+    ) -> Result<Proxy, String> {
         let mut command = match fd_limit {
             None => Command::new(floodgate_bin()),
             Some(limit) => {
@@ -1206,6 +1222,7 @@ impl Proxy {
         let mut child = command
             .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
             .args(args.iter().map(|a| a.as_ref()))
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -1454,8 +1471,14 @@ impl Drop for TempConfig {
 /// `timeout` (it is killed and the test fails otherwise). Returns exit
 /// status, stdout, stderr.
 pub fn run_to_exit(args: &[&str], timeout: Duration) -> (ExitStatus, String, String) {
+    run_to_exit_with_env(args, &[], timeout)
+}
+
+/// [`run_to_exit`] with `env` added to the environment floodgate inherits.
+pub fn run_to_exit_with_env(args: &[&str], env: &[(&str, &str)], timeout: Duration) -> (ExitStatus, String, String) {
     let mut child = Command::new(floodgate_bin())
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

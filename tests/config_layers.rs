@@ -1,0 +1,383 @@
+//! Configuration layers through the real binary: built-in defaults < file < `FLOODGATE__` environment < flags,
+//! the Kubernetes service variables ignored, and `floodgate check` on good and bad configurations and on every
+//! file under `config/`.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use http::StatusCode;
+use support::*;
+
+/// What Kubernetes injects into every pod of a namespace with a Service named `floodgate` (ports 8080 and 9901).
+const KUBERNETES: &[(&str, &str)] = &[
+    ("FLOODGATE_SERVICE_HOST", "10.96.0.12"),
+    ("FLOODGATE_SERVICE_PORT", "8080"),
+    ("FLOODGATE_SERVICE_PORT_HTTP", "8080"),
+    ("FLOODGATE_SERVICE_PORT_ADMIN", "9901"),
+    ("FLOODGATE_PORT", "tcp://10.96.0.12:8080"),
+    ("FLOODGATE_PORT_8080_TCP", "tcp://10.96.0.12:8080"),
+    ("FLOODGATE_PORT_8080_TCP_PROTO", "tcp"),
+    ("FLOODGATE_PORT_8080_TCP_PORT", "8080"),
+    ("FLOODGATE_PORT_8080_TCP_ADDR", "10.96.0.12"),
+    ("FLOODGATE_PORT_9901_TCP", "tcp://10.96.0.12:9901"),
+    ("FLOODGATE_PORT_9901_TCP_ADDR", "10.96.0.12"),
+];
+
+struct Run {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    /// The non-empty lines on stderr.
+    fn problems(&self) -> Vec<&str> {
+        self.stderr.lines().filter(|l| !l.trim().is_empty()).collect()
+    }
+
+    /// The configuration `check` printed; panics unless it succeeded.
+    fn effective(&self) -> toml::Table {
+        assert_eq!(
+            self.status.code(),
+            Some(0),
+            "check failed\nstdout:\n{}\nstderr:\n{}",
+            self.stdout,
+            self.stderr
+        );
+        match self.stdout.parse::<toml::Table>() {
+            Ok(table) => table,
+            Err(err) => panic!("check printed no TOML ({err}):\n{}", self.stdout),
+        }
+    }
+}
+
+fn floodgate(args: &[&str], env: &[(&str, &str)]) -> Run {
+    let (status, stdout, stderr) = run_to_exit_with_env(args, env, Duration::from_secs(10));
+    Run { status, stdout, stderr }
+}
+
+fn check(args: &[&str], env: &[(&str, &str)]) -> Run {
+    let mut all = vec!["check"];
+    all.extend_from_slice(args);
+    floodgate(&all, env)
+}
+
+fn upstream<'t>(effective: &'t toml::Table, name: &str) -> &'t toml::Table {
+    match effective
+        .get("upstreams")
+        .and_then(|u| u.get(name))
+        .and_then(|u| u.as_table())
+    {
+        Some(table) => table,
+        None => panic!("no upstreams.{name} in {effective:#?}"),
+    }
+}
+
+const API_FILE: &str = r#"
+[upstreams.api]
+url = "http://127.0.0.1:9"
+
+[[routes]]
+upstream = "api"
+"#;
+
+#[test]
+fn check_prints_the_effective_configuration_as_toml_and_exits_0() {
+    let file = TempConfig::new(API_FILE);
+    let path = file.path_str();
+    let run = check(&["--config", &path], &[]);
+    assert!(run.stderr.trim().is_empty(), "stderr: {}", run.stderr);
+    assert!(
+        run.stdout.starts_with("# floodgate check: valid."),
+        "stdout: {}",
+        run.stdout
+    );
+    let effective = run.effective();
+    // Defaults the file leaves out are stated.
+    assert_eq!(effective["listen"].as_str(), Some("127.0.0.1:8080"));
+    assert_eq!(effective["client_idle_timeout"].as_str(), Some("1m"));
+    let api = upstream(&effective, "api");
+    assert_eq!(api["url"].as_str(), Some("http://127.0.0.1:9"));
+    assert_eq!(api["max_connections"].as_integer(), Some(8));
+    assert_eq!(api["queue_timeout"].as_str(), Some("5s"));
+    assert_eq!(effective["routes"][0]["upstream"].as_str(), Some("api"));
+
+    // Flags before the subcommand count as well as after it.
+    let before = floodgate(&["--config", &path, "check"], &[]);
+    assert_eq!(before.status.code(), Some(0), "stderr: {}", before.stderr);
+    assert_eq!(before.stdout, run.stdout);
+}
+
+#[test]
+fn check_lists_every_problem_one_line_each_naming_its_key_and_exits_2() {
+    let bad_values = TempConfig::new(
+        r#"
+listen = "nowhere"
+[upstreams.api]
+url = "http://127.0.0.1:9"
+max_connections = "many"
+queue_timeout = "5 parsecs"
+"#,
+    );
+    let run = check(&["--config", &bad_values.path_str()], &[]);
+    assert_eq!(run.status.code(), Some(2), "stderr: {}", run.stderr);
+    assert!(run.stdout.is_empty(), "stdout: {}", run.stdout);
+    let lines = run.problems();
+    assert_eq!(lines.len(), 3, "{lines:#?}");
+    for (line, key) in lines.iter().zip([
+        "listen: ",
+        "upstreams.api.max_connections: ",
+        "upstreams.api.queue_timeout: ",
+    ]) {
+        assert!(
+            line.starts_with(&format!("floodgate: invalid configuration: {key}")),
+            "{line}"
+        );
+    }
+
+    let bad_settings = TempConfig::new(
+        r#"
+[upstreams.API]
+url = "https://127.0.0.1:9"
+max_connections = 0
+
+[[routes]]
+upstream = "nowhere"
+"#,
+    );
+    let run = check(&["--config", &bad_settings.path_str()], &[]);
+    assert_eq!(run.status.code(), Some(2), "stderr: {}", run.stderr);
+    let lines = run.problems();
+    let keys = [
+        "upstreams.API: ",
+        "upstreams.API.url: ",
+        "upstreams.API.max_connections: ",
+        "routes[0].upstream: ",
+    ];
+    assert_eq!(lines.len(), keys.len(), "{lines:#?}");
+    for (line, key) in lines.iter().zip(keys) {
+        assert!(line.contains(key), "{line} does not name {key}");
+    }
+}
+
+#[test]
+fn each_layer_overrides_the_one_below() {
+    let file = TempConfig::new(
+        r#"
+listen = "127.0.0.1:1001"
+shutdown_timeout = "11s"
+
+[upstreams.api]
+url = "http://127.0.0.1:9"
+max_queue = 100
+queue_timeout = "1s"
+
+[[routes]]
+upstream = "api"
+"#,
+    );
+    let path = file.path_str();
+    let env = [
+        ("FLOODGATE__LISTEN", "127.0.0.1:2002"),
+        ("FLOODGATE__UPSTREAMS__API__MAX_QUEUE", "200"),
+        ("FLOODGATE__UPSTREAMS__API__QUEUE_TIMEOUT", "2s"),
+    ];
+
+    // The file over the defaults.
+    let file_only = check(&["--config", &path], &[]).effective();
+    assert_eq!(file_only["listen"].as_str(), Some("127.0.0.1:1001"));
+    assert_eq!(file_only["admin"].as_str(), Some("127.0.0.1:9901"), "a default");
+    assert_eq!(upstream(&file_only, "api")["max_queue"].as_integer(), Some(100));
+
+    // The environment over the file.
+    let with_env = check(&["--config", &path], &env).effective();
+    assert_eq!(with_env["listen"].as_str(), Some("127.0.0.1:2002"));
+    assert_eq!(
+        with_env["shutdown_timeout"].as_str(),
+        Some("11s"),
+        "the file's other keys stay"
+    );
+    let api = upstream(&with_env, "api");
+    assert_eq!(api["max_queue"].as_integer(), Some(200));
+    assert_eq!(api["queue_timeout"].as_str(), Some("2s"));
+
+    // Flags over the environment.
+    let run = check(
+        &["--config", &path, "--listen", "127.0.0.1:3003", "--max-queue", "300"],
+        &env,
+    );
+    assert!(
+        run.stdout
+            .contains("environment (FLOODGATE__LISTEN, FLOODGATE__UPSTREAMS__API__MAX_QUEUE"),
+        "check names the variables it read: {}",
+        run.stdout
+    );
+    let with_flags = run.effective();
+    assert_eq!(with_flags["listen"].as_str(), Some("127.0.0.1:3003"));
+    let api = upstream(&with_flags, "api");
+    assert_eq!(api["max_queue"].as_integer(), Some(300));
+    assert_eq!(api["queue_timeout"].as_str(), Some("2s"), "no flag: the environment's");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_environment_reaches_each_upstream_by_name() {
+    let api = Upstream::start().await;
+    let web = Upstream::start().await;
+    let file = TempConfig::new(&format!(
+        r#"
+[upstreams.api]
+url = "{}"
+max_connections = 8
+
+[[routes]]
+host = "web.example"
+upstream = "web_2"
+
+[[routes]]
+upstream = "api"
+"#,
+        api.url()
+    ));
+    // `web_2` exists only in the environment; `api`'s cap comes from there too.
+    let web_url = web.url();
+    let proxy = Proxy::start_with_env(
+        &["--config", &file.path_str()],
+        &[
+            ("FLOODGATE__UPSTREAMS__API__MAX_CONNECTIONS", "3"),
+            ("FLOODGATE__UPSTREAMS__API__QUEUE_TIMEOUT", "1m 30s"),
+            ("FLOODGATE__UPSTREAMS__WEB_2__URL", &web_url),
+            ("FLOODGATE__UPSTREAMS__WEB_2__MAX_CONNECTIONS", "2"),
+        ],
+    )
+    .await;
+    assert_eq!(proxy.upstream_status("api").await["max_connections"], 3);
+    assert_eq!(proxy.upstream_status("web_2").await["max_connections"], 2);
+
+    assert_eq!(get(proxy.listen, "/to-api").await.status, StatusCode::OK);
+    let mut conn = RawConn::connect(proxy.listen).await;
+    conn.write(b"GET /to-web HTTP/1.1\r\nHost: web.example\r\n\r\n")
+        .await
+        .unwrap();
+    let resp = conn.read_response(false, CLIENT_TIMEOUT).await.unwrap();
+    assert_eq!(resp.status, 200);
+    assert_eq!(api.recorded_with_prefix("/to-api").len(), 1);
+    assert_eq!(web.recorded_with_prefix("/to-web").len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubernetes_service_variables_change_nothing() {
+    let file = TempConfig::new(API_FILE);
+    let path = file.path_str();
+    let plain = check(&["--config", &path], &[]);
+    let in_kubernetes = check(&["--config", &path], KUBERNETES);
+    plain.effective();
+    assert_eq!(in_kubernetes.stdout, plain.stdout, "stderr: {}", in_kubernetes.stderr);
+    assert!(plain.stdout.contains("environment (none)"), "{}", plain.stdout);
+
+    // And the proxy starts and serves with them.
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start_with_env(&["--upstream", &upstream.url(), "--max-connections", "2"], KUBERNETES).await;
+    assert_eq!(get(proxy.listen, "/").await.status, StatusCode::OK);
+    assert_eq!(proxy.upstream_status("default").await["max_connections"], 2);
+}
+
+#[test]
+fn a_bad_environment_value_stops_start_up_with_one_line_naming_the_key() {
+    let file = TempConfig::new(API_FILE);
+    let path = file.path_str();
+    for (variable, value, names) in [
+        (
+            "FLOODGATE__UPSTREAMS__API__MAX_CONNECTIONS",
+            "lots",
+            &[
+                "upstreams.api.max_connections",
+                "FLOODGATE__UPSTREAMS__API__MAX_CONNECTIONS",
+            ][..],
+        ),
+        (
+            "FLOODGATE__UPSTREAMS__API__QUEUE_TIMEOUT",
+            "5 parsecs",
+            &[
+                "upstreams.api.queue_timeout",
+                "FLOODGATE__UPSTREAMS__API__QUEUE_TIMEOUT",
+            ][..],
+        ),
+        (
+            "FLOODGATE__UPSTREAMS__API__MAX_CONNECTIONS",
+            "0",
+            &[
+                "upstreams.api.max_connections",
+                "FLOODGATE__UPSTREAMS__API__MAX_CONNECTIONS",
+            ][..],
+        ),
+        ("FLOODGATE__ADMIN", "localhost", &["admin", "FLOODGATE__ADMIN"][..]),
+        (
+            "FLOODGATE__UPSTREAMS__API__MAX_CONECTIONS",
+            "4",
+            &["upstreams.api.max_conections"][..],
+        ),
+        (
+            "FLOODGATE__ROUTES__0__UPSTREAM",
+            "api",
+            &["routes", "FLOODGATE__ROUTES__0__UPSTREAM"][..],
+        ),
+    ] {
+        let run = floodgate(
+            &["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--config", &path],
+            &[(variable, value)],
+        );
+        assert_eq!(
+            run.status.code(),
+            Some(2),
+            "{variable}={value}: stdout: {}; stderr: {}",
+            run.stdout,
+            run.stderr
+        );
+        assert!(!run.stdout.contains("floodgate ready"), "{variable}={value} started");
+        let lines = run.problems();
+        assert_eq!(lines.len(), 1, "{variable}={value}: {lines:#?}");
+        for name in names {
+            assert!(
+                lines[0].contains(name),
+                "{variable}={value}: {} does not name {name}",
+                lines[0]
+            );
+        }
+    }
+}
+
+fn toml_files(dir: &Path, found: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            toml_files(&path, found);
+        } else if path.extension().is_some_and(|ext| ext == "toml") {
+            found.push(path);
+        }
+    }
+}
+
+#[test]
+fn every_file_under_config_passes_check_and_prints_a_config_that_does_too() {
+    let mut files = Vec::new();
+    toml_files(&Path::new(env!("CARGO_MANIFEST_DIR")).join("config"), &mut files);
+    files.sort();
+    for expected in [
+        "config/floodgate.toml",
+        "config/examples/ktor-front-door.toml",
+        "config/examples/load-shedding-gateway.toml",
+    ] {
+        assert!(files.iter().any(|f| f.ends_with(expected)), "{expected} is missing");
+    }
+    for file in &files {
+        let run = check(&["--config", &file.display().to_string()], &[]);
+        let effective = run.effective();
+        // What check prints is a configuration file that states the same configuration.
+        let printed = TempConfig::new(&run.stdout);
+        let again = check(&["--config", &printed.path_str()], &[]).effective();
+        assert_eq!(again, effective, "{}", file.display());
+    }
+}
