@@ -1,7 +1,9 @@
-//! The admin listener: `/metrics`, `/status`, `/healthz`, `/readyz`.
+//! The admin listener: the stats page at `/`, `/metrics`, `/status`, `/healthz`, `/readyz`.
 //!
 //! Owns the read-only views of the proxy's state. It is never behind admission: an overloaded upstream cannot
-//! make its own metrics unreachable. It changes nothing.
+//! make its own metrics unreachable. It changes nothing. The stats page is one static file that polls
+//! `/status`; rates and recent quantiles are worked out in the browser from the difference between two polls,
+//! so the proxy keeps no per-viewer state.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -19,14 +21,46 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::pool::PoolSnapshot;
+use crate::metrics::WaitHistogram;
+use crate::pool::{PoolSnapshot, UpstreamPool};
 use crate::server::State;
+
+/// Self-contained (inline CSS and JS): the admin listener may be reachable where nothing else is.
+const STATS_PAGE: &str = include_str!("admin/stats.html");
+
+/// The page loads nothing but itself and `/status`; the policy makes that a rule the browser enforces.
+const STATS_PAGE_POLICY: &str = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+                                 connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'";
 
 #[derive(serde::Serialize)]
 struct Status {
     ready: bool,
     client_connections: i64,
-    upstreams: BTreeMap<String, PoolSnapshot>,
+    upstreams: BTreeMap<String, UpstreamStatus>,
+}
+
+#[derive(serde::Serialize)]
+struct UpstreamStatus {
+    #[serde(flatten)]
+    pool: PoolSnapshot,
+    /// Requests that ended, by the outcome names of `/metrics`; an outcome appears once it has happened.
+    outcomes: BTreeMap<&'static str, u64>,
+    queue_wait_seconds: WaitHistogram,
+}
+
+impl UpstreamStatus {
+    fn of(pool: &UpstreamPool) -> Self {
+        UpstreamStatus {
+            pool: pool.snapshot(),
+            outcomes: pool
+                .metrics
+                .requests
+                .totals()
+                .map(|(outcome, total)| (outcome.as_str(), total))
+                .collect(),
+            queue_wait_seconds: pool.metrics.queue_wait(),
+        }
+    }
 }
 
 /// Scrapers and probes need few connections; a cap keeps a flood of them from using up file descriptors the
@@ -68,6 +102,7 @@ fn answer(state: &State, request: &Request<Incoming>) -> Response<Full<Bytes>> {
         return text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n");
     }
     match request.uri().path() {
+        "/" => stats_page(),
         "/healthz" => text(StatusCode::OK, "ok\n"),
         "/readyz" if state.ready.load(Ordering::SeqCst) => text(StatusCode::OK, "ready\n"),
         "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n"),
@@ -88,7 +123,7 @@ fn answer(state: &State, request: &Request<Incoming>) -> Response<Full<Bytes>> {
                     .proxy
                     .pools
                     .iter()
-                    .map(|(name, pool)| (name.clone(), pool.snapshot()))
+                    .map(|(name, pool)| (name.clone(), UpstreamStatus::of(pool)))
                     .collect(),
             };
             match serde_json::to_vec_pretty(&status) {
@@ -102,8 +137,25 @@ fn answer(state: &State, request: &Request<Incoming>) -> Response<Full<Bytes>> {
                 Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "status unavailable\n"),
             }
         }
-        _ => text(StatusCode::NOT_FOUND, "try /metrics, /status, /healthz or /readyz\n"),
+        _ => text(StatusCode::NOT_FOUND, "try /, /metrics, /status, /healthz or /readyz\n"),
     }
+}
+
+fn stats_page() -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from_static(STATS_PAGE.as_bytes())));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(STATS_PAGE_POLICY),
+    );
+    headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    // A new binary may bring a new page; the browser should not keep an old one.
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
 }
 
 fn refresh_gauges(state: &State) {

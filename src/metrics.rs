@@ -4,7 +4,9 @@
 //! on the first use of a label combination, then cached), so a request never hashes a label set. Gauges that
 //! describe the pool's state are set from a snapshot at scrape time rather than moved on every change.
 
-use std::sync::{Arc, OnceLock};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use http::StatusCode;
@@ -26,9 +28,13 @@ fn status_class(status: Option<StatusCode>) -> usize {
     status.map_or(0, |s| usize::from(s.as_u16() / 100).clamp(1, 5))
 }
 
+/// Upper bounds of the latency histograms' buckets: 100 µs .. ~52 s.
+fn latency_bounds() -> impl Iterator<Item = f64> {
+    exponential_buckets(0.0001, 2.0, 20)
+}
+
 fn latency_histogram() -> Histogram {
-    // 100 µs .. ~52 s
-    Histogram::new(exponential_buckets(0.0001, 2.0, 20))
+    Histogram::new(latency_bounds())
 }
 
 /// Every family floodgate exports.
@@ -43,6 +49,8 @@ pub struct Metrics {
     peak: Family<Labels, Gauge>,
     response: Family<Labels, Histogram, fn() -> Histogram>,
     retries: Family<Labels, Counter>,
+    /// Kept per upstream name, as the families keep their metrics, so asking twice gives the same counts.
+    queue_wait_buckets: Mutex<BTreeMap<String, Arc<BucketCounts>>>,
     pub client_connections: Gauge,
     client_side: Arc<OutcomeCounters>,
 }
@@ -129,6 +137,7 @@ impl Metrics {
             peak,
             response,
             retries,
+            queue_wait_buckets: Mutex::default(),
             client_connections,
             client_side,
         }
@@ -144,6 +153,14 @@ impl Metrics {
             inflight: self.inflight.get_or_create_owned(&labels()),
             queue_depth: self.queue_depth.get_or_create_owned(&labels()),
             queue_wait: self.queue_wait.get_or_create_owned(&labels()),
+            queue_wait_buckets: self
+                .queue_wait_buckets
+                .lock()
+                // Only ever inserted into; a panic elsewhere cannot leave it half-changed.
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .entry(name.to_string())
+                .or_insert_with(|| Arc::new(BucketCounts::new()))
+                .clone(),
             active: self.connections.get_or_create_owned(&state("active")),
             idle: self.connections.get_or_create_owned(&state("idle")),
             opened: self.opened.get_or_create_owned(&labels()),
@@ -207,6 +224,72 @@ impl OutcomeCounters {
         })
         .inc();
     }
+
+    /// Requests counted so far per outcome, over every status class; outcomes never recorded are left out.
+    pub fn totals(&self) -> impl Iterator<Item = (Outcome, u64)> + '_ {
+        Outcome::ALL
+            .iter()
+            .zip(self.cells.chunks(STATUS_CLASSES.len()))
+            .filter_map(|(outcome, classes)| {
+                let mut recorded = false;
+                let mut total = 0;
+                for counter in classes.iter().filter_map(OnceLock::get) {
+                    recorded = true;
+                    total += counter.get();
+                }
+                recorded.then_some((*outcome, total))
+            })
+    }
+}
+
+/// The queue-wait histogram's bucket counts again, where `/status` can read them: prometheus-client keeps its
+/// own private. Same bounds as the histogram, so the two agree.
+struct BucketCounts {
+    bounds: Vec<f64>,
+    /// One per bound, then one for waits above the last.
+    counts: Vec<AtomicU64>,
+}
+
+impl BucketCounts {
+    fn new() -> Self {
+        let bounds: Vec<f64> = latency_bounds().collect();
+        let counts = (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect();
+        BucketCounts { bounds, counts }
+    }
+
+    fn observe(&self, value: f64) {
+        // Prometheus buckets are inclusive: a value equal to a bound counts in that bound's bucket.
+        let bucket = self.bounds.partition_point(|bound| *bound < value);
+        if let Some(count) = self.counts.get(bucket) {
+            count.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn snapshot(&self) -> WaitHistogram {
+        let mut total = 0;
+        let mut cumulative = Vec::with_capacity(self.bounds.len());
+        for count in &self.counts {
+            total += count.load(Ordering::Relaxed);
+            cumulative.push(total);
+        }
+        // The last entry is the overflow bucket, which `count` already gives.
+        cumulative.truncate(self.bounds.len());
+        WaitHistogram {
+            count: total,
+            le: self.bounds.clone(),
+            cumulative,
+        }
+    }
+}
+
+/// A histogram as `/status` shows it, in Prometheus's shape: `cumulative[i]` observations were at most `le[i]`
+/// seconds; `count` includes those above the last bound. Cumulative counts never decrease, so a reader can
+/// take the difference of two readings to get the distribution between them.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct WaitHistogram {
+    pub count: u64,
+    pub le: Vec<f64>,
+    pub cumulative: Vec<u64>,
 }
 
 /// One upstream's metric handles.
@@ -216,6 +299,7 @@ pub struct UpstreamMetrics {
     inflight: Gauge,
     queue_depth: Gauge,
     queue_wait: Histogram,
+    queue_wait_buckets: Arc<BucketCounts>,
     active: Gauge,
     idle: Gauge,
     pub opened: Counter,
@@ -227,7 +311,13 @@ pub struct UpstreamMetrics {
 
 impl UpstreamMetrics {
     pub fn queue_waited(&self, waited: Duration) {
-        self.queue_wait.observe(waited.as_secs_f64());
+        let seconds = waited.as_secs_f64();
+        self.queue_wait.observe(seconds);
+        self.queue_wait_buckets.observe(seconds);
+    }
+
+    pub fn queue_wait(&self) -> WaitHistogram {
+        self.queue_wait_buckets.snapshot()
     }
 
     pub fn responded(&self, took: Duration) {
@@ -267,5 +357,50 @@ mod tests {
             text.contains(r#"floodgate_requests_total{outcome="no_route",status="4xx"} 1"#),
             "{text}"
         );
+    }
+
+    #[test]
+    fn outcome_totals_sum_status_classes_and_leave_out_what_never_happened() {
+        let metrics = Metrics::new();
+        let api = metrics.upstream("api");
+        api.requests.record(Outcome::Ok, Some(StatusCode::OK));
+        api.requests
+            .record(Outcome::Ok, Some(StatusCode::INTERNAL_SERVER_ERROR));
+        api.requests
+            .record(Outcome::ShedQueueFull, Some(StatusCode::SERVICE_UNAVAILABLE));
+        let totals: Vec<_> = api.requests.totals().collect();
+        assert_eq!(totals, vec![(Outcome::Ok, 2), (Outcome::ShedQueueFull, 1)]);
+    }
+
+    #[test]
+    fn queue_wait_buckets_agree_with_the_exported_histogram() {
+        let metrics = Metrics::new();
+        let api = metrics.upstream("api");
+        for waited in [0, 100, 101, 3_000, 60_000_000] {
+            api.queue_waited(Duration::from_micros(waited));
+        }
+        let wait = api.queue_wait();
+        assert_eq!(wait.count, 5);
+        assert_eq!(wait.le.len(), wait.cumulative.len());
+        // 0 and exactly 100 µs are in the first bucket; 101 µs in the second; 3 ms in the sixth (≤ 3.2 ms); a
+        // minute is above every bound.
+        assert_eq!(wait.cumulative.first(), Some(&2));
+        assert_eq!(wait.cumulative.get(1), Some(&3));
+        assert_eq!(wait.cumulative.get(4), Some(&3));
+        assert_eq!(wait.cumulative.get(5), Some(&4));
+        assert_eq!(wait.cumulative.last(), Some(&4));
+        let text = metrics.encode();
+        for (le, cumulative) in wait.le.iter().zip(&wait.cumulative) {
+            let line = format!(r#"floodgate_queue_wait_seconds_bucket{{le="{le}",upstream="api"}} {cumulative}"#);
+            assert!(text.contains(&line), "{line} not in\n{text}");
+        }
+    }
+
+    #[test]
+    fn one_upstream_asked_for_twice_shares_its_queue_wait_counts() {
+        let metrics = Metrics::new();
+        metrics.upstream("api").queue_waited(Duration::from_millis(1));
+        assert_eq!(metrics.upstream("api").queue_wait().count, 1);
+        assert_eq!(metrics.upstream("other").queue_wait().count, 0);
     }
 }

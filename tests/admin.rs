@@ -155,3 +155,115 @@ upstream = "api"
         "{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_counts_outcomes_and_queue_waits_of_each_upstream() {
+    let upstream = Upstream::start().await;
+    let config = TempConfig::new(&format!(
+        r#"
+[upstreams.api]
+url = "{}"
+max_connections = 1
+max_queue = 1
+queue_timeout = "5s"
+
+[upstreams.idle]
+url = "{}"
+
+[[routes]]
+upstream = "api"
+"#,
+        upstream.url(),
+        upstream.url()
+    ));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let listen = proxy.listen;
+    let before = proxy.upstream_status("api").await;
+    assert_eq!(before["outcomes"], serde_json::json!({}), "{before}");
+    assert_eq!(before["queue_wait_seconds"]["count"], 0, "{before}");
+
+    for _ in 0..3 {
+        assert_eq!(get(listen, "/").await.status, StatusCode::OK);
+    }
+    // One request holds the only slot, one waits in the one queue place, one more is shed.
+    let stalled = tokio::spawn(async move { get(listen, "/stall").await.status });
+    wait_until_sync("slot taken", Duration::from_secs(5), || upstream.inflight() == 1).await;
+    let queued = tokio::spawn(async move { get(listen, "/").await.status });
+    proxy.wait_queue_depth("api", 1, Duration::from_secs(5)).await;
+    assert_eq!(get(listen, "/").await.status, StatusCode::SERVICE_UNAVAILABLE);
+    let queued_for = Duration::from_millis(300);
+    tokio::time::sleep(queued_for).await;
+    upstream.release_stalled();
+    assert_eq!(stalled.await.unwrap(), StatusCode::OK);
+    assert_eq!(queued.await.unwrap(), StatusCode::OK);
+    proxy.wait_in_use_zero("api", Duration::from_secs(5)).await;
+
+    let status = proxy.status().await;
+    let api = &status["upstreams"]["api"];
+    // Only outcomes that happened appear, under the names /metrics uses.
+    assert_eq!(
+        api["outcomes"],
+        serde_json::json!({"ok": 5, "shed_queue_full": 1}),
+        "{status}"
+    );
+    assert_eq!(
+        status["upstreams"]["idle"]["outcomes"],
+        serde_json::json!({}),
+        "{status}"
+    );
+
+    let wait = &api["queue_wait_seconds"];
+    assert_eq!(
+        wait["count"], 5,
+        "admitted requests, the shed one not among them: {status}"
+    );
+    let le: Vec<f64> = serde_json::from_value(wait["le"].clone()).unwrap();
+    let cumulative: Vec<u64> = serde_json::from_value(wait["cumulative"].clone()).unwrap();
+    assert_eq!(le.len(), cumulative.len(), "{status}");
+    assert!(le.windows(2).all(|w| w[0] < w[1]), "bounds ascend: {le:?}");
+    assert!(
+        cumulative.windows(2).all(|w| w[0] <= w[1]),
+        "counts are cumulative: {cumulative:?}"
+    );
+    assert!(cumulative.last().is_some_and(|&n| n <= 5), "{cumulative:?}");
+    // The queued request waited at least `queued_for`: at least one wait lies above every bound below it.
+    let below = le.iter().rposition(|&bound| bound < queued_for.as_secs_f64()).unwrap();
+    assert!(
+        cumulative[below] <= 4,
+        "the queued request's wait is missing: {le:?} {cumulative:?}"
+    );
+
+    // The same observations as the histogram /metrics exports.
+    let m = parse_metrics(&proxy.metrics().await);
+    let exported = metric_sum(&m, "floodgate_queue_wait_seconds_count", &[("upstream", "api")]);
+    assert_eq!(exported, 5.0);
+    for (bound, count) in le.iter().zip(&cumulative) {
+        let bucket = metric_sum(
+            &m,
+            "floodgate_queue_wait_seconds_bucket",
+            &[("upstream", "api"), ("le", &bound.to_string())],
+        );
+        assert_eq!(bucket, *count as f64, "bucket le={bound}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_page_is_served_self_contained_at_the_root() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &[]).await;
+    let page = proxy.admin_get("/").await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert_eq!(page.header("content-type"), Some("text/html; charset=utf-8"));
+    let policy = page.header("content-security-policy").unwrap_or_default();
+    assert!(
+        policy.contains("default-src 'none'") && policy.contains("connect-src 'self'"),
+        "{policy}"
+    );
+    let html = page.text();
+    assert!(html.contains("fetch(\"status\""), "the page polls /status");
+    for external in ["http://", "https://", "src=", "<link"] {
+        assert!(!html.contains(external), "the page loads something else ({external})");
+    }
+    // Only the page lives at the root; other paths are still unknown.
+    assert_eq!(proxy.admin_get("/index.html").await.status, StatusCode::NOT_FOUND);
+}
