@@ -65,6 +65,26 @@ def invariant(runs):
     }
 
 
+# What limits floodgate where it misses a target, keyed by the start of the target's text: what profiling and
+# measurement showed (docs/benchmarks.md prints it under the targets table, only for targets this run missed).
+LIMITS = {
+    "Cost": "Per response floodgate spends more CPU than HAProxy: both make the same four socket calls per request "
+    "(strace: 2 `writev`, 2 `recvfrom`, 0.1 `epoll_wait` per request at 0 ms), but floodgate's user time is about "
+    "twice HAProxy's (`/proc` user/system split, same load, side by side). A request crosses hyper's HTTP/1 codec "
+    "twice (server and client side) and two tasks (the client connection's and the upstream connection's, joined "
+    "by hyper's dispatch channel and a oneshot), where HAProxy moves buffers within one event loop; at a fixed, "
+    "low rate every request also pays its own wake-ups. The single-thread runtime (`--threads 1` runs tokio's "
+    "current-thread scheduler) took about a quarter off the user time; going further means fewer task hops per "
+    "request (driving the upstream connection inside the client's task) or a leaner codec than hyper's.",
+    "Capacity": "The proxy-bound case is the CPU cost above at saturation: with every process on 2 shared cores, "
+    "more CPU per response is fewer responses per second.",
+    "Idle clients": "hyper keeps each kept-alive HTTP/1 connection's buffers (an 8 KiB read buffer and an 8 KiB "
+    "header write buffer, neither smaller than 8 KiB through its API) allocated while the connection idles, plus "
+    "the connection's task; HAProxy and nginx take buffers from a pool only while bytes move. Closing the gap "
+    "needs a codec that gives buffers back between requests, which hyper 1.x does not offer.",
+}
+
+
 def render(meta, runs, plot_name):
     s = meta["settings"]
     v = meta["versions"]
@@ -121,6 +141,16 @@ def render(meta, runs, plot_name):
             rows += mod.targets(rs, meta)
     lines += markdown_table(["target", "floodgate", "best peer", "verdict", "note"],
                             [[t["target"], t["floodgate"], t["peer"], t["verdict"], t["note"]] for t in rows])
+    missed = [t for t in rows if t["verdict"] == "gap"]
+    if missed:
+        lines += ["", "Where floodgate misses a target, what limits it:", ""]
+        seen = set()
+        for t in missed:
+            key = next((k for k in LIMITS if t["target"].startswith(k)), None)
+            if key in seen:
+                continue
+            seen.add(key)
+            lines.append(f"- **{t['target']}**: " + (LIMITS[key] if key else "not analysed yet."))
     if plot_name:
         lines += ["", f"![benchmark plot]({plot_name})"]
     for name, mod, rs in secs:
