@@ -91,15 +91,35 @@ def other_codes(rows):
     return ", ".join(parts)
 
 
-def by_subject(runs, key=None):
-    """[(subject, [derived rows])] in the report's subject order; key(run) filters the runs first."""
+def layouts(runs):
+    """The CPU layouts present, shared first."""
+    return [l for l in ("shared", "pinned") if any(r["layout"] == l for r in runs)]
+
+
+def main_layout(runs):
+    """The layout a targets row speaks for: shared when it ran, else the first there is."""
+    return (layouts(runs) or ["shared"])[0]
+
+
+def by_subject(runs, key=None, derive_fn=derive):
+    """[(subject, [derived rows])] in the report's subject order; key(run) filters the runs first, derive_fn turns
+    each run into its row (a section may extend `derive`)."""
     present = {r["subject"] for r in runs}
     out = []
     for subject in SUBJECT_ORDER + sorted(present - set(SUBJECT_ORDER)):
-        rows = [derive(r) for r in runs if r["subject"] == subject and (key is None or key(r))]
+        rows = [derive_fn(r) for r in runs if r["subject"] == subject and (key is None or key(r))]
         if rows:
             out.append((subject, rows))
     return out
+
+
+def by_layout_and_subject(runs, key=None):
+    """[(subject, layout, its raw runs)]: layouts shared first, subjects in the report's order."""
+    return [
+        (subject, layout, rs)
+        for layout in layouts(runs)
+        for subject, rs in by_subject(runs, lambda r, l=layout: r["layout"] == l and (key is None or key(r)), lambda r: r)
+    ]
 
 
 def markdown_table(head, rows):

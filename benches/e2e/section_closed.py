@@ -1,7 +1,8 @@
 """Section of docs/benchmarks.md for the "closed" scenario (wrk closed loop); see report_common for the contract."""
 
-from report_common import (NOISE_P99, NOISE_RATE, best, by_subject, compare, fmt, markdown_table, med, other_codes,
-                           spread)
+from report_common import (
+    NOISE_P99, best, by_subject, compare, fmt, layouts, markdown_table, med, other_codes, spread,
+)
 
 TITLE = "Closed loop: clients x service time"
 
@@ -15,9 +16,6 @@ HEAD = [
 def cases(runs):
     return sorted({(r["cap"], r["delay_ms"], r["clients"]) for r in runs})
 
-
-def layouts(runs):
-    return [l for l in ("shared", "pinned") if any(r["layout"] == l for r in runs)]
 
 
 def table_rows(runs, key):

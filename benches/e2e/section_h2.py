@@ -1,7 +1,9 @@
 """Section of docs/benchmarks.md for the "h2" scenario (h2load, HTTP/2 cleartext clients); see report_common."""
 
-from report_common import (NOISE_RATE, SUBJECT_ORDER, best, compare, derive, fmt, markdown_table, med, other_codes,
-                           ratio, spread)
+from report_common import (
+    NOISE_RATE, best, by_subject, compare, derive, fmt, layouts, main_layout, markdown_table, med,
+    other_codes, ratio, spread,
+)
 
 TITLE = "HTTP/2 clients (h2c)"
 
@@ -29,18 +31,10 @@ def ext(run):
     return d
 
 
+
+
 def grouped(runs, key=None):
-    present = {r["subject"] for r in runs}
-    out = []
-    for subject in SUBJECT_ORDER + sorted(present - set(SUBJECT_ORDER)):
-        rows = [ext(r) for r in runs if r["subject"] == subject and (key is None or key(r))]
-        if rows:
-            out.append((subject, rows))
-    return out
-
-
-def layouts(runs):
-    return [l for l in ("shared", "pinned") if any(r["layout"] == l for r in runs)]
+    return by_subject(runs, key, ext)
 
 
 def cases(runs):
@@ -86,7 +80,7 @@ def render(runs, meta):
 def targets(runs, meta):
     """No h2 target is set; one report row per case: 2xx/s, floodgate's best against HAProxy's."""
     out = []
-    layout = "shared" if any(r["layout"] == "shared" for r in runs) else (layouts(runs) or ["shared"])[0]
+    layout = main_layout(runs)
     where = "" if layout == "shared" else f", {layout} layout"
     for k in cases(runs):
         cap, delay, clients, streams = k

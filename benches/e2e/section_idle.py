@@ -1,7 +1,7 @@
 """Section of docs/benchmarks.md for the "idle" scenario (clients that make one request each and then stay
 connected, idle: examples/idle_clients.rs); see report_common for the contract."""
 
-from report_common import SUBJECT_ORDER, derive, fmt, markdown_table, med, other_codes
+from report_common import by_layout_and_subject, derive, fmt, markdown_table, med, other_codes
 
 TITLE = "Idle clients: proxy memory per connected idle client"
 
@@ -34,21 +34,10 @@ def numbers(run):
     }
 
 
-def layouts(runs):
-    return [l for l in ("shared", "pinned") if any(r["layout"] == l for r in runs)]
-
 
 def grouped(runs):
-    """[(subject, layout, runs)] in the report's order; direct (no proxy to measure) left out."""
-    out = []
-    for layout in layouts(runs):
-        sel = [r for r in runs if r["layout"] == layout and r["subject"] != "direct"]
-        names = {r["subject"] for r in sel}
-        for subject in SUBJECT_ORDER + sorted(names - set(SUBJECT_ORDER)):
-            rs = [r for r in sel if r["subject"] == subject]
-            if rs:
-                out.append((subject, layout, rs))
-    return out
+    """Direct runs left out: there is no proxy to measure."""
+    return by_layout_and_subject(runs, lambda r: r["subject"] != "direct")
 
 
 def render(runs, meta):

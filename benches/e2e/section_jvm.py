@@ -1,7 +1,7 @@
 """Section of docs/benchmarks.md for the "jvm" scenario (wrk closed loop in front of a thread-per-connection JVM
 upstream, benches/e2e/jvm/JvmUpstream.java); see report_common for the contract."""
 
-from report_common import SUBJECT_ORDER, by_subject, derive, fmt, markdown_table, med, other_codes, spread
+from report_common import by_layout_and_subject, by_subject, derive, fmt, markdown_table, med, other_codes, spread
 
 TITLE = "Thread-per-connection JVM upstream: threads and memory behind a cap"
 
@@ -11,9 +11,6 @@ HEAD = [
     "upstream RSS MB (window peak)", "proxy RSS MB", "proxy CPU-µs / response",
 ]
 
-
-def layouts(runs):
-    return [l for l in ("shared", "pinned") if any(r["layout"] == l for r in runs)]
 
 
 def pool(run, life=True):
@@ -32,16 +29,7 @@ def up_rss_mb(run):
 
 
 def rows_of(runs, key):
-    """[(subject, layout, its runs)] in the report's order."""
-    out = []
-    for layout in layouts(runs):
-        sel = [r for r in runs if key(r) and r["layout"] == layout]
-        names = {r["subject"] for r in sel}
-        for subject in SUBJECT_ORDER + sorted(names - set(SUBJECT_ORDER)):
-            rs = [r for r in sel if r["subject"] == subject]
-            if rs:
-                out.append((subject, layout, rs))
-    return out
+    return by_layout_and_subject(runs, key)
 
 
 def table_rows(runs, key):

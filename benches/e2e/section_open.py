@@ -1,7 +1,9 @@
 """Section of docs/benchmarks.md for the "open" scenario (oha at fixed rates); see report_common for the contract."""
 
-from report_common import (NOISE_P99, NOISE_RATE, SUBJECT_ORDER, best, compare, derive, fmt, markdown_table, med,
-                           other_codes, spread)
+from report_common import (
+    NOISE_P99, NOISE_RATE, best, by_subject, compare, derive, fmt, layouts, markdown_table, med, other_codes,
+    spread,
+)
 
 TITLE = "Open loop: fixed request rates"
 
@@ -31,15 +33,9 @@ def ext(run):
     return d
 
 
+
 def grouped(runs, key=None):
-    """[(subject, [ext rows])] in the report's subject order."""
-    present = {r["subject"] for r in runs}
-    out = []
-    for subject in SUBJECT_ORDER + sorted(present - set(SUBJECT_ORDER)):
-        rows = [ext(r) for r in runs if r["subject"] == subject and (key is None or key(r))]
-        if rows:
-            out.append((subject, rows))
-    return out
+    return by_subject(runs, key, ext)
 
 
 def case_of(r):
@@ -49,9 +45,6 @@ def case_of(r):
 def cases(runs):
     return sorted({case_of(r) for r in runs})
 
-
-def layouts(runs):
-    return [l for l in ("shared", "pinned") if any(r["layout"] == l for r in runs)]
 
 
 def other_latency(rows):

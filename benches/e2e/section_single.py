@@ -1,6 +1,6 @@
 """Section of docs/benchmarks.md for the "single" scenario (one client, wrk -t1 -c1); see report_common."""
 
-from report_common import by_subject, fmt, markdown_table, med, other_codes, spread
+from report_common import by_subject, fmt, layouts, main_layout, markdown_table, med, other_codes, spread
 
 TITLE = "One client: the latency a proxy adds"
 
@@ -11,9 +11,6 @@ HEAD = [
 
 BOUND_US = 100  # the target: p50 <= direct's + 100 µs
 
-
-def layouts(runs):
-    return [l for l in ("shared", "pinned") if any(r["layout"] == l for r in runs)]
 
 
 def cases(runs):
@@ -64,7 +61,7 @@ def render(runs, meta):
 
 def targets(runs, meta):
     out = []
-    layout = "shared" if any(r["layout"] == "shared" for r in runs) else (layouts(runs) or ["shared"])[0]
+    layout = main_layout(runs)
     where = "" if layout == "shared" else f", {layout} layout"
     for cap, delay in cases(runs):
         key = lambda r: (r["cap"], r["delay_ms"]) == (cap, delay) and r["layout"] == layout
