@@ -45,13 +45,7 @@ fn check_accepted(config: &Config) {
     for (name, upstream) in &config.upstreams {
         // Reachable as FLOODGATE__UPSTREAMS__<NAME>__…: lowercase, and `__` only ever between key parts.
         assert!(
-            !name.is_empty()
-                && name
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-                && !name.starts_with('_')
-                && !name.ends_with('_')
-                && !name.contains("__"),
+            crate::config::is_addressable_name(name),
             "upstream name {name:?} is not a-z, 0-9 and single _ inside"
         );
         let origin = match Origin::parse(&upstream.url) {
