@@ -1,0 +1,601 @@
+//! The shipping files under docker/ (Dockerfile, compose, Prometheus, Grafana, Kubernetes), checked as far as
+//! a machine without a Docker engine or a cluster can: every YAML and JSON file parses, every floodgate
+//! configuration they mount passes `floodgate check` on the real binary, the paths and ports they name agree
+//! with each other and with that configuration, and the Grafana dashboard queries only metrics that a running
+//! floodgate exports. Nothing here builds an image or applies a manifest.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use floodgate::error::Outcome;
+use http::StatusCode;
+use serde::Deserialize;
+use serde_yaml_ng::Value as Yaml;
+use support::*;
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn docker_dir() -> PathBuf {
+    repo().join("docker")
+}
+
+fn files_under(dir: &Path, extensions: &[&str]) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display())) {
+            let path = entry.expect("directory entry").path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path
+                .extension()
+                .and_then(|e| e.to_str())
+                .is_some_and(|e| extensions.contains(&e))
+            {
+                found.push(path);
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+/// Every document of a YAML file (Kubernetes files may hold several).
+fn yaml_documents(path: &Path) -> Vec<Yaml> {
+    let text = read(path);
+    serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|doc| Yaml::deserialize(doc).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+        .collect()
+}
+
+fn yaml(path: &Path) -> Yaml {
+    let mut docs = yaml_documents(path);
+    assert_eq!(docs.len(), 1, "{}: expected one YAML document", path.display());
+    docs.remove(0)
+}
+
+fn str_of<'a>(value: &'a Yaml, what: &str) -> &'a str {
+    value
+        .as_str()
+        .unwrap_or_else(|| panic!("{what}: expected a string, got {value:?}"))
+}
+
+fn seq_of<'a>(value: &'a Yaml, what: &str) -> &'a [Yaml] {
+    value
+        .as_sequence()
+        .map(Vec::as_slice)
+        .unwrap_or_else(|| panic!("{what}: expected a list, got {value:?}"))
+}
+
+/// What `floodgate check` makes of a configuration file: the effective configuration it prints, parsed.
+fn checked_config(path: &Path) -> toml::Table {
+    let path = path.display().to_string();
+    let (status, stdout, stderr) = run_to_exit(&["check", "--config", &path], Duration::from_secs(10));
+    assert!(status.success(), "floodgate check --config {path} failed: {stderr}");
+    stdout
+        .parse()
+        .unwrap_or_else(|e| panic!("floodgate check printed no TOML for {path}: {e}\n{stdout}"))
+}
+
+fn port_of(address: &toml::Value) -> u16 {
+    let address = address.as_str().expect("an address string");
+    address
+        .rsplit_once(':')
+        .and_then(|(_, port)| port.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {address:?}"))
+}
+
+fn listen_port(config: &toml::Table) -> u16 {
+    port_of(&config["listen"])
+}
+
+fn admin_port(config: &toml::Table) -> u16 {
+    port_of(&config["admin"])
+}
+
+fn shutdown_timeout(config: &toml::Table) -> Duration {
+    humantime::parse_duration(config["shutdown_timeout"].as_str().expect("shutdown_timeout")).expect("a duration")
+}
+
+/// The one upstream's URL split into host and port (every shipped config has exactly one).
+fn single_upstream(config: &toml::Table) -> (String, u16, toml::Table) {
+    let upstreams = config["upstreams"].as_table().expect("upstreams");
+    assert_eq!(upstreams.len(), 1, "expected one upstream: {upstreams:?}");
+    let upstream = upstreams.values().next().unwrap().as_table().unwrap().clone();
+    let url = upstream["url"].as_str().expect("url");
+    let authority = url.strip_prefix("http://").unwrap_or(url).trim_end_matches('/');
+    let (host, port) = authority.rsplit_once(':').expect("an explicit port");
+    (host.to_string(), port.parse().expect("a port"), upstream)
+}
+
+fn docker_config() -> PathBuf {
+    docker_dir().join("floodgate.toml")
+}
+
+/// The ConfigMap's floodgate.toml, written to a temporary file for `floodgate check`.
+fn k8s_config() -> TempConfig {
+    let configmap = yaml(&docker_dir().join("k8s/configmap.yaml"));
+    assert_eq!(configmap["kind"], "ConfigMap");
+    TempConfig::new(str_of(
+        &configmap["data"]["floodgate.toml"],
+        "ConfigMap data floodgate.toml",
+    ))
+}
+
+#[test]
+fn every_yaml_and_json_file_under_docker_parses() {
+    let yaml_files = files_under(&docker_dir(), &["yaml", "yml"]);
+    // compose, prometheus, two Grafana provisioning files, three Kubernetes manifests: a file that went
+    // missing (or a renamed extension nothing parses any more) would otherwise pass unnoticed.
+    assert!(yaml_files.len() >= 7, "found only {yaml_files:?}");
+    for path in &yaml_files {
+        let docs = yaml_documents(path);
+        assert!(
+            docs.iter().all(|doc| doc.is_mapping()),
+            "{}: every document should be a mapping",
+            path.display()
+        );
+    }
+    let json_files = files_under(&docker_dir(), &["json"]);
+    assert!(!json_files.is_empty(), "no JSON file under docker/");
+    for path in &json_files {
+        serde_json::from_str::<serde_json::Value>(&read(path)).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    }
+}
+
+#[test]
+fn mounted_configurations_pass_floodgate_check() {
+    for config in [checked_config(&docker_config()), checked_config(k8s_config().path())] {
+        // In a container or a pod the listeners must not stay on loopback, where nothing outside can reach
+        // them (the kubelet's probes and Prometheus included).
+        for key in ["listen", "admin"] {
+            let address = config[key].as_str().unwrap();
+            assert!(address.starts_with("0.0.0.0:"), "{key} = {address}");
+        }
+    }
+}
+
+/// Dockerfile instructions, continuation lines joined, comments dropped.
+fn dockerfile_instructions() -> Vec<(String, String)> {
+    let text = read(&docker_dir().join("Dockerfile"));
+    let mut instructions = Vec::new();
+    let mut current = String::new();
+    for line in text.lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with('#') || (trimmed.is_empty() && current.is_empty()) {
+            continue;
+        }
+        if let Some(head) = trimmed.strip_suffix('\\') {
+            current.push_str(head);
+            current.push(' ');
+            continue;
+        }
+        current.push_str(trimmed);
+        let (keyword, rest) = current.split_once(' ').unwrap_or((&current, ""));
+        instructions.push((keyword.to_ascii_uppercase(), rest.trim().to_string()));
+        current.clear();
+    }
+    instructions
+}
+
+fn exec_form(args: &str) -> Vec<String> {
+    serde_json::from_str(args).unwrap_or_else(|e| panic!("not exec (JSON) form: {args}: {e}"))
+}
+
+#[test]
+fn dockerfile_agrees_with_the_repository_and_its_configuration() {
+    let config = checked_config(&docker_config());
+    let instructions = dockerfile_instructions();
+    let ignored: Vec<String> = read(&repo().join(".dockerignore"))
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_string)
+        .collect();
+
+    let stages: Vec<usize> = (0..instructions.len())
+        .filter(|&i| instructions[i].0 == "FROM")
+        .collect();
+    assert!(stages.len() >= 2, "expected a multi-stage build");
+    let runtime = &instructions[*stages.last().unwrap()..];
+
+    // Every COPY from the build context names something that exists and that .dockerignore lets through.
+    let mut copied_to = Vec::new();
+    for (keyword, args) in &instructions {
+        if keyword != "COPY" || args.starts_with("--from") {
+            continue;
+        }
+        let parts: Vec<&str> = args.split_whitespace().collect();
+        let (destination, sources) = parts.split_last().expect("COPY with arguments");
+        for source in sources {
+            assert!(repo().join(source).exists(), "COPY {source}: not in the repository");
+            let first = source.split('/').next().unwrap();
+            assert!(
+                !ignored.iter().any(|pattern| pattern == source || pattern == first),
+                "COPY {source}: excluded by .dockerignore"
+            );
+        }
+        copied_to.push((sources.to_vec(), destination.to_string()));
+    }
+    let config_path = "/etc/floodgate/floodgate.toml";
+    assert!(
+        copied_to
+            .iter()
+            .any(|(sources, destination)| sources == &["docker/floodgate.toml"] && destination == config_path),
+        "docker/floodgate.toml is not copied to {config_path}: {copied_to:?}"
+    );
+
+    let last = |keyword: &str| {
+        runtime
+            .iter()
+            .rev()
+            .find(|(k, _)| k == keyword)
+            .map(|(_, args)| args.clone())
+            .unwrap_or_else(|| panic!("no {keyword} in the runtime stage"))
+    };
+    let cmd = exec_form(&last("CMD"));
+    assert_eq!(cmd, ["--config", config_path], "CMD");
+    let entrypoint = exec_form(&last("ENTRYPOINT"));
+    assert!(
+        copied_to.iter().any(|(_, destination)| destination == &entrypoint[0])
+            || runtime.iter().any(|(k, a)| k == "COPY" && a.ends_with(&entrypoint[0])),
+        "ENTRYPOINT {} is not what the runtime stage copies in",
+        entrypoint[0]
+    );
+
+    let exposed: BTreeSet<u16> = last("EXPOSE")
+        .split_whitespace()
+        .map(|p| p.trim_end_matches("/tcp").parse().expect("a port"))
+        .collect();
+    assert_eq!(
+        exposed,
+        BTreeSet::from([listen_port(&config), admin_port(&config)]),
+        "EXPOSE against docker/floodgate.toml"
+    );
+
+    let user = last("USER");
+    let uid = user.split(':').next().unwrap();
+    assert!(uid != "root" && uid != "0", "runs as root: USER {user}");
+    assert_eq!(last("STOPSIGNAL"), "SIGTERM");
+
+    // HEALTHCHECK [options] CMD ["tool", ...]: it probes /healthz on the admin port, and the tool it runs is
+    // installed in the runtime image (no shell form: the probe must not depend on /bin/sh).
+    let healthcheck = last("HEALTHCHECK");
+    let (_, probe) = healthcheck.split_once("CMD ").expect("HEALTHCHECK ... CMD");
+    let probe = exec_form(probe.trim());
+    let url = format!("http://127.0.0.1:{}/healthz", admin_port(&config));
+    assert!(probe.contains(&url), "HEALTHCHECK does not probe {url}: {probe:?}");
+    let installs = runtime.iter().any(|(k, args)| {
+        k == "RUN" && args.contains("apt-get install") && args.split_whitespace().any(|w| w == probe[0])
+    });
+    assert!(installs, "the runtime stage does not install {}", probe[0]);
+}
+
+#[test]
+fn compose_agrees_with_its_files_and_floodgate_configuration() {
+    let dir = docker_dir();
+    let compose = yaml(&dir.join("compose.yaml"));
+    let config = checked_config(&docker_config());
+    let services = compose["services"].as_mapping().expect("services");
+
+    // Every bind mount's source exists, relative to the compose file.
+    let mut mounts = Vec::new();
+    for (name, service) in services {
+        let name = str_of(name, "service name");
+        for volume in service["volumes"].as_sequence().into_iter().flatten() {
+            let volume = str_of(volume, "volume");
+            let mut parts = volume.split(':');
+            let (source, target) = (parts.next().unwrap(), parts.next().expect("source:target"));
+            assert!(
+                dir.join(source).exists(),
+                "{name}: mounts {source}, which does not exist"
+            );
+            mounts.push((name.to_string(), source.to_string(), target.to_string()));
+        }
+    }
+    let mounted = |service: &str, target: &str| {
+        mounts
+            .iter()
+            .find(|(s, _, t)| s == service && t == target)
+            .map(|(_, source, _)| dir.join(source))
+            .unwrap_or_else(|| panic!("{service} mounts nothing on {target}: {mounts:?}"))
+    };
+
+    let floodgate = &compose["services"]["floodgate"];
+    let build = &floodgate["build"];
+    let context = dir.join(str_of(&build["context"], "build.context"));
+    assert!(context.join(str_of(&build["dockerfile"], "build.dockerfile")).is_file());
+    assert_eq!(
+        mounted("floodgate", "/etc/floodgate/floodgate.toml")
+            .canonicalize()
+            .unwrap(),
+        docker_config().canonicalize().unwrap()
+    );
+    let published: BTreeSet<u16> = seq_of(&floodgate["ports"], "floodgate ports")
+        .iter()
+        .map(|p| str_of(p, "port").rsplit(':').next().unwrap().parse().expect("a port"))
+        .collect();
+    assert!(published.contains(&listen_port(&config)) && published.contains(&admin_port(&config)));
+    let grace = humantime::parse_duration(str_of(&floodgate["stop_grace_period"], "stop_grace_period")).unwrap();
+    assert!(
+        grace > shutdown_timeout(&config),
+        "stop_grace_period {grace:?} does not cover shutdown_timeout"
+    );
+
+    // The upstream is a compose service, listening where the config dials it.
+    let (host, port, _) = single_upstream(&config);
+    let upstream = &compose["services"][host.as_str()];
+    assert!(upstream.is_mapping(), "the upstream {host} is not a compose service");
+    let command: Vec<&str> = seq_of(&upstream["command"], "upstream command")
+        .iter()
+        .map(|a| str_of(a, "argument"))
+        .collect();
+    assert_eq!(
+        command,
+        ["--port", &port.to_string()],
+        "{host}'s port against the config"
+    );
+
+    // Prometheus scrapes floodgate's admin port, at the path the admin listener serves.
+    let prometheus = yaml(&mounted("prometheus", "/etc/prometheus/prometheus.yml"));
+    let job = &seq_of(&prometheus["scrape_configs"], "scrape_configs")[0];
+    assert_eq!(job["metrics_path"], "/metrics");
+    let targets: Vec<&str> = seq_of(&job["static_configs"][0]["targets"], "targets")
+        .iter()
+        .map(|t| str_of(t, "target"))
+        .collect();
+    assert_eq!(targets, [format!("floodgate:{}", admin_port(&config))]);
+
+    // Grafana: the datasource points at the prometheus service, the dashboard provider at the directory the
+    // dashboards are mounted on, and the dashboard at the datasource's uid.
+    let provisioning = mounted("grafana", "/etc/grafana/provisioning");
+    let datasources = yaml(&provisioning.join("datasources/prometheus.yaml"));
+    let datasource = &seq_of(&datasources["datasources"], "datasources")[0];
+    assert_eq!(datasource["url"], "http://prometheus:9090");
+    assert!(services.contains_key("prometheus"));
+    let providers = yaml(&provisioning.join("dashboards/floodgate.yaml"));
+    let dashboards_at = str_of(
+        &seq_of(&providers["providers"], "providers")[0]["options"]["path"],
+        "path",
+    );
+    let dashboards = mounted("grafana", dashboards_at);
+    let dashboard: serde_json::Value = serde_json::from_str(&read(&dashboards.join("floodgate.json"))).unwrap();
+    let uid = str_of(&datasource["uid"], "datasource uid");
+    for panel in dashboard["panels"].as_array().unwrap() {
+        assert_eq!(panel["datasource"]["uid"], uid, "panel {}", panel["title"]);
+    }
+}
+
+fn container<'a>(pod: &'a Yaml, name: &str) -> &'a Yaml {
+    seq_of(&pod["containers"], "containers")
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no container {name}"))
+}
+
+fn container_port(container: &Yaml, name: &str) -> u16 {
+    seq_of(&container["ports"], "ports")
+        .iter()
+        .find(|p| p["name"] == name)
+        .and_then(|p| p["containerPort"].as_u64())
+        .unwrap_or_else(|| panic!("no port named {name}")) as u16
+}
+
+fn pre_stop_sleep(container: &Yaml) -> u64 {
+    container["lifecycle"]["preStop"]["sleep"]["seconds"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+#[test]
+fn kubernetes_sidecar_agrees_with_its_configuration() {
+    let dir = docker_dir().join("k8s");
+    let config = checked_config(k8s_config().path());
+    let deployment = yaml(&dir.join("deployment.yaml"));
+    let service = yaml(&dir.join("service.yaml"));
+    let configmap = yaml(&dir.join("configmap.yaml"));
+    assert_eq!(deployment["kind"], "Deployment");
+    assert_eq!(service["kind"], "Service");
+    let template = &deployment["spec"]["template"];
+    let pod = &template["spec"];
+    assert_eq!(pod["enableServiceLinks"], false);
+
+    let floodgate = container(pod, "floodgate");
+    let app = container(pod, "app");
+    assert_eq!(container_port(floodgate, "http"), listen_port(&config));
+    assert_eq!(container_port(floodgate, "admin"), admin_port(&config));
+
+    // floodgate dials the application container over the pod's loopback.
+    let (host, port, _) = single_upstream(&config);
+    assert!(host == "127.0.0.1" || host == "localhost", "upstream host {host}");
+    assert_eq!(container_port(app, "app"), port);
+
+    // The config is the ConfigMap's, mounted where the args point.
+    let volume = seq_of(&pod["volumes"], "volumes")
+        .iter()
+        .find(|v| v["configMap"]["name"] == configmap["metadata"]["name"])
+        .expect("a volume from the ConfigMap");
+    let mount = seq_of(&floodgate["volumeMounts"], "volumeMounts")
+        .iter()
+        .find(|m| m["name"] == volume["name"])
+        .expect("the ConfigMap volume mounted in floodgate");
+    let config_path = format!("{}/floodgate.toml", str_of(&mount["mountPath"], "mountPath"));
+    let args: Vec<&str> = seq_of(&floodgate["args"], "args")
+        .iter()
+        .map(|a| str_of(a, "arg"))
+        .collect();
+    assert_eq!(args, ["--config", config_path.as_str()]);
+
+    // Probes: readiness on /readyz (503 while draining takes the pod out of the endpoints), liveness on
+    // /healthz, both on the admin port.
+    for (probe, path) in [("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")] {
+        let get = &floodgate[probe]["httpGet"];
+        assert_eq!(get["path"], path, "{probe}");
+        let port = &get["port"];
+        let port = port
+            .as_u64()
+            .map_or_else(|| container_port(floodgate, str_of(port, "port")), |p| p as u16);
+        assert_eq!(port, admin_port(&config), "{probe} port");
+    }
+
+    // Termination: floodgate's preStop sleep, then its drain, fit in the grace period, and the application
+    // outlives both so that the requests floodgate is finishing still have somewhere to go.
+    let drain = pre_stop_sleep(floodgate) + shutdown_timeout(&config).as_secs();
+    let grace = pod["terminationGracePeriodSeconds"]
+        .as_u64()
+        .expect("terminationGracePeriodSeconds");
+    assert!(
+        grace > drain,
+        "grace {grace}s does not cover preStop + shutdown_timeout ({drain}s)"
+    );
+    assert!(
+        pre_stop_sleep(app) >= drain,
+        "the application stops before floodgate has drained"
+    );
+    assert!(
+        grace > pre_stop_sleep(app),
+        "the application's preStop outlasts the grace period"
+    );
+
+    // The Service reaches floodgate's listener, never the application's port.
+    let selector = service["spec"]["selector"].as_mapping().expect("selector");
+    for (key, value) in selector {
+        assert_eq!(
+            &template["metadata"]["labels"][str_of(key, "label")],
+            value,
+            "selector {key:?}"
+        );
+    }
+    for port in seq_of(&service["spec"]["ports"], "Service ports") {
+        let target = &port["targetPort"];
+        let target = target
+            .as_u64()
+            .map_or_else(|| container_port(floodgate, str_of(target, "targetPort")), |p| p as u16);
+        assert_eq!(target, listen_port(&config), "Service targetPort");
+    }
+
+    // Prometheus annotations point at the admin listener.
+    let annotations = &template["metadata"]["annotations"];
+    assert_eq!(annotations["prometheus.io/scrape"], "true");
+    assert_eq!(
+        annotations["prometheus.io/port"],
+        admin_port(&config).to_string().as_str()
+    );
+    assert_eq!(annotations["prometheus.io/path"], "/metrics");
+}
+
+/// Every PromQL string of the dashboard (panel targets and template variable queries).
+fn promql_strings(value: &serde_json::Value, out: &mut Vec<String>) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (key, value) in map {
+                match (key.as_str(), value) {
+                    ("expr" | "definition", serde_json::Value::String(s)) => out.push(s.clone()),
+                    ("query", serde_json::Value::String(s)) if s.contains('(') => out.push(s.clone()),
+                    _ => promql_strings(value, out),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|v| promql_strings(v, out)),
+        _ => {}
+    }
+}
+
+/// `floodgate_*` identifiers in a PromQL string, each with the label names its selector matches on and the
+/// values of its `outcome` matchers.
+fn metric_references(promql: &str) -> Vec<(String, Vec<(String, String)>)> {
+    let mut found = Vec::new();
+    let mut rest = promql;
+    while let Some(at) = rest.find("floodgate_") {
+        rest = &rest[at..];
+        let end = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        let name = rest[..end].to_string();
+        rest = &rest[end..];
+        let mut matchers = Vec::new();
+        if let Some(selector) = rest.strip_prefix('{') {
+            let close = selector.find('}').expect("unclosed selector");
+            for matcher in selector[..close].split(',').map(str::trim).filter(|m| !m.is_empty()) {
+                let op = matcher.find(['=', '!']).expect("a matcher operator");
+                let value = matcher[op..]
+                    .trim_start_matches(['=', '!', '~'])
+                    .trim()
+                    .trim_matches('"');
+                matchers.push((matcher[..op].trim().to_string(), value.to_string()));
+            }
+        }
+        found.push((name, matchers));
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_queries_only_metrics_floodgate_exports() {
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&read(&docker_dir().join("grafana/dashboards/floodgate.json"))).unwrap();
+    let mut queries = Vec::new();
+    promql_strings(&dashboard, &mut queries);
+    assert!(queries.len() >= 6, "found only {queries:?}");
+
+    // One request through, so that the counters that appear on first use are there too.
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 2, &[]).await;
+    assert_eq!(get(proxy.listen, "/").await.status, StatusCode::OK);
+    proxy.wait_in_use_zero("default", Duration::from_secs(5)).await;
+    let samples = parse_metrics(&proxy.metrics().await);
+
+    let outcomes: Vec<&str> = Outcome::ALL.iter().map(|o| o.as_str()).collect();
+    let mut referenced = 0;
+    for query in &queries {
+        for (name, matchers) in metric_references(query) {
+            referenced += 1;
+            let series: Vec<&Sample> = samples.iter().filter(|s| s.name == name).collect();
+            assert!(
+                !series.is_empty(),
+                "the dashboard queries {name}, which /metrics does not export ({query})"
+            );
+            for (label, value) in matchers {
+                assert!(
+                    series.iter().any(|s| s.labels.contains_key(&label)),
+                    "{name} has no label {label} ({query})"
+                );
+                // A regex such as shed_.* must match an outcome floodgate can record.
+                if label == "outcome" && !value.starts_with('$') {
+                    let prefix = value.strip_suffix(".*").unwrap_or(&value);
+                    let exact = !value.ends_with(".*");
+                    assert!(
+                        outcomes
+                            .iter()
+                            .any(|o| if exact { *o == prefix } else { o.starts_with(prefix) }),
+                        "outcome {value} matches no outcome floodgate records ({query})"
+                    );
+                }
+            }
+        }
+    }
+    assert!(referenced >= 6, "only {referenced} metric references in {queries:?}");
+
+    // The cap line is a dashboard variable until /metrics exports max_connections: its default is the cap of
+    // the compose setup the dashboard ships with.
+    let cap = dashboard["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "cap")
+        .expect("a cap variable");
+    let (_, _, compose_upstream) = single_upstream(&checked_config(&docker_config()));
+    assert_eq!(
+        cap["query"].as_str().unwrap(),
+        compose_upstream["max_connections"].to_string()
+    );
+}
