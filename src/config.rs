@@ -230,8 +230,43 @@ pub struct Config {
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
     pub trusted_proxies: Vec<IpNet>,
+    pub log_format: LogFormat,
+    /// A `tracing` filter (`info`, `warn,floodgate=debug`); `RUST_LOG`, when set, wins over it.
+    pub log_level: String,
+    /// `off`, `stdout`, `stderr` or a file path (appended to); see [`Config::access_log_target`].
+    pub access_log: String,
     pub upstreams: BTreeMap<String, UpstreamConfig>,
     pub routes: Vec<RouteConfig>,
+}
+
+/// Where access-log lines go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessLogTarget {
+    Off,
+    Stdout,
+    Stderr,
+    File(std::path::PathBuf),
+}
+
+impl Config {
+    /// The `access_log` key read: the three names, or else a file path.
+    pub fn access_log_target(&self) -> AccessLogTarget {
+        match self.access_log.as_str() {
+            "off" => AccessLogTarget::Off,
+            "stdout" => AccessLogTarget::Stdout,
+            "stderr" => AccessLogTarget::Stderr,
+            path => AccessLogTarget::File(path.into()),
+        }
+    }
+}
+
+/// How log lines are written: `human` (one readable line each) or `json` (one JSON object per line).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Human,
+    Json,
 }
 
 impl Default for Config {
@@ -248,6 +283,9 @@ impl Default for Config {
             max_concurrent_streams: 512,
             shutdown_timeout: Duration::from_secs(30),
             trusted_proxies: Vec::new(),
+            log_format: LogFormat::Human,
+            log_level: "info".to_string(),
+            access_log: "off".to_string(),
             upstreams: BTreeMap::new(),
             routes: Vec::new(),
         }
@@ -413,6 +451,7 @@ pub struct Overrides {
     pub first_byte_timeout: Option<Duration>,
     pub shutdown_timeout: Option<Duration>,
     pub threads: Option<usize>,
+    pub log_format: Option<LogFormat>,
 }
 
 impl Overrides {
@@ -422,6 +461,7 @@ impl Overrides {
             "listen" => self.listen.is_some(),
             "admin" => self.admin.is_some(),
             "threads" => self.threads.is_some(),
+            "log_format" => self.log_format.is_some(),
             "client_idle_timeout" => self.client_idle_timeout.is_some(),
             "header_read_timeout" => self.header_read_timeout.is_some(),
             "first_byte_timeout" => self.first_byte_timeout.is_some(),
@@ -556,6 +596,9 @@ impl Config {
         if o.threads.is_some() {
             self.threads = o.threads;
         }
+        if let Some(format) = o.log_format {
+            self.log_format = format;
+        }
         let globals = [
             (o.client_idle_timeout, &mut self.client_idle_timeout),
             (o.header_read_timeout, &mut self.header_read_timeout),
@@ -618,6 +661,13 @@ impl Config {
         problems.count("max_concurrent_streams", u128::from(self.max_concurrent_streams), false);
         if let Some(threads) = self.threads {
             problems.count("threads", threads as u128, false);
+        }
+        // Checked here rather than when logging starts, so that `floodgate check` reports it too.
+        if let Err(err) = tracing_subscriber::EnvFilter::builder().parse(&self.log_level) {
+            problems.push("log_level", format!("not a log filter ({err})"));
+        }
+        if self.access_log.trim().is_empty() {
+            problems.push("access_log", "must be off, stdout, stderr or a file path");
         }
         if self.max_client_connections > tokio::sync::Semaphore::MAX_PERMITS {
             problems.push(

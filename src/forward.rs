@@ -24,6 +24,7 @@ use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
 
+use crate::access::Entry;
 use crate::error::{Outcome, ProxyError};
 use crate::metrics::OutcomeCounters;
 use crate::pool::{Lease, UploadProgress, UpstreamPool};
@@ -405,10 +406,35 @@ impl Body for RequestBody {
     }
 }
 
-/// How an exchange's end is counted once the response body is done with.
+/// How a request's end is counted once its answer is done with: the one place that counts the outcome and
+/// writes the access-log line, for relayed and local answers alike.
 pub struct Completion {
     pub counters: Arc<OutcomeCounters>,
     pub status: StatusCode,
+    /// Present only while the access log is on; it also counts the body bytes relayed.
+    pub access: Option<Box<Entry>>,
+}
+
+impl Completion {
+    pub fn record(self, outcome: Outcome) {
+        let bytes = self.access.as_ref().map_or(0, |entry| entry.relayed_bytes());
+        complete(&self.counters, Some(self.status), self.access, outcome, bytes);
+    }
+}
+
+/// Counts how a request ended and writes its access-log line (when `access` is there): every request the proxy
+/// answers, or loses to its client, ends here exactly once.
+pub fn complete(
+    counters: &OutcomeCounters,
+    status: Option<StatusCode>,
+    access: Option<Box<Entry>>,
+    outcome: Outcome,
+    bytes: u64,
+) {
+    counters.record(outcome, status);
+    if let Some(entry) = access {
+        entry.write(outcome, status, bytes);
+    }
 }
 
 /// An upstream response in flight: its body, the lease it holds until the end, and how the end is counted.
@@ -419,7 +445,8 @@ struct Relay {
     /// Cut off by the stall watchdog: the client is told by an error, not a clean end.
     cut_off: bool,
     /// Largest data frame handed on, if bounded; what is left of a larger one waits in `rest`.
-    max_frame: Option<usize>,
+    /// `NonZeroUsize`: half the size of `Option<usize>`, which keeps the relay (one per response) small.
+    max_frame: Option<std::num::NonZeroUsize>,
     rest: Option<Bytes>,
 }
 
@@ -440,6 +467,12 @@ impl Relay {
         };
         match Pin::new(&mut *inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(data), Some(entry)) = (
+                    frame.data_ref(),
+                    self.completion.as_mut().and_then(|done| done.access.as_mut()),
+                ) {
+                    entry.relayed(data.len());
+                }
                 if inner.is_end_stream() {
                     // All of the response is read from the upstream: the connection can go back now, whatever
                     // the client still has to take.
@@ -463,7 +496,7 @@ impl Relay {
     }
 
     fn bounded(&mut self, mut data: Bytes) -> Frame<Bytes> {
-        if let Some(max) = self.max_frame {
+        if let Some(max) = self.max_frame.map(std::num::NonZeroUsize::get) {
             if data.len() > max {
                 let head = data.split_to(max);
                 self.rest = Some(data);
@@ -493,7 +526,7 @@ impl Relay {
             }
         }
         if let Some(done) = self.completion.take() {
-            done.counters.record(outcome, Some(done.status));
+            done.record(outcome);
         }
     }
 
@@ -516,7 +549,7 @@ impl Relay {
             return None;
         }
         if let Some(done) = self.completion.take() {
-            done.counters.record(Outcome::ClientAbort, Some(done.status));
+            done.record(Outcome::ClientAbort);
         }
         match (self.inner.take(), self.lease.take()) {
             (Some(body), Some(lease)) => Some((body, lease)),
@@ -620,7 +653,9 @@ impl UpstreamBody {
             lease: Some(lease),
             completion: Some(completion),
             cut_off: false,
-            max_frame: watch.then_some(WATCHED_FRAME_BYTES),
+            max_frame: watch
+                .then(|| std::num::NonZeroUsize::new(WATCHED_FRAME_BYTES))
+                .flatten(),
             rest: None,
         };
         let relay = if watch && !relay.is_end_stream() {
@@ -814,6 +849,7 @@ pub fn to_client(
     response: Response<Incoming>,
     mut lease: Lease,
     counters: Arc<OutcomeCounters>,
+    access: Option<Box<Entry>>,
     watch: bool,
 ) -> Response<ResponseBody> {
     let (mut parts, body) = response.into_parts();
@@ -825,6 +861,7 @@ pub fn to_client(
     let completion = Completion {
         counters,
         status: parts.status,
+        access,
     };
     Response::from_parts(
         parts,

@@ -14,6 +14,8 @@
 //!        ──► end of the response body: connection back to idle (or closed), then the slot
 //! metrics/admin observe from the side; they are never behind admission.
 //! ```
+//! Where a request's outcome is counted ([`forward::complete`]), [`access`] writes its access-log line when
+//! that log is on.
 //! The invariant lives in [`pool::Slot`]: a connection exists only while its task holds a slot, and a slot is
 //! given back only once the socket is closed on both sides.
 
@@ -23,6 +25,7 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)
 )]
 
+pub mod access;
 pub mod admin;
 pub mod admission;
 pub mod config;

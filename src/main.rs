@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use floodgate::config::{Config, Env, Overrides, REDACTED};
+use floodgate::config::{Config, Env, LogFormat, Overrides, REDACTED};
 use floodgate::server::Floodgate;
 
 /// A reverse proxy that turns any number of clients into a fixed, bounded keep-alive pool per upstream.
@@ -79,6 +79,9 @@ struct LayerArgs {
     /// Runtime worker threads (default: one per CPU).
     #[arg(long)]
     threads: Option<usize>,
+    /// Log lines as readable text or as one JSON object each.
+    #[arg(long, value_enum)]
+    log_format: Option<LogFormat>,
 }
 
 impl LayerArgs {
@@ -102,6 +105,7 @@ impl LayerArgs {
             first_byte_timeout: self.first_byte_timeout.or(outer.first_byte_timeout),
             shutdown_timeout: self.shutdown_timeout.or(outer.shutdown_timeout),
             threads: self.threads.or(outer.threads),
+            log_format: self.log_format.or(outer.log_format),
         }
     }
 
@@ -123,6 +127,7 @@ impl LayerArgs {
             first_byte_timeout: self.first_byte_timeout,
             shutdown_timeout: self.shutdown_timeout,
             threads: self.threads,
+            log_format: self.log_format,
         };
         Config::load(self.config.as_deref(), &Env::Process, &overrides).map_err(|errors| {
             for problem in errors.problems() {
@@ -149,17 +154,23 @@ fn main() -> ExitCode {
     match cli.command {
         Some(Command::Demo(args)) => {
             // The demo's output is its table; the proxy's own info lines would only interleave with it.
-            init_logging("warn");
+            let _guard = init_logging(LogFormat::Human, "warn", None);
             return run_demo(args);
         }
         Some(Command::Check(args)) => return run_check(args.or(cli.layers)),
         None => {}
     }
-    init_logging("info");
+    // Configuration problems are printed plainly: logging is configured by what is being loaded.
     let config = match cli.layers.load() {
         Ok(config) => config,
         Err(code) => return code,
     };
+    let access_log = match open_access_log(&config) {
+        Ok(writer) => writer,
+        Err(code) => return code,
+    };
+    // Held to the end of main: dropping it flushes the access lines still queued.
+    let _access_guard = init_logging(config.log_format, &config.log_level, access_log);
     let runtime = match build_runtime(config.threads) {
         Ok(runtime) => runtime,
         Err(err) => {
@@ -281,13 +292,99 @@ fn run_demo(args: floodgate::demo::DemoArgs) -> ExitCode {
     }
 }
 
-fn init_logging(default_level: &str) {
+/// The access log's destination, opened now so that a path that cannot be written stops start-up (exit 2, one
+/// line naming the key) rather than losing every line later.
+fn open_access_log(config: &Config) -> Result<Option<Box<dyn Write + Send>>, ExitCode> {
+    use floodgate::config::AccessLogTarget;
+    match config.access_log_target() {
+        AccessLogTarget::Off => Ok(None),
+        AccessLogTarget::Stdout => Ok(Some(Box::new(std::io::stdout()))),
+        AccessLogTarget::Stderr => Ok(Some(Box::new(std::io::stderr()))),
+        AccessLogTarget::File(path) => match std::fs::OpenOptions::new().create(true).append(true).open(&path) {
+            Ok(file) => Ok(Some(Box::new(file))),
+            Err(err) => {
+                eprintln!(
+                    "floodgate: invalid configuration: access_log: cannot open {}: {err}",
+                    path.display()
+                );
+                Err(ExitCode::from(2))
+            }
+        },
+    }
+}
+
+/// `RUST_LOG`, when set and not empty, replaces the configured level: it is the knob everyone reaches for while
+/// debugging, and must not need an edit of the file that a deployment mounts.
+///
+/// Access lines have a writer of their own behind a bounded queue and a thread (`tracing-appender`'s
+/// non-blocking writer, lossy): a destination that cannot keep up loses lines instead of stalling requests. The
+/// ordinary log stays synchronous on stderr: it is rare (shedding warnings are rate-limited), and its last lines
+/// before an exit must not be lost.
+fn init_logging(
+    format: LogFormat,
+    level: &str,
+    access: Option<Box<dyn Write + Send>>,
+) -> Option<tracing_appender::non_blocking::WorkerGuard> {
     use std::io::IsTerminal;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    use tracing_subscriber::filter::filter_fn;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{fmt, EnvFilter, Layer, Registry};
+
+    let from_env = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|value| !value.trim().is_empty())
+        .and_then(|value| match EnvFilter::builder().parse(&value) {
+            Ok(filter) => Some(filter),
+            Err(err) => {
+                eprintln!("floodgate: RUST_LOG ignored ({err}); using log_level");
+                None
+            }
+        });
+    // The configured level was validated with the configuration; the fallback only keeps this total.
+    let mut filter = from_env.unwrap_or_else(|| {
+        EnvFilter::builder()
+            .parse(level)
+            .unwrap_or_else(|_| EnvFilter::new("info"))
+    });
+    // Access lines go to the access log only, whatever RUST_LOG asks of floodgate's other targets.
+    if let Ok(directive) = format!("{}=off", floodgate::access::TARGET).parse() {
+        filter = filter.add_directive(directive);
+    }
+
+    let mut layers: Vec<Box<dyn Layer<Registry> + Send + Sync>> = Vec::new();
+    let log = match format {
+        LogFormat::Human => fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal())
+            .boxed(),
+        // Flattened: a log shipper finds `message` and the fields beside `level`, not under a "fields" object.
+        LogFormat::Json => fmt::layer()
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .with_writer(std::io::stderr)
+            .boxed(),
+    };
+    layers.push(log.with_filter(filter).boxed());
+
+    let guard = access.map(|writer| {
+        let (writer, guard) = tracing_appender::non_blocking(writer);
+        let access = match format {
+            LogFormat::Human => fmt::layer().with_writer(writer).with_ansi(false).boxed(),
+            LogFormat::Json => fmt::layer()
+                .json()
+                .flatten_event(true)
+                .with_current_span(false)
+                .with_span_list(false)
+                .with_writer(writer)
+                .boxed(),
+        };
+        let only_access = filter_fn(|metadata| metadata.target() == floodgate::access::TARGET);
+        layers.push(access.with_filter(only_access).boxed());
+        guard
+    });
+    tracing_subscriber::registry().with(layers).init();
+    guard
 }

@@ -176,6 +176,11 @@ impl Metrics {
         self.client_side.record(outcome, status);
     }
 
+    /// The counters of [`Metrics::client_side`], for answers that also write an access-log line.
+    pub fn client_side_counters(&self) -> &OutcomeCounters {
+        &self.client_side
+    }
+
     pub fn encode(&self) -> String {
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {

@@ -16,6 +16,7 @@ use std::time::Instant;
 use http::{header, Method, Request, Response, Version};
 use hyper::body::{Body, Incoming};
 
+use crate::access::Entry;
 use crate::admission::Shed;
 use crate::error::{Outcome, ProxyError};
 use crate::forward::{self, ClientInfo, RequestBody, ResponseBody};
@@ -30,6 +31,8 @@ pub struct Proxy {
     pub pools: BTreeMap<String, Arc<UpstreamPool>>,
     pub metrics: Arc<Metrics>,
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Whether requests write an access-log line.
+    access_log: bool,
     shed_warned_at: AtomicU64,
     started: Instant,
 }
@@ -46,9 +49,15 @@ impl Proxy {
             pools,
             metrics,
             trusted_proxies,
+            access_log: false,
             shed_warned_at: AtomicU64::new(0),
             started: Instant::now(),
         }
+    }
+
+    pub fn with_access_log(mut self, on: bool) -> Self {
+        self.access_log = on;
+        self
     }
 
     pub fn is_trusted(&self, peer: std::net::IpAddr) -> bool {
@@ -59,10 +68,14 @@ impl Proxy {
     pub async fn serve(self: Arc<Self>, request: Request<Incoming>, client: Arc<ClientInfo>) -> Response<ResponseBody> {
         let has_body = !request.body().is_end_stream();
         let is_http1 = request.version() <= Version::HTTP_11;
+        let mut access = Entry::start(self.access_log, client.peer, request.method(), request.uri().path());
         let (pool, upstream_request) = match self.prepare(request, &client) {
             Ok(prepared) => prepared,
-            Err(err) => return self.refuse(err),
+            Err(err) => return self.refuse(err, access),
         };
+        if let Some(entry) = access.as_mut() {
+            entry.routed(&pool.name);
+        }
 
         let arrived = tokio::time::Instant::now();
         let deadline = arrived + pool.limits.queue_timeout;
@@ -74,31 +87,34 @@ impl Proxy {
             }
         };
         // hyper drops this future when the client leaves; while queued, that is counted here.
-        let queued = AbortWatch::new(&pool.metrics.requests);
+        let queued = AbortWatch::new(&pool.metrics.requests, access);
         let admitted = pool.admit(false, deadline, client_gone).await;
-        queued.disarm();
+        let mut access = queued.disarm();
         let lease = match admitted {
             Ok(lease) => lease,
             Err(Refused::Shed(shed)) => {
                 self.warn_shed(&pool, shed);
-                return self.answer_error(&pool, ProxyError::Shed(shed));
+                return self.answer_error(&pool, ProxyError::Shed(shed), access);
             }
             Err(Refused::ClientGone) => {
                 // Nobody will read this answer; it is counted as the client's abort.
-                pool.metrics.requests.record(Outcome::ClientAbort, None);
+                forward::complete(&pool.metrics.requests, None, access, Outcome::ClientAbort, 0);
                 return forward::local_response(&ProxyError::Shed(Shed::QueueTimeout));
             }
         };
         pool.metrics.queue_waited(arrived.elapsed());
+        if let Some(entry) = access.as_mut() {
+            entry.admitted();
+        }
 
         // An HTTP/2 client can stop a stream without blocking its socket; its body gets a watchdog.
         let exchange = Detachable {
-            exchange: Some(Box::pin(exchange(lease, upstream_request, !is_http1))),
+            exchange: Some(Box::pin(exchange(lease, upstream_request, access, !is_http1))),
             counters: pool.metrics.requests.clone(),
         };
         match exchange.await {
             Ok(response) => response,
-            Err(err) => self.answer_error(&pool, err),
+            Err((err, access)) => self.answer_error(&pool, err, access),
         }
     }
 
@@ -123,18 +139,27 @@ impl Proxy {
         Ok((pool, upstream_request))
     }
 
-    fn refuse(&self, err: ProxyError) -> Response<ResponseBody> {
+    fn refuse(&self, err: ProxyError, access: Option<Box<Entry>>) -> Response<ResponseBody> {
         let response = forward::local_response(&err);
-        self.metrics.client_side(err.outcome(), Some(response.status()));
+        let bytes = err.reason().len() as u64;
+        let counters = self.metrics.client_side_counters();
+        forward::complete(counters, Some(response.status()), access, err.outcome(), bytes);
         response
     }
 
-    fn answer_error(&self, pool: &UpstreamPool, err: ProxyError) -> Response<ResponseBody> {
+    fn answer_error(&self, pool: &UpstreamPool, err: ProxyError, access: Option<Box<Entry>>) -> Response<ResponseBody> {
         if !matches!(err, ProxyError::Shed(_)) {
             tracing::debug!(upstream = %pool.name, error = %err, "request failed");
         }
         let response = forward::local_response(&err);
-        pool.metrics.requests.record(err.outcome(), Some(response.status()));
+        let bytes = err.reason().len() as u64;
+        forward::complete(
+            &pool.metrics.requests,
+            Some(response.status()),
+            access,
+            err.outcome(),
+            bytes,
+        );
         response
     }
 
@@ -160,16 +185,21 @@ impl Proxy {
     }
 }
 
-type Answer = Result<Response<ResponseBody>, ProxyError>;
+/// A failure carries the access-log entry back, so that its answer's line is written where it is counted.
+type Answer = Result<Response<ResponseBody>, (ProxyError, Option<Box<Entry>>)>;
 
 /// Sends the request upstream and turns the response head into the client's.
-async fn exchange(lease: Lease, request: Request<RequestBody>, watch_body: bool) -> Answer {
+async fn exchange(lease: Lease, request: Request<RequestBody>, access: Option<Box<Entry>>, watch_body: bool) -> Answer {
     let pool = lease.pool().clone();
-    let (response, lease) = send(&pool, lease, request).await?;
+    let (response, lease) = match send(&pool, lease, request).await {
+        Ok(sent) => sent,
+        Err(err) => return Err((err, access)),
+    };
     Ok(forward::to_client(
         response,
         lease,
         pool.metrics.requests.clone(),
+        access,
         watch_body,
     ))
 }
@@ -203,8 +233,8 @@ impl Drop for Detachable {
         let counters = self.counters.clone();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                if exchange.await.is_err() {
-                    counters.record(Outcome::ClientAbort, None);
+                if let Err((_, access)) = exchange.await {
+                    forward::complete(&counters, None, access, Outcome::ClientAbort, 0);
                 }
             });
         }
@@ -328,23 +358,31 @@ fn replayable(request: &Request<RequestBody>) -> Option<ReplayHead> {
     })
 }
 
-/// Counts a client abort if dropped before [`AbortWatch::disarm`].
-struct AbortWatch<'a>(Option<&'a OutcomeCounters>);
+/// Counts a client abort (and writes its access line) if dropped before [`AbortWatch::disarm`], which hands the
+/// access-log entry back.
+struct AbortWatch<'a> {
+    counters: Option<&'a OutcomeCounters>,
+    access: Option<Box<Entry>>,
+}
 
 impl<'a> AbortWatch<'a> {
-    fn new(counters: &'a OutcomeCounters) -> Self {
-        AbortWatch(Some(counters))
+    fn new(counters: &'a OutcomeCounters, access: Option<Box<Entry>>) -> Self {
+        AbortWatch {
+            counters: Some(counters),
+            access,
+        }
     }
 
-    fn disarm(mut self) {
-        self.0 = None;
+    fn disarm(mut self) -> Option<Box<Entry>> {
+        self.counters = None;
+        self.access.take()
     }
 }
 
 impl Drop for AbortWatch<'_> {
     fn drop(&mut self) {
-        if let Some(counters) = self.0 {
-            counters.record(Outcome::ClientAbort, None);
+        if let Some(counters) = self.counters {
+            forward::complete(counters, None, self.access.take(), Outcome::ClientAbort, 0);
         }
     }
 }

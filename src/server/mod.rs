@@ -77,7 +77,9 @@ impl Floodgate {
                 })?;
             routes.push((route.host.clone(), route.path_prefix.clone(), pool));
         }
-        let proxy = Proxy::new(Router::new(routes), pools, metrics, config.trusted_proxies.clone());
+        let access_log = config.access_log_target() != crate::config::AccessLogTarget::Off;
+        let proxy =
+            Proxy::new(Router::new(routes), pools, metrics, config.trusted_proxies.clone()).with_access_log(access_log);
         let listener = bind(config.listen).await?;
         let admin = bind(config.admin).await?;
         Ok(Floodgate {

@@ -1,0 +1,298 @@
+//! Logging through the real binary: `--log-format json` (or `log_format` from the environment) writes one JSON
+//! object per line, `log_level` picks the lines, `RUST_LOG` wins over it, and a bad filter stops start-up with
+//! one line naming the key.
+
+mod support;
+
+use std::time::Duration;
+
+use http::StatusCode;
+use support::*;
+
+/// Stops the proxy cleanly so that its last lines are written, then returns everything it wrote to stderr.
+async fn stopped_output(mut proxy: Proxy) -> String {
+    proxy.sigterm();
+    assert!(
+        proxy.wait_exit(Duration::from_secs(10)).await.is_some(),
+        "floodgate did not exit on SIGTERM"
+    );
+    // The reader threads may still be collecting the last words.
+    wait_until_sync("the stop line", Duration::from_secs(5), || {
+        proxy.output().contains("floodgate stopped")
+    })
+    .await;
+    proxy.output()
+}
+
+fn stderr_lines(output: &str) -> Vec<&str> {
+    output
+        .lines()
+        .filter(|line| !line.trim().is_empty() && !line.starts_with("[stdout]"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_log_format_writes_one_parseable_object_per_line() {
+    let upstream = Upstream::start().await;
+    // An empty RUST_LOG is ignored, so the configured level (info) applies whatever the test runner has set.
+    let proxy = Proxy::start_with_env(
+        &["--upstream", &upstream.url(), "--log-format", "json"],
+        &[("RUST_LOG", "")],
+    )
+    .await;
+    assert_eq!(get(proxy.listen, "/hello").await.status, StatusCode::OK);
+    let output = stopped_output(proxy).await;
+
+    let lines = stderr_lines(&output);
+    assert!(lines.len() >= 3, "too few log lines:\n{output}");
+    let mut started = None;
+    for line in lines {
+        let value: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}\nall output:\n{output}"));
+        assert!(value["timestamp"].is_string(), "no timestamp: {line}");
+        assert!(value["level"].is_string(), "no level: {line}");
+        if value["message"] == "floodgate started" {
+            started = Some(value);
+        }
+    }
+    let started = started.unwrap_or_else(|| panic!("no start line:\n{output}"));
+    assert_eq!(started["level"], "INFO");
+    // Fields sit beside the message, not under a nested object.
+    assert!(
+        started["listen"].as_str().is_some_and(|l| l.starts_with("127.0.0.1:")),
+        "{started}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_format_and_level_come_from_the_environment_and_rust_log_wins_over_the_level() {
+    let upstream = Upstream::start().await;
+    let url = upstream.url();
+    let args = ["--upstream", url.as_str()];
+
+    // log_level = warn: the info lines are gone; the format is JSON from the variable alone.
+    let quiet = Proxy::start_with_env(
+        &args,
+        &[
+            ("FLOODGATE__LOG_FORMAT", "json"),
+            ("FLOODGATE__LOG_LEVEL", "warn"),
+            ("RUST_LOG", ""),
+        ],
+    )
+    .await;
+    quiet.sigterm();
+    let mut quiet = quiet;
+    assert!(quiet.wait_exit(Duration::from_secs(10)).await.is_some());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let output = quiet.output();
+    assert!(
+        !output.contains("floodgate started"),
+        "info line at log_level = warn:\n{output}"
+    );
+    for line in stderr_lines(&output) {
+        serde_json::from_str::<serde_json::Value>(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+    }
+
+    // RUST_LOG set: it replaces log_level; the human format is the default.
+    let loud = Proxy::start_with_env(&args, &[("FLOODGATE__LOG_LEVEL", "warn"), ("RUST_LOG", "info")]).await;
+    let output = stopped_output(loud).await;
+    let started = output
+        .lines()
+        .find(|line| line.contains("floodgate started"))
+        .unwrap_or_else(|| panic!("RUST_LOG=info did not win over log_level = warn:\n{output}"));
+    assert!(started.contains("INFO"), "{started}");
+    assert!(
+        serde_json::from_str::<serde_json::Value>(started).is_err(),
+        "human format expected: {started}"
+    );
+}
+
+#[test]
+fn a_bad_log_level_or_format_stops_start_up_with_one_line_naming_the_key() {
+    for (env, key) in [
+        (("FLOODGATE__LOG_LEVEL", "info,floodgate=loud"), "log_level"),
+        (("FLOODGATE__LOG_FORMAT", "xml"), "log_format"),
+    ] {
+        let (status, stdout, stderr) = run_to_exit_with_env(
+            &[
+                "--upstream",
+                "127.0.0.1:9",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin",
+                "127.0.0.1:0",
+            ],
+            &[env],
+            Duration::from_secs(10),
+        );
+        assert_eq!(status.code(), Some(2), "{env:?}: stdout {stdout}\nstderr {stderr}");
+        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{env:?}: {stderr}");
+        assert!(lines[0].contains(key), "{env:?}: {stderr}");
+    }
+}
+
+/// The access lines (JSON) among what the proxy wrote, once `count` of them are there.
+async fn access_lines(proxy: &Proxy, count: usize) -> Vec<serde_json::Value> {
+    let parse = |output: String| -> Vec<serde_json::Value> {
+        output
+            .lines()
+            .filter_map(|line| line.strip_prefix("[stdout] "))
+            .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("access line not JSON ({e}): {line}")))
+            .collect()
+    };
+    wait_until_sync("the access lines", Duration::from_secs(5), || {
+        parse(proxy.output()).len() >= count
+    })
+    .await;
+    parse(proxy.output())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_has_a_line_for_a_served_and_for_a_shed_request() {
+    let upstream = Upstream::start().await;
+    let url = upstream.url();
+    let proxy = Proxy::start_with_env(
+        &[
+            "--upstream",
+            &url,
+            "--max-connections",
+            "1",
+            "--max-queue",
+            "0",
+            "--log-format",
+            "json",
+        ],
+        &[("FLOODGATE__ACCESS_LOG", "stdout")],
+    )
+    .await;
+
+    let served = get(proxy.listen, "/hello?secret=1").await;
+    assert_eq!(served.status, StatusCode::OK);
+    let lines = access_lines(&proxy, 1).await;
+    let line = &lines[0];
+    assert_eq!(line["target"], "floodgate::access", "{line}");
+    assert!(line["timestamp"].is_string(), "{line}");
+    assert!(
+        line["client"].as_str().is_some_and(|c| c.starts_with("127.0.0.1:")),
+        "{line}"
+    );
+    assert_eq!(line["method"], "GET", "{line}");
+    // The path without its query, which may carry secrets.
+    assert_eq!(line["path"], "/hello", "{line}");
+    assert_eq!(line["status"], 200, "{line}");
+    assert_eq!(line["upstream"], "default", "{line}");
+    assert_eq!(line["outcome"], "ok", "{line}");
+    assert_eq!(line["bytes"], served.body.len() as u64, "{line}");
+    let micros = |key: &str| line[key].as_u64().unwrap_or_else(|| panic!("{key} missing: {line}"));
+    assert!(
+        micros("total_us") >= micros("upstream_us") + micros("queue_us"),
+        "{line}"
+    );
+
+    // The only slot held, no queue: the next request is shed, and its line says why.
+    let addr = proxy.listen;
+    let stalled = tokio::spawn(async move { get(addr, "/stall").await });
+    wait_until_sync("the only slot is taken", Duration::from_secs(5), || {
+        upstream.inflight() == 1
+    })
+    .await;
+    let shed = get(proxy.listen, "/shed-me").await;
+    assert_eq!(shed.status, StatusCode::SERVICE_UNAVAILABLE);
+    let lines = access_lines(&proxy, 2).await;
+    let line = &lines[1];
+    assert_eq!(line["path"], "/shed-me", "{line}");
+    assert_eq!(line["status"], 503, "{line}");
+    assert_eq!(line["upstream"], "default", "{line}");
+    assert_eq!(line["outcome"], "shed_queue_full", "{line}");
+    assert_eq!(line["bytes"], shed.body.len() as u64, "{line}");
+    assert_eq!(line["upstream_us"], 0, "never admitted: {line}");
+
+    upstream.release_stalled();
+    assert_eq!(stalled.await.unwrap().status, StatusCode::OK);
+    let lines = access_lines(&proxy, 3).await;
+    assert_eq!(lines[2]["path"], "/stall", "{}", lines[2]);
+    assert_eq!(lines[2]["outcome"], "ok", "{}", lines[2]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_human_access_log_goes_to_a_file_one_readable_line_per_request() {
+    let upstream = Upstream::start().await;
+    let dir = std::env::temp_dir().join(format!("floodgate-access-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("access.log");
+    let _ = std::fs::remove_file(&path);
+    let config = TempConfig::new(&format!("access_log = {:?}\n", path.display().to_string()));
+    let url = upstream.url();
+    let proxy = Proxy::start(&["--config", &config.path_str(), "--upstream", &url]).await;
+
+    assert_eq!(get(proxy.listen, "/one").await.status, StatusCode::OK);
+    assert_eq!(get(proxy.listen, "/two").await.status, StatusCode::OK);
+    let read = || std::fs::read_to_string(&path).unwrap_or_default();
+    wait_until_sync("two access lines", Duration::from_secs(5), || {
+        read().lines().count() >= 2
+    })
+    .await;
+    let text = read();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    for (line, path) in lines.iter().zip(["/one", "/two"]) {
+        for field in [
+            "floodgate::access:",
+            "client=127.0.0.1:",
+            "method=GET",
+            &format!("path={path}"),
+            "status=200",
+            "upstream=\"default\"",
+            "queue_us=",
+            "upstream_us=",
+            "total_us=",
+            "bytes=",
+            "outcome=\"ok\"",
+        ] {
+            assert!(line.contains(field), "{field} missing from {line}");
+        }
+    }
+    // Not also in the ordinary log.
+    assert!(!proxy.output().contains("floodgate::access"), "{}", proxy.output());
+    drop(proxy);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_access_log_that_cannot_be_opened_stops_start_up_with_one_line_naming_the_key() {
+    let (status, stdout, stderr) = run_to_exit_with_env(
+        &[
+            "--upstream",
+            "127.0.0.1:9",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+        ],
+        &[("FLOODGATE__ACCESS_LOG", "/nonexistent-floodgate-dir/access.log")],
+        Duration::from_secs(10),
+    );
+    assert_eq!(status.code(), Some(2), "stdout {stdout}\nstderr {stderr}");
+    assert!(stdout.is_empty(), "{stdout}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(
+        lines[0].contains("access_log") && lines[0].contains("/nonexistent-floodgate-dir/access.log"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_is_off_by_default() {
+    let upstream = Upstream::start().await;
+    // Even with floodgate's own lines at debug, no access line appears anywhere.
+    let proxy = Proxy::start_with_env(&["--upstream", &upstream.url()], &[("RUST_LOG", "floodgate=debug")]).await;
+    for _ in 0..3 {
+        assert_eq!(get(proxy.listen, "/quiet").await.status, StatusCode::OK);
+    }
+    let output = stopped_output(proxy).await;
+    assert!(!output.contains("floodgate::access"), "{output}");
+    assert!(!output.contains("/quiet"), "{output}");
+    assert!(!output.contains("[stdout]"), "{output}");
+}
