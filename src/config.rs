@@ -5,11 +5,12 @@
 //! Owns the defaults (stated again in `config/floodgate.toml`), the environment mapping, the parsing of humane
 //! durations, the validation that refuses a configuration with one line per problem, each naming its key, and
 //! the redaction of [`Secret`] values wherever a configuration is shown. It never reads the network and never
-//! starts anything; what it returns is trusted by every other module.
+//! starts anything; the only files it reads besides the configuration are the TLS ones it names, checked here so
+//! that `floodgate check` refuses what start-up would. What it returns is trusted by every other module.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ipnet::IpNet;
@@ -235,6 +236,13 @@ pub struct Config {
     pub log_level: String,
     /// `off`, `stdout`, `stderr` or a file path (appended to); see [`Config::access_log_target`].
     pub access_log: String,
+    /// PEM certificate chain (leaf first) the client listener presents; with `tls_key`, the listener speaks TLS
+    /// only, and ALPN (`h2`, `http/1.1`) picks the protocol. Paths are not secrets; the key file is never shown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) of the first certificate in `tls_cert`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<PathBuf>,
     pub upstreams: BTreeMap<String, UpstreamConfig>,
     pub routes: Vec<RouteConfig>,
 }
@@ -286,6 +294,8 @@ impl Default for Config {
             log_format: LogFormat::Human,
             log_level: "info".to_string(),
             access_log: "off".to_string(),
+            tls_cert: None,
+            tls_key: None,
             upstreams: BTreeMap::new(),
             routes: Vec::new(),
         }
@@ -669,6 +679,16 @@ impl Config {
         if self.access_log.trim().is_empty() {
             problems.push("access_log", "must be off, stdout, stderr or a file path");
         }
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => {
+                if let Err(problem) = crate::tls::server_config(cert, key) {
+                    problems.0.push(problem);
+                }
+            }
+            (Some(_), None) => problems.push("tls_key", "missing: tls_cert is set, and TLS needs both"),
+            (None, Some(_)) => problems.push("tls_cert", "missing: tls_key is set, and TLS needs both"),
+            (None, None) => {}
+        }
         if self.max_client_connections > tokio::sync::Semaphore::MAX_PERMITS {
             problems.push(
                 "max_client_connections",
@@ -913,6 +933,8 @@ mod tests {
         assert_eq!(config.to_redacted_toml().unwrap(), expected.to_redacted_toml().unwrap());
         // Every key appears, set or commented out; `threads` (no default) shows up only once it has a value.
         expected.threads = Some(2);
+        expected.tls_cert = Some("cert.pem".into());
+        expected.tls_key = Some("key.pem".into());
         let text = std::fs::read_to_string(&path).unwrap();
         let mentioned = |key: &str| {
             text.lines()

@@ -42,6 +42,8 @@ pub struct ClientInfo {
     /// The HTTP/1 client socket, watched for the client leaving while a request with an unread body is queued
     /// (hyper notices that by itself otherwise; HTTP/2 streams are cancelled by hyper).
     pub http1_stream: Option<Arc<TcpStream>>,
+    /// Whether the client reached us over TLS: `X-Forwarded-Proto` says `https` then.
+    pub tls: bool,
 }
 
 impl ClientInfo {
@@ -52,7 +54,14 @@ impl ClientInfo {
             trusted,
             peer_ip,
             http1_stream,
+            tls: false,
         }
+    }
+
+    /// Marks the client as connected over TLS.
+    pub fn over_tls(mut self, tls: bool) -> Self {
+        self.tls = tls;
+        self
     }
 }
 
@@ -181,7 +190,8 @@ fn set_forwarded(headers: &mut HeaderMap, client: &ClientInfo, host: HeaderValue
     // A trusted hop's own values stay, as one line each: with several, the upstream might read another one than
     // the hop meant.
     let proto = client.trusted.then(|| one_line(headers, &X_FORWARDED_PROTO)).flatten();
-    headers.insert(X_FORWARDED_PROTO, proto.unwrap_or(HeaderValue::from_static("http")));
+    let scheme = if client.tls { "https" } else { "http" };
+    headers.insert(X_FORWARDED_PROTO, proto.unwrap_or(HeaderValue::from_static(scheme)));
     let forwarded_host = client.trusted.then(|| one_line(headers, &X_FORWARDED_HOST)).flatten();
     headers.insert(X_FORWARDED_HOST, forwarded_host.unwrap_or(host));
     if !client.trusted {

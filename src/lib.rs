@@ -7,7 +7,7 @@
 //!
 //! A request's path, one module per step:
 //! ```text
-//! client ──► server (HTTP/1.1 + h2c, client deadlines) ──► proxy (the steps, in order)
+//! client ──► server (HTTP/1.1 + h2c, or TLS + ALPN; client deadlines) ──► proxy (the steps, in order)
 //!        ──► route (Host / path prefix → upstream) ──► forward (rewrite the head)
 //!        ──► pool::admit (idle connection │ free slot │ wait in the admission queue │ shed 503)
 //!        ──► pool (dial if needed; never more than max_connections) ──► forward (relay bodies)
@@ -40,3 +40,4 @@ pub mod pool;
 pub mod proxy;
 pub mod route;
 pub mod server;
+pub mod tls;

@@ -65,6 +65,12 @@ impl SharedStream {
         }
     }
 
+    /// Replaces the read observer: under TLS the protocol, which decides whether there is one, is only known once
+    /// the handshake has run over this stream.
+    pub fn set_observer(&mut self, observer: Option<Arc<dyn ReadObserver>>) {
+        self.observer = observer;
+    }
+
     /// Writes that cannot progress for `limit` fail with `TimedOut`.
     pub fn with_write_stall_limit(mut self, limit: Duration) -> Self {
         self.write_stall = Some(WriteStall {

@@ -1,4 +1,5 @@
-//! One client connection: protocol sniffing, serving HTTP/1.1 or HTTP/2 with hyper, and its deadlines.
+//! One client connection: the TLS handshake (when configured) or protocol sniffing, serving HTTP/1.1 or HTTP/2
+//! with hyper, and its deadlines.
 //!
 //! Owns the client-side timeouts (first bytes, request head, idle keep-alive) and the connection's part in a
 //! graceful shutdown. It never takes an upstream slot: requests are handed to the [`Proxy`], which admits them.
@@ -11,7 +12,10 @@ use std::time::Duration;
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use super::activity::{ClientActivity, Expired};
@@ -20,6 +24,7 @@ use crate::error::Outcome;
 use crate::forward::ClientInfo;
 use crate::net::{ReadObserver, SharedStream};
 use crate::proxy::Proxy;
+use crate::tls::ALPN_H2;
 
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -52,34 +57,105 @@ async fn sniff(stream: &TcpStream) -> std::io::Result<Protocol> {
     }
 }
 
-/// Serves one accepted connection until it closes, a deadline passes, or shutdown has drained it.
+/// Serves one accepted connection until it closes, a deadline passes, or shutdown has drained it. With `tls`,
+/// the connection is TLS and the ALPN the client picked decides the protocol; otherwise the first bytes do.
 pub async fn serve(
     stream: TcpStream,
     peer: SocketAddr,
+    tls: Option<TlsAcceptor>,
     proxy: Arc<Proxy>,
     config: Arc<Config>,
     shutdown: CancellationToken,
 ) {
     let _ = stream.set_nodelay(true);
-    let protocol = match tokio::time::timeout(config.first_byte_timeout, sniff(&stream)).await {
-        Ok(Ok(protocol)) => protocol,
-        Ok(Err(_)) => return,
+    let stream = Arc::new(stream);
+    // TLS wraps the SharedStream rather than the socket, so the write-stall limit and the read observer below
+    // see the bytes actually moving on the wire, encrypted or not.
+    let shared = SharedStream::new(stream.clone(), None).with_write_stall_limit(config.client_write_stall_limit());
+    let Some(acceptor) = tls else {
+        let protocol = match tokio::time::timeout(config.first_byte_timeout, sniff(&stream)).await {
+            Ok(Ok(protocol)) => protocol,
+            Ok(Err(_)) => return,
+            Err(_) => {
+                tracing::debug!(%peer, "client sent nothing before first_byte_timeout; closing");
+                return;
+            }
+        };
+        let attach = |io: &mut SharedStream, observer| io.set_observer(observer);
+        let conn = Conn {
+            stream,
+            protocol,
+            tls: false,
+            peer,
+        };
+        return serve_io(shared, attach, conn, proxy, config, shutdown).await;
+    };
+    // first_byte_timeout bounds the whole handshake: a client that trickles its ClientHello holds a
+    // max_client_connections permit just like one that sends nothing.
+    let tls_stream = match tokio::time::timeout(config.first_byte_timeout, acceptor.accept(shared)).await {
+        Ok(Ok(tls_stream)) => tls_stream,
+        Ok(Err(err)) => {
+            tracing::debug!(%peer, error = %err, "TLS handshake failed; closing");
+            return;
+        }
         Err(_) => {
-            tracing::debug!(%peer, "client sent nothing before first_byte_timeout; closing");
+            tracing::debug!(%peer, "TLS handshake not complete within first_byte_timeout; closing");
             return;
         }
     };
-    let stream = Arc::new(stream);
+    // No ALPN (or http/1.1) means HTTP/1.1, as RFC 9113 requires h2 over TLS to be negotiated.
+    let protocol = match tls_stream.get_ref().1.alpn_protocol() {
+        Some(ALPN_H2) => Protocol::Http2,
+        _ => Protocol::Http1,
+    };
+    let attach = |io: &mut TlsStream<SharedStream>, observer| io.get_mut().0.set_observer(observer);
+    let conn = Conn {
+        stream,
+        protocol,
+        tls: true,
+        peer,
+    };
+    serve_io(tls_stream, attach, conn, proxy, config, shutdown).await
+}
+
+/// What is known of a connection once its protocol is.
+struct Conn {
+    /// The socket under the stream hyper drives, watched for an HTTP/1 client leaving while its request is queued.
+    stream: Arc<TcpStream>,
+    protocol: Protocol,
+    tls: bool,
+    peer: SocketAddr,
+}
+
+/// Serves HTTP over `io` (the plain or the TLS stream); `attach` hands the read observer to the SharedStream
+/// inside it, now that the protocol, which decides whether there is one, is known.
+async fn serve_io<I>(
+    mut io: I,
+    attach: impl FnOnce(&mut I, Option<Arc<dyn ReadObserver>>),
+    conn: Conn,
+    proxy: Arc<Proxy>,
+    config: Arc<Config>,
+    shutdown: CancellationToken,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let Conn {
+        stream,
+        protocol,
+        tls,
+        peer,
+    } = conn;
     let activity = ClientActivity::new(protocol == Protocol::Http1);
     let observer: Option<Arc<dyn ReadObserver>> = match protocol {
         Protocol::Http1 => Some(activity.clone()),
         Protocol::Http2 => None,
     };
-    let io = TokioIo::new(
-        SharedStream::new(stream.clone(), observer).with_write_stall_limit(config.client_write_stall_limit()),
-    );
-    let http1_stream = (protocol == Protocol::Http1).then(|| stream.clone());
-    let client = Arc::new(ClientInfo::new(peer, proxy.is_trusted(peer.ip()), http1_stream));
+    attach(&mut io, observer);
+    let io = TokioIo::new(io);
+    // peer_closed watches the socket itself, so it works under TLS as well: the client's FIN is what it waits
+    // for, whatever (close_notify included) comes before it.
+    let http1_stream = (protocol == Protocol::Http1).then_some(stream);
+    let client = Arc::new(ClientInfo::new(peer, proxy.is_trusted(peer.ip()), http1_stream).over_tls(tls));
     let service = {
         let activity = activity.clone();
         let proxy = proxy.clone();

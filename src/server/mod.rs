@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -51,6 +52,8 @@ pub struct Floodgate {
     listener: TcpListener,
     admin: TcpListener,
     state: Arc<State>,
+    /// Present when `tls_cert` and `tls_key` are set: every client connection is then TLS.
+    tls: Option<TlsAcceptor>,
 }
 
 impl Floodgate {
@@ -80,6 +83,12 @@ impl Floodgate {
         let access_log = config.access_log_target() != crate::config::AccessLogTarget::Off;
         let proxy =
             Proxy::new(Router::new(routes), pools, metrics, config.trusted_proxies.clone()).with_access_log(access_log);
+        // Validation read these files already; reading them again here keeps a file changed in between from
+        // slipping through, and this is the copy the listener serves.
+        let tls = match (&config.tls_cert, &config.tls_key) {
+            (Some(cert), Some(key)) => Some(TlsAcceptor::from(crate::tls::server_config(cert, key)?)),
+            _ => None,
+        };
         let listener = bind(config.listen).await?;
         let admin = bind(config.admin).await?;
         Ok(Floodgate {
@@ -90,6 +99,7 @@ impl Floodgate {
                 proxy: Arc::new(proxy),
                 ready: AtomicBool::new(true),
             }),
+            tls,
         })
     }
 
@@ -112,6 +122,7 @@ impl Floodgate {
             listener,
             admin,
             state,
+            tls,
         } = self;
         let stop = CancellationToken::new();
         let admin_task = tokio::spawn(admin::serve(admin, state.clone(), stop.clone()));
@@ -128,7 +139,16 @@ impl Floodgate {
                 draining.cancel();
             });
         }
-        accept_loop(&listener, &state, &config, &limit, &connections, &draining).await;
+        accept_loop(
+            &listener,
+            &state,
+            &config,
+            tls.as_ref(),
+            &limit,
+            &connections,
+            &draining,
+        )
+        .await;
         drop(listener);
         tracing::info!(
             in_flight = connections.len(),
@@ -174,6 +194,7 @@ async fn accept_loop(
     listener: &TcpListener,
     state: &Arc<State>,
     config: &Arc<Config>,
+    tls: Option<&TlsAcceptor>,
     limit: &Arc<Semaphore>,
     connections: &TaskTracker,
     draining: &CancellationToken,
@@ -206,9 +227,10 @@ async fn accept_loop(
                 let config = config.clone();
                 let draining = draining.clone();
                 let metrics = metrics.clone();
+                let tls = tls.cloned();
                 connections.spawn(async move {
                     let _open = OpenClient::new(&metrics.client_connections);
-                    connection::serve(stream, peer, proxy, config, draining).await;
+                    connection::serve(stream, peer, tls, proxy, config, draining).await;
                     drop(permit);
                 });
             }

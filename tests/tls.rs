@@ -1,0 +1,372 @@
+//! TLS termination on the client listener, through the real binary: a self-signed certificate made at test time,
+//! HTTPS clients that trust only it, ALPN choosing HTTP/1.1 or HTTP/2, the cap holding behind TLS, and bad
+//! certificate or key files stopping start-up (and `floodgate check`) with one line naming the key.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, StatusCode, Version};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use support::*;
+use tokio::net::TcpStream;
+use tokio_rustls::rustls::pki_types::ServerName;
+use tokio_rustls::rustls::{ClientConfig, RootCertStore};
+use tokio_rustls::TlsConnector;
+
+/// A certificate for `localhost` and its key, written to files that are removed on drop.
+struct TestCert {
+    dir: PathBuf,
+    der: tokio_rustls::rustls::pki_types::CertificateDer<'static>,
+    key_pem: String,
+}
+
+impl TestCert {
+    fn new() -> TestCert {
+        static SEQ: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "floodgate-tls-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let generated = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        let key_pem = generated.signing_key.serialize_pem();
+        std::fs::write(dir.join("cert.pem"), generated.cert.pem()).unwrap();
+        std::fs::write(dir.join("key.pem"), &key_pem).unwrap();
+        TestCert {
+            dir,
+            der: generated.cert.der().clone(),
+            key_pem,
+        }
+    }
+
+    fn cert_path(&self) -> String {
+        self.dir.join("cert.pem").display().to_string()
+    }
+
+    fn key_path(&self) -> String {
+        self.dir.join("key.pem").display().to_string()
+    }
+
+    /// A client that trusts this certificate alone and offers `alpn`.
+    fn connector(&self, alpn: &[&[u8]]) -> TlsConnector {
+        let mut roots = RootCertStore::empty();
+        roots.add(self.der.clone()).unwrap();
+        let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+        let mut config = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        TlsConnector::from(Arc::new(config))
+    }
+}
+
+impl Drop for TestCert {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn config_text(upstream: &str, cert: &str, key: &str) -> String {
+    format!(
+        "tls_cert = {cert:?}\ntls_key = {key:?}\n\n[upstreams.app]\nurl = {upstream:?}\nmax_connections = 2\nmax_queue = 1000\nqueue_timeout = \"20s\"\n\n[[routes]]\nupstream = \"app\"\n"
+    )
+}
+
+async fn tls_connect(connector: &TlsConnector, addr: SocketAddr) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.set_nodelay(true).unwrap();
+    let name = ServerName::try_from("localhost").unwrap();
+    tokio::time::timeout(CLIENT_TIMEOUT, connector.connect(name, tcp))
+        .await
+        .expect("TLS handshake timed out")
+        .expect("TLS handshake")
+}
+
+async fn h1_get(connector: TlsConnector, addr: SocketAddr, path: String) -> Resp {
+    let tls = tls_connect(&connector, addr).await;
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.unwrap();
+    tokio::spawn(conn);
+    let request = Request::get(path)
+        .header("host", "localhost")
+        .body(body_empty())
+        .unwrap();
+    let response = tokio::time::timeout(CLIENT_TIMEOUT, sender.send_request(request))
+        .await
+        .expect("response timed out")
+        .unwrap();
+    collect(response).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_over_http1_and_h2_reaches_the_upstream_within_the_cap() {
+    let upstream = Upstream::start().await;
+    let cert = TestCert::new();
+    let config = TempConfig::new(&config_text(&upstream.url(), &cert.cert_path(), &cert.key_path()));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+
+    // HTTP/1.1, one TLS connection per client, all at once: more clients than the cap of 2.
+    let connector = cert.connector(&[b"http/1.1"]);
+    let tasks: Vec<_> = (0..20)
+        .map(|i| tokio::spawn(h1_get(connector.clone(), proxy.listen, format!("/delay/20?h1={i}"))))
+        .collect();
+    for task in tasks {
+        let response = task.await.unwrap();
+        assert_eq!(response.status, StatusCode::OK);
+        assert_eq!(response.version, Version::HTTP_11);
+    }
+
+    // HTTP/2 negotiated by ALPN (the client offers both, the listener prefers h2), many streams on one connection.
+    let tls = tls_connect(&cert.connector(&[b"h2", b"http/1.1"]), proxy.listen).await;
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .handshake(TokioIo::new(tls))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let tasks: Vec<_> = (0..30)
+        .map(|i| {
+            let mut sender = sender.clone();
+            tokio::spawn(async move {
+                let request = Request::get(format!("https://localhost/delay/20?h2={i}"))
+                    .body(body_empty())
+                    .unwrap();
+                let response = tokio::time::timeout(CLIENT_TIMEOUT, sender.send_request(request))
+                    .await
+                    .expect("response timed out")
+                    .unwrap();
+                collect(response).await.unwrap()
+            })
+        })
+        .collect();
+    for task in tasks {
+        let response = task.await.unwrap();
+        assert_eq!(response.status, StatusCode::OK);
+        assert_eq!(response.version, Version::HTTP_2);
+    }
+
+    assert_eq!(upstream.requests(), 50, "the upstream saw every request once");
+    let recorded = upstream.recorded();
+    assert_eq!(recorded.iter().filter(|r| r.uri.contains("h2=")).count(), 30);
+    assert!(
+        recorded.iter().all(|r| r.header("x-forwarded-proto") == Some("https")),
+        "{recorded:?}"
+    );
+    assert!(upstream.peak_connections() <= 2, "peak {}", upstream.peak_connections());
+}
+
+#[tokio::test]
+async fn the_tls_listener_refuses_plain_http() {
+    let upstream = Upstream::start().await;
+    let cert = TestCert::new();
+    let config = TempConfig::new(&config_text(&upstream.url(), &cert.cert_path(), &cert.key_path()));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let (data, _) = raw_exchange(
+        proxy.listen,
+        b"GET / HTTP/1.1\r\nhost: localhost\r\n\r\n",
+        Duration::from_secs(5),
+    )
+    .await;
+    assert_eq!(
+        first_status(&data),
+        None,
+        "plain HTTP was answered over the TLS listener"
+    );
+    assert_eq!(upstream.requests(), 0);
+}
+
+/// Runs `floodgate check` and a start-up with `config`; both must fail with exactly one line naming `key`.
+fn assert_refused(config: &str, key: &str) -> String {
+    let config = TempConfig::new(config);
+    let path = config.path_str();
+    let mut lines = Vec::new();
+    for args in [
+        vec!["check", "--config", path.as_str()],
+        vec!["--config", path.as_str()],
+    ] {
+        let (status, _, stderr) = run_to_exit(&args, Duration::from_secs(10));
+        assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
+        let problems: Vec<&str> = stderr.lines().filter(|line| !line.trim().is_empty()).collect();
+        assert_eq!(problems.len(), 1, "{args:?}: {stderr}");
+        assert!(
+            problems[0].contains(&format!("{key}: ")),
+            "{args:?}: the line does not name {key}: {stderr}"
+        );
+        lines.push(problems[0].to_string());
+    }
+    lines.swap_remove(0)
+}
+
+#[test]
+fn a_missing_certificate_file_stops_start_up_naming_tls_cert() {
+    let cert = TestCert::new();
+    let missing = cert.dir.join("nope.pem").display().to_string();
+    let line = assert_refused(
+        &config_text("http://127.0.0.1:9", &missing, &cert.key_path()),
+        "tls_cert",
+    );
+    assert!(line.contains("nope.pem"), "{line}");
+}
+
+#[test]
+fn a_key_of_another_certificate_stops_start_up_naming_tls_key_without_showing_it() {
+    let cert = TestCert::new();
+    let other = TestCert::new();
+    let line = assert_refused(
+        &config_text("http://127.0.0.1:9", &cert.cert_path(), &other.key_path()),
+        "tls_key",
+    );
+    assert!(line.contains("not the private key"), "{line}");
+    let secret = other.key_pem.lines().nth(1).unwrap();
+    assert!(!line.contains(secret) && !line.contains("PRIVATE KEY-----"), "{line}");
+}
+
+#[test]
+fn a_key_file_that_is_not_pem_stops_start_up_naming_tls_key() {
+    let cert = TestCert::new();
+    let garbage = cert.dir.join("garbage.pem");
+    std::fs::write(
+        &garbage,
+        "-----BEGIN PRIVATE KEY-----\nc2VjcmV0!!not base64\n-----END PRIVATE KEY-----\n",
+    )
+    .unwrap();
+    let line = assert_refused(
+        &config_text("http://127.0.0.1:9", &cert.cert_path(), &garbage.display().to_string()),
+        "tls_key",
+    );
+    assert!(!line.contains("c2VjcmV0"), "the key file's content was shown: {line}");
+}
+
+#[test]
+fn only_one_of_the_pair_is_refused() {
+    let cert = TestCert::new();
+    let text = format!(
+        "tls_cert = {:?}\n\n[upstreams.app]\nurl = \"http://127.0.0.1:9\"\n\n[[routes]]\nupstream = \"app\"\n",
+        cert.cert_path()
+    );
+    assert_refused(&text, "tls_key");
+}
+
+#[test]
+fn check_shows_the_paths_and_never_the_key() {
+    let cert = TestCert::new();
+    let config = TempConfig::new(&config_text("http://127.0.0.1:9", &cert.cert_path(), &cert.key_path()));
+    let (status, stdout, stderr) = run_to_exit(&["check", "--config", &config.path_str()], Duration::from_secs(10));
+    assert!(status.success(), "{stderr}");
+    assert!(
+        stdout.contains(&cert.key_path()) && stdout.contains(&cert.cert_path()),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("PRIVATE KEY"), "{stdout}");
+}
+
+/// A TLS client that completes the handshake, then trickles a request head one byte (one TLS record) at a time.
+async fn trickle_head_over_tls(connector: TlsConnector, addr: SocketAddr) -> Duration {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let tls = tls_connect(&connector, addr).await;
+    let (mut read, mut write) = tokio::io::split(tls);
+    let started = std::time::Instant::now();
+    let writer = async move {
+        for byte in b"GET /slowloris HTTP/1.1\r\nHost: localhost\r\nX-Slow: "
+            .iter()
+            .chain(std::iter::repeat(&b'a'))
+        {
+            if write.write_all(&[*byte]).await.is_err() || write.flush().await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+        std::future::pending::<()>().await
+    };
+    let reader = async move {
+        let mut received = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(15), read.read_to_end(&mut received)).await;
+    };
+    tokio::select! {
+        _ = reader => started.elapsed(),
+        _ = writer => unreachable!(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_deadlines_hold_under_tls() {
+    let upstream = Upstream::start().await;
+    let cert = TestCert::new();
+    let config = TempConfig::new(&config_text(&upstream.url(), &cert.cert_path(), &cert.key_path()));
+    let proxy = Proxy::start(&[
+        "--config",
+        &config.path_str(),
+        "--header-read-timeout",
+        "1s",
+        "--first-byte-timeout",
+        "1s",
+    ])
+    .await;
+
+    // A connection that never starts its handshake is closed at first_byte_timeout.
+    let started = std::time::Instant::now();
+    let (_, end) = raw_exchange(proxy.listen, b"", Duration::from_secs(10)).await;
+    let silent = started.elapsed();
+    assert!(
+        silent >= Duration::from_millis(900) && silent < Duration::from_secs(5),
+        "silent client closed after {silent:?} ({end:?})"
+    );
+
+    // A head trickled inside TLS is cut off at header_read_timeout and never reaches the upstream.
+    let closed_after = trickle_head_over_tls(cert.connector(&[b"http/1.1"]), proxy.listen).await;
+    assert!(
+        closed_after >= Duration::from_millis(900) && closed_after < Duration::from_secs(5),
+        "trickled head closed {closed_after:?} after the handshake, header_read_timeout 1s"
+    );
+    assert!(upstream.recorded_with_prefix("/slowloris").is_empty());
+    assert_eq!(upstream.requests(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_client_that_stops_reading_gives_its_slot_back() {
+    let upstream = Upstream::start().await;
+    let cert = TestCert::new();
+    let mut text = config_text(&upstream.url(), &cert.cert_path(), &cert.key_path());
+    text = text.replace("max_connections = 2", "max_connections = 1");
+    let config = TempConfig::new(&text);
+    let proxy = Proxy::start(&["--config", &config.path_str(), "--body-idle-timeout", "1s"]).await;
+
+    let connector = cert.connector(&[b"http/1.1"]);
+    let tls = tls_connect(&connector, proxy.listen).await;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.unwrap();
+    tokio::spawn(conn);
+    let request = Request::get(format!("/bytes/{}", 256 * MIB))
+        .header("host", "localhost")
+        .body(body_empty())
+        .unwrap();
+    let response = tokio::time::timeout(CLIENT_TIMEOUT, sender.send_request(request))
+        .await
+        .expect("response timed out")
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    // The body is never read: the proxy's writes stall, and the write-stall limit (the largest
+    // body_idle_timeout) must end the exchange and give the only slot back.
+    let stalled = std::time::Instant::now();
+    proxy.wait_in_use_zero("app", Duration::from_secs(15)).await;
+    assert!(
+        stalled.elapsed() >= Duration::from_millis(900),
+        "freed after {:?}",
+        stalled.elapsed()
+    );
+    let served = h1_get(connector, proxy.listen, "/after".to_string()).await;
+    assert_eq!(served.status, StatusCode::OK);
+    assert!(
+        upstream.bytes_streamed() < 64 * MIB,
+        "streamed {}",
+        upstream.bytes_streamed()
+    );
+    drop(response);
+}
