@@ -107,24 +107,23 @@ async fn the_format_and_level_come_from_the_environment_and_rust_log_wins_over_t
     );
 }
 
+/// A proxy that would serve nothing (port 9 upstream, ephemeral listeners): for runs that must stop at start-up.
+const NOWHERE_ARGS: [&str; 6] = [
+    "--upstream",
+    "127.0.0.1:9",
+    "--listen",
+    "127.0.0.1:0",
+    "--admin",
+    "127.0.0.1:0",
+];
+
 #[test]
 fn a_bad_log_level_or_format_stops_start_up_with_one_line_naming_the_key() {
     for (env, key) in [
         (("FLOODGATE__LOG_LEVEL", "info,floodgate=loud"), "log_level"),
         (("FLOODGATE__LOG_FORMAT", "xml"), "log_format"),
     ] {
-        let (status, stdout, stderr) = run_to_exit_with_env(
-            &[
-                "--upstream",
-                "127.0.0.1:9",
-                "--listen",
-                "127.0.0.1:0",
-                "--admin",
-                "127.0.0.1:0",
-            ],
-            &[env],
-            Duration::from_secs(10),
-        );
+        let (status, stdout, stderr) = run_to_exit_with_env(&NOWHERE_ARGS, &[env], Duration::from_secs(10));
         assert_eq!(status.code(), Some(2), "{env:?}: stdout {stdout}\nstderr {stderr}");
         let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
         assert_eq!(lines.len(), 1, "{env:?}: {stderr}");
@@ -262,14 +261,7 @@ async fn the_human_access_log_goes_to_a_file_one_readable_line_per_request() {
 #[test]
 fn an_access_log_that_cannot_be_opened_stops_start_up_with_one_line_naming_the_key() {
     let (status, stdout, stderr) = run_to_exit_with_env(
-        &[
-            "--upstream",
-            "127.0.0.1:9",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin",
-            "127.0.0.1:0",
-        ],
+        &NOWHERE_ARGS,
         &[("FLOODGATE__ACCESS_LOG", "/nonexistent-floodgate-dir/access.log")],
         Duration::from_secs(10),
     );

@@ -93,17 +93,25 @@ async fn tls_connect(connector: &TlsConnector, addr: SocketAddr) -> tokio_rustls
 async fn h1_get(connector: TlsConnector, addr: SocketAddr, path: String) -> Resp {
     let tls = tls_connect(&connector, addr).await;
     assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
+    let response = h1_send(tls, path).await;
+    collect(response).await.unwrap()
+}
+
+/// One GET over HTTP/1.1 on an established TLS stream; the body is left to the caller.
+async fn h1_send(
+    tls: tokio_rustls::client::TlsStream<TcpStream>,
+    path: String,
+) -> hyper::Response<hyper::body::Incoming> {
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.unwrap();
     tokio::spawn(conn);
     let request = Request::get(path)
         .header("host", "localhost")
         .body(body_empty())
         .unwrap();
-    let response = tokio::time::timeout(CLIENT_TIMEOUT, sender.send_request(request))
+    tokio::time::timeout(CLIENT_TIMEOUT, sender.send_request(request))
         .await
         .expect("response timed out")
-        .unwrap();
-    collect(response).await.unwrap()
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -341,16 +349,7 @@ async fn a_tls_client_that_stops_reading_gives_its_slot_back() {
 
     let connector = cert.connector(&[b"http/1.1"]);
     let tls = tls_connect(&connector, proxy.listen).await;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.unwrap();
-    tokio::spawn(conn);
-    let request = Request::get(format!("/bytes/{}", 256 * MIB))
-        .header("host", "localhost")
-        .body(body_empty())
-        .unwrap();
-    let response = tokio::time::timeout(CLIENT_TIMEOUT, sender.send_request(request))
-        .await
-        .expect("response timed out")
-        .unwrap();
+    let response = h1_send(tls, format!("/bytes/{}", 256 * MIB)).await;
     assert_eq!(response.status(), StatusCode::OK);
     // The body is never read: the proxy's writes stall, and the write-stall limit (the largest
     // body_idle_timeout) must end the exchange and give the only slot back.
