@@ -140,27 +140,14 @@ impl Proxy {
     }
 
     fn refuse(&self, err: ProxyError, access: Option<Box<Entry>>) -> Response<ResponseBody> {
-        let response = forward::local_response(&err);
-        let bytes = err.reason().len() as u64;
-        let counters = self.metrics.client_side_counters();
-        forward::complete(counters, Some(response.status()), access, err.outcome(), bytes);
-        response
+        answer_locally(self.metrics.client_side_counters(), err, access)
     }
 
     fn answer_error(&self, pool: &UpstreamPool, err: ProxyError, access: Option<Box<Entry>>) -> Response<ResponseBody> {
         if !matches!(err, ProxyError::Shed(_)) {
             tracing::debug!(upstream = %pool.name, error = %err, "request failed");
         }
-        let response = forward::local_response(&err);
-        let bytes = err.reason().len() as u64;
-        forward::complete(
-            &pool.metrics.requests,
-            Some(response.status()),
-            access,
-            err.outcome(),
-            bytes,
-        );
-        response
+        answer_locally(&pool.metrics.requests, err, access)
     }
 
     /// At most one shedding warning a second, so overload does not also flood the logs.
@@ -385,4 +372,13 @@ impl Drop for AbortWatch<'_> {
             forward::complete(counters, None, self.access.take(), Outcome::ClientAbort, 0);
         }
     }
+}
+
+/// The proxy's own answer to an error, counted under `counters` and logged like any other request.
+fn answer_locally(counters: &OutcomeCounters, err: ProxyError, access: Option<Box<Entry>>) -> Response<ResponseBody> {
+    let response = forward::local_response(&err);
+    // The body of a local answer is the reason's text.
+    let bytes = err.reason().len() as u64;
+    forward::complete(counters, Some(response.status()), access, err.outcome(), bytes);
+    response
 }

@@ -69,12 +69,12 @@ def invariant(runs):
 # measurement showed (docs/benchmarks.md prints it under the targets table, only for targets this run missed).
 LIMITS = {
     "Cost": "Per response floodgate spends more CPU than HAProxy: both make the same four socket calls per request "
-    "(strace: 2 `writev`, 2 `recvfrom`, 0.1 `epoll_wait` per request at 0 ms), but floodgate's user time is 1.6-2 "
-    "times HAProxy's (`/proc` user/system split, same load, side by side). A request crosses hyper's HTTP/1 codec "
+    "(strace: 2 `writev`, 2 `recvfrom`, 0.1 `epoll_wait` per request at 0 ms), but floodgate's user time is 1.5-2.2 "
+    "times HAProxy's (`/proc` user/system ticks over a 4 s wrk run at 200 clients, 0 ms, side by side, 3 pairs). A request crosses hyper's HTTP/1 codec "
     "twice (server and client side) and two tasks (the client connection's and the upstream connection's, joined "
     "by hyper's dispatch channel and a oneshot), where HAProxy moves buffers within one event loop; at a fixed, "
     "low rate every request also pays its own wake-ups. The single-thread runtime (`--threads 1` runs tokio's "
-    "current-thread scheduler) took about a quarter off the user time; going further means fewer task hops per "
+    "current-thread scheduler) took 12-31 % off the user time (3 interleaved pairs); going further means fewer task hops per "
     "request (driving the upstream connection inside the client's task) or a leaner codec than hyper's.",
     "Capacity": "The proxy-bound case is the CPU cost (the Cost target) at saturation: with every process on 2 shared cores, "
     "more CPU per response is fewer responses per second.",
@@ -83,10 +83,11 @@ LIMITS = {
     "client codec: the same task hops that make up the CPU cost (the Cost target), here seen as time.",
     "HTTP/2": "HTTP/2 clients go through hyper's HTTP/2 server (the h2 crate), which spends more CPU per stream than "
     "HAProxy's multiplexer; proxy-bound (0 ms) that is fewer responses per second, at 2 ms it does not show.",
-    "Idle clients": "hyper keeps each kept-alive HTTP/1 connection's buffers (an 8 KiB read buffer and an 8 KiB "
-    "header write buffer, neither smaller than 8 KiB through its API) allocated while the connection idles, plus "
-    "the connection's task; HAProxy and nginx take buffers from a pool only while bytes move. Closing the gap "
-    "needs a codec that gives buffers back between requests, which hyper 1.x does not offer.",
+    "Idle clients": "Most likely hyper's per-connection buffers: its HTTP/1 code (1.12, `proto/h1/io.rs`) gives "
+    "each connection an 8 KiB read buffer and an 8 KiB header write buffer, keeps them while the connection idles, "
+    "and refuses a `max_buf_size` below 8 KiB; the connection's task comes on top. HAProxy and nginx take buffers "
+    "from a pool only while bytes move. That reading of hyper's source is not yet confirmed by a heap profile. "
+    "Closing the gap needs a codec that gives buffers back between requests, which hyper 1.x does not offer.",
 }
 
 

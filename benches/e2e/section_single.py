@@ -1,6 +1,6 @@
 """Section of docs/benchmarks.md for the "single" scenario (one client, wrk -t1 -c1); see report_common."""
 
-from report_common import by_subject, fmt, layouts, main_layout, markdown_table, med, other_codes, spread
+from report_common import best, by_subject, fmt, layouts, main_layout, markdown_table, med, other_codes, spread
 
 TITLE = "One client: the latency a proxy adds"
 
@@ -69,11 +69,7 @@ def targets(runs, meta):
         rbs = by_subject(runs, key)
 
         def best_added(prefix):
-            cands = [(s, med([r["p50"] for r in rs])) for s, rs in rbs if s.startswith(prefix)]
-            cands = [(s, v) for s, v in cands if v is not None]
-            if not cands:
-                return None, None, None
-            s, v = min(cands, key=lambda c: c[1])
+            s, v = best(rbs, prefix, lambda r: r["p50"], higher=False)
             return s, v, added(v, b50)
 
         fs, fv, fa = best_added("floodgate")
