@@ -68,8 +68,9 @@ def invariant(runs):
 # What limits floodgate where it misses a target, keyed by the start of the target's text: what profiling and
 # measurement showed (docs/benchmarks.md prints it under the targets table, only for targets this run missed).
 LIMITS = {
-    "Cost": "Per response floodgate spends more CPU than HAProxy: both make the same four socket calls per request "
-    "(strace: 2 `writev`, 2 `recvfrom`, 0.1 `epoll_wait` per request at 0 ms), but floodgate's user time is 1.5-2.2 "
+    "Cost": "Per response floodgate spends more CPU than HAProxy. It makes four socket calls per request "
+    "(strace: 2.0 `writev`, 2.0 `recvfrom`, 0.19 `epoll_wait` at 0 ms) and the loopback carries as many segments "
+    "for it as for HAProxy (nstat: 5.7-6.2 vs 5.5-6.7 per request), but its user time is 1.6-2.2 "
     "times HAProxy's (`/proc` user/system ticks over a 4 s wrk run at 200 clients, 0 ms, side by side, 3 pairs). A request crosses hyper's HTTP/1 codec "
     "twice (server and client side) and two tasks (the client connection's and the upstream connection's, joined "
     "by hyper's dispatch channel and a oneshot), where HAProxy moves buffers within one event loop; at a fixed, "
