@@ -1,9 +1,12 @@
-//! The admin listener: the stats page at `/`, `/metrics`, `/status`, `/healthz`, `/readyz`.
+//! The admin listener: the stats page at `/`, `/metrics`, `/status`, `/healthz`, `/readyz`, and two write
+//! endpoints, `POST /reload` and `PUT /upstreams/{name}/max_connections`.
 //!
-//! Owns the read-only views of the proxy's state. It is never behind admission: an overloaded upstream cannot
-//! make its own metrics unreachable. It changes nothing. The stats page is one static file that polls
-//! `/status`; rates and recent quantiles are worked out in the browser from the difference between two polls,
-//! so the proxy keeps no per-viewer state.
+//! Owns the views of the proxy's state and who may change it: the write endpoints answer only when the admin
+//! listener is on a loopback address or the request carries the configured bearer token, since the listener is
+//! often opened to Prometheus on a pod address. It is never behind admission: an overloaded upstream cannot make
+//! its own metrics unreachable. The stats page is one static file that polls `/status`; rates and recent
+//! quantiles are worked out in the browser from the difference between two polls, so the proxy keeps no
+//! per-viewer state.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -13,7 +16,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -23,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::WaitHistogram;
 use crate::pool::{PoolSnapshot, UpstreamPool};
+use crate::reload::ReloadError;
 use crate::server::State;
 
 /// Self-contained (inline CSS and JS): the admin listener may be reachable where nothing else is.
@@ -37,6 +41,9 @@ struct Status {
     ready: bool,
     client_connections: i64,
     upstreams: BTreeMap<String, UpstreamStatus>,
+    /// Pools a reload removed or replaced that are still finishing requests, by their upstream's name.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    draining: Vec<(String, UpstreamStatus)>,
 }
 
 #[derive(serde::Serialize)]
@@ -86,7 +93,7 @@ pub async fn serve(listener: TcpListener, state: Arc<State>, stop: CancellationT
             let _permit = permit;
             let service = service_fn(move |request| {
                 let state = state.clone();
-                async move { Ok::<_, Infallible>(answer(&state, &request)) }
+                async move { Ok::<_, Infallible>(answer(&state, request).await) }
             });
             let _ = http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -97,11 +104,34 @@ pub async fn serve(listener: TcpListener, state: Arc<State>, stop: CancellationT
     }
 }
 
-fn answer(state: &State, request: &Request<Incoming>) -> Response<Full<Bytes>> {
-    if request.method() != Method::GET && request.method() != Method::HEAD {
-        return text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n");
+/// A write request's body is a number or nothing.
+const MAX_WRITE_BODY: usize = 64;
+
+async fn answer(state: &State, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    let path = request.uri().path().to_string();
+    let path = path.as_str();
+    if let Some(write) = Write::of(request.method(), path) {
+        if let Err(refused) = may_write(state, request.headers()) {
+            return refused;
+        }
+        return match write {
+            Write::Reload => reload(state).await,
+            Write::MaxConnections(name) => set_max_connections(state, name, request).await,
+        };
     }
-    match request.uri().path() {
+    if is_write_path(path) {
+        return text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "POST /reload; PUT /upstreams/NAME/max_connections\n",
+        );
+    }
+    if request.method() != Method::GET && request.method() != Method::HEAD {
+        return text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "only GET, apart from the write endpoints\n",
+        );
+    }
+    match path {
         "/" => stats_page(),
         "/healthz" => text(StatusCode::OK, "ok\n"),
         "/readyz" if state.ready.load(Ordering::SeqCst) => text(StatusCode::OK, "ready\n"),
@@ -121,9 +151,16 @@ fn answer(state: &State, request: &Request<Incoming>) -> Response<Full<Bytes>> {
                 client_connections: state.proxy.metrics.client_connections.get(),
                 upstreams: state
                     .proxy
-                    .pools
+                    .router()
+                    .pools()
                     .iter()
                     .map(|(name, pool)| (name.clone(), UpstreamStatus::of(pool)))
+                    .collect(),
+                draining: state
+                    .proxy
+                    .draining()
+                    .iter()
+                    .map(|pool| (pool.name.to_string(), UpstreamStatus::of(pool)))
                     .collect(),
             };
             match serde_json::to_vec_pretty(&status) {
@@ -139,6 +176,118 @@ fn answer(state: &State, request: &Request<Incoming>) -> Response<Full<Bytes>> {
         }
         _ => text(StatusCode::NOT_FOUND, "try /, /metrics, /status, /healthz or /readyz\n"),
     }
+}
+
+/// The endpoints that change something.
+enum Write<'a> {
+    Reload,
+    MaxConnections(&'a str),
+}
+
+impl<'a> Write<'a> {
+    fn of(method: &Method, path: &'a str) -> Option<Write<'a>> {
+        match (method, path) {
+            (&Method::POST, "/reload") => Some(Write::Reload),
+            (&Method::PUT, path) => upstream_of(path).map(Write::MaxConnections),
+            _ => None,
+        }
+    }
+}
+
+fn upstream_of(path: &str) -> Option<&str> {
+    path.strip_prefix("/upstreams/")?
+        .strip_suffix("/max_connections")
+        .filter(|name| !name.is_empty() && !name.contains('/'))
+}
+
+fn is_write_path(path: &str) -> bool {
+    path == "/reload" || upstream_of(path).is_some()
+}
+
+/// Loopback listeners are trusted; elsewhere only `Authorization: Bearer <admin_token>` is.
+#[allow(clippy::result_large_err)]
+fn may_write(state: &State, headers: &http::HeaderMap) -> Result<(), Response<Full<Bytes>>> {
+    let config = state.config.load();
+    if config.admin.ip().is_loopback() {
+        return Ok(());
+    }
+    let Some(token) = &config.admin_token else {
+        return Err(text(
+            StatusCode::FORBIDDEN,
+            "writes are refused: the admin listener is not on loopback and no admin_token is set\n",
+        ));
+    };
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .map(str::trim);
+    let valid = presented.is_some_and(|presented| {
+        use subtle::ConstantTimeEq;
+        bool::from(presented.as_bytes().ct_eq(token.expose().as_bytes()))
+    });
+    if valid {
+        return Ok(());
+    }
+    let mut refused = text(
+        StatusCode::UNAUTHORIZED,
+        "a valid Authorization: Bearer token is required\n",
+    );
+    refused
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    Err(refused)
+}
+
+async fn reload(state: &State) -> Response<Full<Bytes>> {
+    match state.reload().await {
+        Ok(reloaded) => {
+            let mut body = String::from("reloaded\n");
+            for change in &reloaded.changed {
+                body.push_str(&format!("changed {change}\n"));
+            }
+            for key in &reloaded.needs_restart {
+                body.push_str(&format!("needs restart {key} (the running value stays)\n"));
+            }
+            owned_text(StatusCode::OK, body)
+        }
+        Err(ReloadError::Invalid(errors)) => {
+            let mut body = String::from("refused; the running configuration stays\n");
+            for problem in errors.problems() {
+                body.push_str(&format!("{problem}\n"));
+            }
+            owned_text(StatusCode::UNPROCESSABLE_ENTITY, body)
+        }
+        Err(err @ ReloadError::NoSource) => owned_text(StatusCode::CONFLICT, format!("{err}\n")),
+    }
+}
+
+/// HAProxy's `set maxconn server`: the new cap holds until the next reload puts the configured one back.
+async fn set_max_connections(state: &State, name: &str, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    let Some(pool) = state.proxy.router().pools().get(name).cloned() else {
+        return owned_text(StatusCode::NOT_FOUND, format!("no upstream named `{name}`\n"));
+    };
+    let body = match Limited::new(request.into_body(), MAX_WRITE_BODY).collect().await {
+        Ok(body) => body.to_bytes(),
+        Err(_) => return text(StatusCode::BAD_REQUEST, "the body must be a number of connections\n"),
+    };
+    let parsed = std::str::from_utf8(&body)
+        .ok()
+        .and_then(|text| text.trim().parse::<usize>().ok())
+        .filter(|&cap| cap >= 1);
+    let Some(cap) = parsed else {
+        return text(
+            StatusCode::BAD_REQUEST,
+            "the body must be a whole number of connections, at least 1\n",
+        );
+    };
+    let was = pool.snapshot().max_connections;
+    pool.set_max_connections(cap);
+    tracing::info!(upstream = %name, from = was, to = cap, "max_connections changed through the admin API");
+    owned_text(
+        StatusCode::OK,
+        format!("upstreams.{name}.max_connections: {was} -> {cap} (until the next reload)\n"),
+    )
 }
 
 fn stats_page() -> Response<Full<Bytes>> {
@@ -159,13 +308,28 @@ fn stats_page() -> Response<Full<Bytes>> {
 }
 
 fn refresh_gauges(state: &State) {
-    for pool in state.proxy.pools.values() {
+    let router = state.proxy.router();
+    for pool in router.pools().values() {
         pool.metrics.refresh(&pool.snapshot());
+    }
+    // A draining pool shares its series with a new pool of the same name; the new one is what they show.
+    for pool in state.proxy.draining() {
+        if !router.pools().contains_key(pool.name.as_ref()) {
+            pool.metrics.refresh(&pool.snapshot());
+        }
     }
 }
 
 fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    with_text(status, Bytes::from_static(body.as_bytes()))
+}
+
+fn owned_text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    with_text(status, Bytes::from(body))
+}
+
+fn with_text(status: StatusCode, body: Bytes) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(body));
     *response.status_mut() = status;
     response.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -52,6 +52,11 @@ impl<G> WaitQueue<G> {
         }
     }
 
+    /// A new bound applies to arrivals; waiters already queued keep their place.
+    pub fn set_max_queue(&mut self, max_queue: usize) {
+        self.max_queue = max_queue;
+    }
+
     pub fn len(&self) -> usize {
         self.waiters.len()
     }

@@ -26,7 +26,7 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
-    fn new(key: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn new(key: impl Into<String>, message: impl Into<String>) -> Self {
         ConfigError {
             key: key.into(),
             message: message.into(),
@@ -40,15 +40,15 @@ impl ConfigError {
 #[error("{}", join_problems(.0))]
 pub struct ConfigErrors(Vec<ConfigError>);
 
-impl ConfigErrors {
-    pub fn problems(&self) -> &[ConfigError] {
-        &self.0
-    }
-}
-
 impl From<ConfigError> for ConfigErrors {
     fn from(problem: ConfigError) -> Self {
         ConfigErrors(vec![problem])
+    }
+}
+
+impl ConfigErrors {
+    pub fn problems(&self) -> &[ConfigError] {
+        &self.0
     }
 }
 
@@ -243,6 +243,11 @@ pub struct Config {
     /// PEM private key (PKCS#8, PKCS#1 or SEC1) of the first certificate in `tls_cert`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_key: Option<PathBuf>,
+    /// Bearer token that lets a client use the admin listener's write endpoints (`POST /reload`,
+    /// `PUT /upstreams/NAME/max_connections`) when that listener is not on a loopback address. Without it, they
+    /// are refused there; on loopback they are always allowed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin_token: Option<Secret>,
     pub upstreams: BTreeMap<String, UpstreamConfig>,
     pub routes: Vec<RouteConfig>,
 }
@@ -296,6 +301,7 @@ impl Default for Config {
             access_log: "off".to_string(),
             tls_cert: None,
             tls_key: None,
+            admin_token: None,
             upstreams: BTreeMap::new(),
             routes: Vec::new(),
         }
@@ -688,6 +694,16 @@ impl Config {
             (Some(_), None) => problems.push("tls_key", "missing: tls_cert is set, and TLS needs both"),
             (None, Some(_)) => problems.push("tls_cert", "missing: tls_key is set, and TLS needs both"),
             (None, None) => {}
+        }
+        if let Some(token) = &self.admin_token {
+            // It travels in an Authorization header and must be hard to guess.
+            let token = token.expose();
+            if token.len() < 16 || !token.bytes().all(|b| b.is_ascii_graphic()) {
+                problems.push(
+                    "admin_token",
+                    "must be at least 16 printable characters without spaces (the value is not shown)",
+                );
+            }
         }
         if self.max_client_connections > tokio::sync::Semaphore::MAX_PERMITS {
             problems.push(

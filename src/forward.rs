@@ -118,7 +118,7 @@ pub fn to_upstream(
 ) -> Result<Request<RequestBody>, ProxyError> {
     let (mut parts, body) = request.into_parts();
     upstream_head(&mut parts, client, &pool.authority)?;
-    let body = RequestBody::new(body, pool.limits.body_idle_timeout);
+    let body = RequestBody::new(body, pool.limits().body_idle_timeout);
     Ok(Request::from_parts(parts, body))
 }
 
@@ -657,7 +657,7 @@ pub struct UpstreamBody {
 impl UpstreamBody {
     /// `watch`: also cut the exchange off when the client stops taking the body (HTTP/2 streams).
     pub fn new(inner: Incoming, lease: Lease, completion: Completion, watch: bool) -> Self {
-        let idle_timeout = lease.pool().limits.body_idle_timeout;
+        let idle_timeout = lease.pool().limits().body_idle_timeout;
         let relay = Relay {
             inner: Some(inner),
             lease: Some(lease),
@@ -754,7 +754,7 @@ impl Drop for UpstreamBody {
 }
 
 async fn drain_then_release(mut body: Incoming, mut lease: Lease) {
-    let limits = &lease.pool().limits;
+    let limits = lease.pool().limits();
     let (max_bytes, limit) = (limits.abort_drain_bytes, limits.abort_drain_timeout);
     let drained = tokio::time::timeout(limit, async {
         let mut read: u64 = 0;

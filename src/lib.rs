@@ -38,6 +38,7 @@ pub mod metrics;
 pub mod net;
 pub mod pool;
 pub mod proxy;
+pub mod reload;
 pub mod route;
 pub mod server;
 pub mod tls;

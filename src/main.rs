@@ -9,10 +9,12 @@
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use floodgate::config::{Config, Env, LogFormat, Overrides, REDACTED};
+use floodgate::reload::ConfigSource;
 use floodgate::server::Floodgate;
 
 /// A reverse proxy that turns any number of clients into a fixed, bounded keep-alive pool per upstream.
@@ -111,6 +113,12 @@ impl LayerArgs {
 
     /// All layers, with the process's environment; on problems, one line each on stderr.
     fn load(self) -> Result<Config, ExitCode> {
+        load(&self.into_source())
+    }
+
+    /// Reads all layers each time it is called: at start-up, and again at every reload. The flags are fixed for
+    /// the process's life, so a value given as a flag wins over every reloaded file.
+    fn into_source(self) -> ConfigSource {
         let overrides = Overrides {
             listen: self.listen,
             admin: self.admin,
@@ -129,13 +137,19 @@ impl LayerArgs {
             threads: self.threads,
             log_format: self.log_format,
         };
-        Config::load(self.config.as_deref(), &Env::Process, &overrides).map_err(|errors| {
-            for problem in errors.problems() {
-                eprintln!("floodgate: invalid configuration: {problem}");
-            }
-            ExitCode::from(2)
-        })
+        let file = self.config;
+        Arc::new(move || Config::load(file.as_deref(), &Env::Process, &overrides))
     }
+}
+
+/// Loads through `source`; on problems, one line each on stderr.
+fn load(source: &ConfigSource) -> Result<Config, ExitCode> {
+    source().map_err(|errors| {
+        for problem in errors.problems() {
+            eprintln!("floodgate: invalid configuration: {problem}");
+        }
+        ExitCode::from(2)
+    })
 }
 
 // Parsed once at start-up: boxing the larger variant would save nothing worth the indirection.
@@ -161,7 +175,8 @@ fn main() -> ExitCode {
         None => {}
     }
     // Configuration problems are printed plainly: logging is configured by what is being loaded.
-    let config = match cli.layers.load() {
+    let source = cli.layers.into_source();
+    let config = match load(&source) {
         Ok(config) => config,
         Err(code) => return code,
     };
@@ -178,7 +193,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(serve(config)) {
+    match runtime.block_on(serve(config, source)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("floodgate: {err:#}");
@@ -215,8 +230,9 @@ fn run_check(args: LayerArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-async fn serve(config: Config) -> anyhow::Result<()> {
-    let floodgate = Floodgate::bind(config).await?;
+async fn serve(config: Config, source: ConfigSource) -> anyhow::Result<()> {
+    let floodgate = Floodgate::bind(config).await?.reload_from(source);
+    reload_on_hangup(floodgate.reloader());
     let (listen, admin) = (floodgate.listen_addr(), floodgate.admin_addr());
     let config = floodgate.config();
     for (name, upstream) in &config.upstreams {
@@ -240,6 +256,24 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     floodgate.run(shutdown_signal()).await?;
     tracing::info!("floodgate stopped");
     Ok(())
+}
+
+/// SIGHUP reloads the configuration, as for most daemons; the reload logs what it changed or why it refused.
+fn reload_on_hangup(reloader: floodgate::server::Reloader) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hangups = match signal(SignalKind::hangup()) {
+        Ok(hangups) => hangups,
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot watch SIGHUP; reload through POST /reload only");
+            return;
+        }
+    };
+    tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            tracing::info!("SIGHUP: reloading the configuration");
+            let _ = reloader.reload().await;
+        }
+    });
 }
 
 async fn shutdown_signal() {

@@ -49,6 +49,8 @@ pub struct Metrics {
     peak: Family<Labels, Gauge>,
     response: Family<Labels, Histogram, fn() -> Histogram>,
     retries: Family<Labels, Counter>,
+    max_connections: Family<Labels, Gauge>,
+    reloads: Family<Labels, Counter>,
     /// Kept per upstream name, as the families keep their metrics, so asking twice gives the same counts.
     queue_wait_buckets: Mutex<BTreeMap<String, Arc<BucketCounts>>>,
     pub client_connections: Gauge,
@@ -73,6 +75,8 @@ impl Metrics {
         let peak = Family::<Labels, Gauge>::default();
         let response = Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram as _);
         let retries = Family::<Labels, Counter>::default();
+        let max_connections = Family::<Labels, Gauge>::default();
+        let reloads = Family::<Labels, Counter>::default();
         let client_connections = Gauge::default();
         registry.register(
             "floodgate_requests",
@@ -121,6 +125,16 @@ impl Metrics {
             retries.clone(),
         );
         registry.register(
+            "floodgate_upstream_max_connections",
+            "The cap in force on upstream connections (changed by a reload or the admin API)",
+            max_connections.clone(),
+        );
+        registry.register(
+            "floodgate_reloads",
+            "Configuration reloads by result: applied, or refused (the running configuration stayed)",
+            reloads.clone(),
+        );
+        registry.register(
             "floodgate_client_connections",
             "Open client connections",
             client_connections.clone(),
@@ -137,6 +151,8 @@ impl Metrics {
             peak,
             response,
             retries,
+            max_connections,
+            reloads,
             queue_wait_buckets: Mutex::default(),
             client_connections,
             client_side,
@@ -165,10 +181,17 @@ impl Metrics {
             idle: self.connections.get_or_create_owned(&state("idle")),
             opened: self.opened.get_or_create_owned(&labels()),
             peak: self.peak.get_or_create_owned(&labels()),
+            max_connections: self.max_connections.get_or_create_owned(&labels()),
             response: self.response.get_or_create_owned(&labels()),
             retried_unsent: self.retries.get_or_create_owned(&reason("unsent")),
             replayed: self.retries.get_or_create_owned(&reason("replayed")),
         }
+    }
+
+    /// Counts one reload, applied or refused.
+    pub fn reloaded(&self, applied: bool) {
+        let result = if applied { "applied" } else { "refused" };
+        self.reloads.get_or_create(&vec![("result", result.to_string())]).inc();
     }
 
     /// Counts a request rejected before it reached an upstream (no `upstream` label).
@@ -309,6 +332,7 @@ pub struct UpstreamMetrics {
     idle: Gauge,
     pub opened: Counter,
     peak: Gauge,
+    max_connections: Gauge,
     response: Histogram,
     pub retried_unsent: Counter,
     pub replayed: Counter,
@@ -339,6 +363,7 @@ impl UpstreamMetrics {
         ));
         self.idle.set(gauge(snapshot.connections_idle));
         self.peak.set(gauge(snapshot.connections_peak));
+        self.max_connections.set(gauge(snapshot.max_connections));
     }
 }
 

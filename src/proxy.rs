@@ -5,14 +5,14 @@
 //! client that leaves while its request is at the upstream does not cancel the exchange: its remainder is
 //! spawned, the response is still read to its end and the connection reused.
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 use std::time::Instant;
 
+use arc_swap::{ArcSwap, Guard};
 use http::{header, Method, Request, Response, Version};
 use hyper::body::{Body, Incoming};
 
@@ -25,12 +25,14 @@ use crate::net;
 use crate::pool::{Lease, Refused, UploadProgress, UpstreamPool};
 use crate::route::Router;
 
-/// Everything a request needs, shared by all connections.
+/// Everything a request needs, shared by all connections. The router and the trusted proxies are replaced whole
+/// by a reload; a request reads each once.
 pub struct Proxy {
-    pub router: Router,
-    pub pools: BTreeMap<String, Arc<UpstreamPool>>,
+    router: ArcSwap<Router>,
     pub metrics: Arc<Metrics>,
-    pub trusted_proxies: Vec<ipnet::IpNet>,
+    trusted_proxies: ArcSwap<Vec<ipnet::IpNet>>,
+    /// Pools a reload retired, kept for `/status` and shutdown until they have drained.
+    draining: Mutex<Vec<Arc<UpstreamPool>>>,
     /// Whether requests write an access-log line.
     access_log: bool,
     shed_warned_at: AtomicU64,
@@ -38,21 +40,51 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    pub fn new(
-        router: Router,
-        pools: BTreeMap<String, Arc<UpstreamPool>>,
-        metrics: Arc<Metrics>,
-        trusted_proxies: Vec<ipnet::IpNet>,
-    ) -> Self {
+    pub fn new(router: Router, metrics: Arc<Metrics>, trusted_proxies: Vec<ipnet::IpNet>) -> Self {
         Proxy {
-            router,
-            pools,
+            router: ArcSwap::from_pointee(router),
             metrics,
-            trusted_proxies,
+            trusted_proxies: ArcSwap::from_pointee(trusted_proxies),
+            draining: Mutex::default(),
             access_log: false,
             shed_warned_at: AtomicU64::new(0),
             started: Instant::now(),
         }
+    }
+
+    /// The routes and pools in force.
+    pub fn router(&self) -> Guard<Arc<Router>> {
+        self.router.load()
+    }
+
+    /// Puts a new router in force and retires `retired`: requests already routed to them finish there.
+    pub(crate) fn replace_router(
+        &self,
+        router: Router,
+        trusted_proxies: Vec<ipnet::IpNet>,
+        retired: Vec<Arc<UpstreamPool>>,
+    ) {
+        self.router.store(Arc::new(router));
+        self.trusted_proxies.store(Arc::new(trusted_proxies));
+        let mut draining = self.draining.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        for pool in retired {
+            pool.retire();
+            draining.push(pool);
+        }
+    }
+
+    /// Retired pools still finishing requests; the drained ones are forgotten here.
+    pub fn draining(&self) -> Vec<Arc<UpstreamPool>> {
+        let mut draining = self.draining.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        draining.retain(|pool| !pool.drained());
+        draining.clone()
+    }
+
+    /// Every pool with connections to care for: those in force, then the draining ones.
+    pub fn all_pools(&self) -> Vec<Arc<UpstreamPool>> {
+        let mut pools: Vec<_> = self.router().pools().values().cloned().collect();
+        pools.extend(self.draining());
+        pools
     }
 
     pub fn with_access_log(mut self, on: bool) -> Self {
@@ -61,7 +93,7 @@ impl Proxy {
     }
 
     pub fn is_trusted(&self, peer: std::net::IpAddr) -> bool {
-        self.trusted_proxies.iter().any(|net| net.contains(&peer))
+        self.trusted_proxies.load().iter().any(|net| net.contains(&peer))
     }
 
     /// Serves one request from `client`'s connection.
@@ -78,7 +110,7 @@ impl Proxy {
         }
 
         let arrived = tokio::time::Instant::now();
-        let deadline = arrived + pool.limits.queue_timeout;
+        let deadline = arrived + pool.limits().queue_timeout;
         // hyper notices a vanished HTTP/1 client by itself unless a body is still unread; then we watch.
         let client_gone = async {
             match &client.http1_stream {
@@ -131,7 +163,7 @@ impl Proxy {
         forward::check_transfer_coding(request.headers())?;
         let host = forward::target_host(request.uri(), request.headers());
         let pool = self
-            .router
+            .router()
             .pick(host, request.uri().path())
             .cloned()
             .ok_or(ProxyError::NoRoute)?;
@@ -241,7 +273,7 @@ async fn send(
     let mut replay = if lease.reused() { replayable(&request) } else { None };
     // Every unsent attempt uses up a stale idle connection or a fresh dial, so this bound is never the limit in
     // practice; it only guarantees termination.
-    let mut attempts_left = pool.limits.max_connections + 2;
+    let mut attempts_left = pool.limits().max_connections + 2;
     loop {
         attempts_left = attempts_left.saturating_sub(1);
         let reused = lease.reused();
@@ -260,7 +292,7 @@ async fn send(
             }
         };
         let dispatched = Instant::now();
-        let limit = pool.limits.request_timeout;
+        let limit = pool.limits().request_timeout;
         let upload = request.body().upload();
         match tokio::time::timeout(limit, conn.sender.try_send_request(request)).await {
             Err(_) => {
@@ -307,7 +339,7 @@ async fn send(
 /// A retry goes to the front of the queue: it was admitted once already. `fresh` keeps it off long-idle
 /// connections, which may have been closed by the upstream like the one that just failed.
 async fn readmit(pool: &Arc<UpstreamPool>, fresh: bool) -> Result<Lease, ProxyError> {
-    let deadline = tokio::time::Instant::now() + pool.limits.queue_timeout;
+    let deadline = tokio::time::Instant::now() + pool.limits().queue_timeout;
     let admitted = if fresh {
         pool.admit_fresh(deadline).await
     } else {

@@ -1,9 +1,11 @@
 //! Routing: which upstream a request goes to.
 //!
 //! Owns the matching rules: Host compared case-insensitively with any port ignored (`:authority` for HTTP/2),
-//! path prefixes matched on segment boundaries, the most specific route first. It never changes the request:
-//! paths are forwarded as they came.
+//! path prefixes matched on segment boundaries, the most specific route first, and the upstreams those routes
+//! lead to. A reload replaces the whole router at once, so a request sees either the old routes and pools or
+//! the new ones. It never changes the request: paths are forwarded as they came.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::pool::UpstreamPool;
@@ -14,13 +16,18 @@ struct Route {
     pool: Arc<UpstreamPool>,
 }
 
-/// The routes, most specific first: host and prefix, then host, then the longest prefix, then catch-alls.
+/// The routes, most specific first: host and prefix, then host, then the longest prefix, then catch-alls; and
+/// every configured upstream's pool by name, routed to or not.
 pub struct Router {
     routes: Vec<Route>,
+    pools: BTreeMap<String, Arc<UpstreamPool>>,
 }
 
 impl Router {
-    pub fn new(routes: impl IntoIterator<Item = (Option<String>, Option<String>, Arc<UpstreamPool>)>) -> Router {
+    pub fn new(
+        routes: impl IntoIterator<Item = (Option<String>, Option<String>, Arc<UpstreamPool>)>,
+        pools: BTreeMap<String, Arc<UpstreamPool>>,
+    ) -> Router {
         let mut routes: Vec<Route> = routes
             .into_iter()
             .map(|(host, prefix, pool)| Route {
@@ -37,7 +44,12 @@ impl Router {
             })
             .collect();
         routes.sort_by_key(|r| std::cmp::Reverse((r.host.is_some(), r.prefix.as_ref().map_or(0, String::len))));
-        Router { routes }
+        Router { routes, pools }
+    }
+
+    /// The configured upstreams' pools, by name.
+    pub fn pools(&self) -> &BTreeMap<String, Arc<UpstreamPool>> {
+        &self.pools
     }
 
     pub fn pick(&self, host: Option<&str>, path: &str) -> Option<&Arc<UpstreamPool>> {

@@ -19,6 +19,15 @@ use crate::config::ConfigError;
 pub const ALPN_H2: &[u8] = b"h2";
 pub const ALPN_HTTP1: &[u8] = b"http/1.1";
 
+/// The listener's TLS configuration from the whole configuration, certificates read now; `None` when TLS is off.
+pub fn listener_config(config: &crate::config::Config) -> Result<Option<Arc<ServerConfig>>, ConfigError> {
+    match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => server_config(cert, key).map(Some),
+        // Validation refuses one without the other.
+        _ => Ok(None),
+    }
+}
+
 /// Reads `cert` (a PEM chain, leaf first) and `key` (a PEM private key: PKCS#8, PKCS#1 or SEC1) and builds the
 /// listener's TLS configuration. Each error names `tls_cert` or `tls_key`.
 pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, ConfigError> {

@@ -1,7 +1,6 @@
 //! The `request_head` target: bytes from a client socket through hyper's HTTP/1 server, the way a floodgate
 //! listener serves them, then floodgate's own steps before admission (tunnel check, route, rewrite).
 
-use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
@@ -17,13 +16,12 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::upstream_head::{self, ClientHead};
-use crate::config::{Config, Origin, Overrides};
+use crate::config::{Config, Overrides};
 use crate::error::ProxyError;
 use crate::forward::{self, ClientInfo};
 use crate::metrics::Metrics;
-use crate::pool::UpstreamPool;
 use crate::proxy::Proxy;
-use crate::route::Router;
+use crate::reload::Plan;
 
 /// Routes of every kind, so that picking one is exercised too; the catch-all means every request is routed.
 const ROUTES: &str = r#"
@@ -85,21 +83,11 @@ fn fixture() -> &'static Fixture {
 /// The proxy `server::Floodgate::bind` would build, without binding anything.
 fn proxy_for(config: &Config) -> Proxy {
     let metrics = Arc::new(Metrics::new());
-    let mut pools = BTreeMap::new();
-    for (name, upstream) in &config.upstreams {
-        let origin = match Origin::parse(&upstream.url) {
-            Ok(origin) => origin,
-            Err(message) => panic!("the fixture's upstream {name} is refused: {message}"),
-        };
-        let pool = UpstreamPool::new(name, origin, upstream.clone(), metrics.upstream(name));
-        pools.insert(name.clone(), pool);
-    }
-    let routes = config.routes.iter().filter_map(|route| {
-        let pool = pools.get(&route.upstream)?.clone();
-        Some((route.host.clone(), route.path_prefix.clone(), pool))
-    });
-    let router = Router::new(routes.collect::<Vec<_>>());
-    Proxy::new(router, pools, metrics, config.trusted_proxies.clone())
+    let router = match Plan::new(config, &metrics, None) {
+        Ok(plan) => plan.into_router(),
+        Err(problem) => panic!("the fixture's configuration is refused: {problem}"),
+    };
+    Proxy::new(router, metrics, config.trusted_proxies.clone())
 }
 
 /// Serves `bytes`, sent by a client that then closes its sending side, on one HTTP/1 connection; every request
@@ -166,7 +154,8 @@ async fn on_request(proxy: &Proxy, client: &ClientInfo, request: Request<Incomin
             }
             // The upstream's Host routes where the client's request was routed.
             let host = forward::target_host(&sent.uri, &sent.headers);
-            let again = proxy.router.pick(host, sent.uri.path());
+            let router = proxy.router();
+            let again = router.pick(host, sent.uri.path());
             assert!(
                 again.is_some_and(|again| Arc::ptr_eq(again, &pool)),
                 "the request as sent upstream routes elsewhere"

@@ -58,7 +58,7 @@ impl Conn {
 impl UpstreamPool {
     /// Dials a new connection with the right `slot` gives; the slot moves into the connection's task.
     pub(crate) async fn dial(self: &Arc<Self>, slot: Slot) -> Result<Conn, ProxyError> {
-        let limit = self.limits.connect_timeout;
+        let limit = self.limits().connect_timeout;
         let deadline = tokio::time::Instant::now() + limit;
         let stream = match connect(&self.origin, deadline).await {
             Ok(stream) => stream,
@@ -67,7 +67,7 @@ impl UpstreamPool {
                 if let Some(attempt) = attempt {
                     // The handshake may complete just as we give up; the slot stays taken until that
                     // connection is gone too.
-                    let close_timeout = self.limits.close_timeout;
+                    let close_timeout = self.limits().close_timeout;
                     tokio::spawn(async move {
                         abandon_attempt(&attempt, close_timeout).await;
                         drop(attempt);
@@ -86,7 +86,7 @@ impl UpstreamPool {
             .await
             .map_err(|err| ProxyError::Connect(err.to_string()))?;
         self.metrics.opened.inc();
-        let close_timeout = self.limits.close_timeout;
+        let close_timeout = self.limits().close_timeout;
         let closing = Arc::new(AtomicU8::new(CLOSING_NOT_COUNTED));
         let counted_closing = closing.clone();
         let close_now = Arc::new(Notify::new());

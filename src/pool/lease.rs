@@ -97,7 +97,7 @@ impl Lease {
             Held::Conn(conn) => {
                 // A pooled connection is normally ready at once; one that is not within request_timeout (its
                 // last request body still trickling, say) is treated like a stale one.
-                let limit = self.pool.limits.request_timeout;
+                let limit = self.pool.limits().request_timeout;
                 match tokio::time::timeout(limit, conn.sender.ready()).await {
                     Ok(Ok(())) => Ok(conn),
                     Ok(Err(err)) => Err(ProxyError::Upstream(err)),
@@ -124,7 +124,7 @@ impl Drop for Lease {
         if let Held::Conn(mut conn) = std::mem::replace(&mut self.held, Held::Nothing) {
             conn.served += 1;
             let sent = self.upload.as_ref().is_none_or(UploadProgress::is_sent);
-            if self.reusable && sent && conn.is_usable(&self.pool.limits) {
+            if self.reusable && sent && conn.is_usable(&self.pool.limits()) {
                 self.pool.put_idle(conn);
             } else {
                 self.pool.closing_started(&conn);

@@ -6,6 +6,11 @@
 //! socket is closed. A request is admitted by being granted either an idle connection or a slot to dial with;
 //! idle connections and freed slots go to the oldest waiter first, so the queue is FIFO. This module never builds
 //! requests or answers: that is `forward`'s job.
+//!
+//! The cap can change while the pool runs (a reload, the admin API). Raising it issues the new slots to waiters at
+//! once; lowering it closes surplus idle connections at once, closes busy ones as they finish instead of reusing
+//! them, and issues no slot while more connections exist than the new cap. A retired pool (its upstream removed
+//! or replaced) serves what it already admitted and closes each connection as it comes free.
 
 mod connection;
 mod lease;
@@ -19,6 +24,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use arc_swap::{ArcSwap, Guard};
 use http::HeaderValue;
 use tokio::time::Instant;
 
@@ -55,8 +61,12 @@ struct IdleConn {
 struct PoolState {
     /// Live slots: connections dialling, busy, idle or closing.
     open: usize,
-    /// Connections an exchange gave up on that still hold their slot: each will free it soon.
+    /// Connections on their way out that still hold their slot: each will free it soon.
     closing: usize,
+    /// The cap in force; the configured one until a reload or the admin API changes it.
+    max_connections: usize,
+    /// The upstream was removed or replaced: no connection is kept once it comes free.
+    retired: bool,
     /// Most recently used at the back; the front is the first to expire.
     idle: VecDeque<IdleConn>,
     queue: WaitQueue<Grant>,
@@ -76,6 +86,8 @@ pub struct PoolSnapshot {
     pub queue_depth: usize,
     pub queue_peak: usize,
     pub requests_total: u64,
+    /// Removed or replaced by a reload, finishing what it had admitted.
+    pub draining: bool,
 }
 
 /// One upstream's pool, admission queue and counters.
@@ -84,7 +96,8 @@ pub struct UpstreamPool {
     pub origin: Origin,
     /// Host header for requests that arrived without one (HTTP/1.0).
     pub authority: HeaderValue,
-    pub limits: UpstreamConfig,
+    /// Everything but the cap is read from here at the moment it applies; the cap lives under the lock.
+    limits: ArcSwap<UpstreamConfig>,
     pub metrics: UpstreamMetrics,
     state: Mutex<PoolState>,
     in_use: AtomicUsize,
@@ -103,11 +116,13 @@ impl UpstreamPool {
             state: Mutex::new(PoolState {
                 open: 0,
                 closing: 0,
+                max_connections: limits.max_connections,
+                retired: false,
                 idle: VecDeque::new(),
                 queue: WaitQueue::new(limits.max_queue),
             }),
             origin,
-            limits,
+            limits: ArcSwap::from_pointee(limits),
             metrics,
             in_use: AtomicUsize::new(0),
             connections_peak: AtomicUsize::new(0),
@@ -116,6 +131,11 @@ impl UpstreamPool {
         });
         tokio::spawn(expire_idle(Arc::downgrade(&pool)));
         pool
+    }
+
+    /// The limits in force (timeouts, queue bounds, connection lifetime); cheap enough for every request.
+    pub fn limits(&self) -> Guard<Arc<UpstreamConfig>> {
+        self.limits.load()
     }
 
     fn lock(&self) -> MutexGuard<'_, PoolState> {
@@ -154,7 +174,7 @@ impl UpstreamPool {
     pub async fn admit_fresh(self: &Arc<Self>, deadline: tokio::time::Instant) -> Result<Lease, Refused> {
         let (ticket, evicted) = {
             let mut state = self.lock();
-            if state.open < self.limits.max_connections {
+            if state.open < state.max_connections {
                 let slot = self.issue_slot(&mut state);
                 drop(state);
                 return Ok(Lease::new(self.clone(), Grant::Dial(slot)));
@@ -207,21 +227,27 @@ impl UpstreamPool {
 
     /// The fast path, under the lock: reuse the most recent idle connection, else issue a slot if one is free.
     fn take_now(self: &Arc<Self>, state: &mut PoolState) -> Option<Grant> {
+        let limits = self.limits();
         while let Some(idle) = state.idle.pop_back() {
-            if idle.conn.is_usable(&self.limits) {
+            if idle.conn.is_usable(&limits) {
                 return Some(Grant::Idle(idle.conn));
             }
             // Dropping the sender lets the connection's task close it and free its slot.
         }
-        if state.open < self.limits.max_connections && state.queue.is_empty() {
+        if state.open < state.max_connections && state.queue.is_empty() {
             return Some(Grant::Dial(self.issue_slot(state)));
         }
         None
     }
 
-    /// A connection finished an exchange and may be reused: the oldest waiter gets it, else it goes idle.
+    /// A connection finished an exchange and may be reused: the oldest waiter gets it, else it goes idle. Above
+    /// a lowered cap, or in a retired pool with nobody waiting, it is closed instead.
     pub(crate) fn put_idle(self: &Arc<Self>, conn: Conn) {
         self.hand_on(Grant::Idle(conn), |state, grant| match grant {
+            Grant::Idle(conn) if state.retired || state.live_over_cap() => {
+                count_closing(state, &conn);
+                Some(Grant::Idle(conn))
+            }
             Grant::Idle(conn) => {
                 state.idle.push_back(IdleConn {
                     conn,
@@ -246,13 +272,20 @@ impl UpstreamPool {
     }
 
     /// Offers `grant` to the oldest waiter, then the next, until one takes it (a waiter that already left gives
-    /// it back). With nobody waiting, `keep` puts it away under the same lock, so a waiter arriving meanwhile
-    /// cannot be passed over; anything `keep` hands back is dropped after the lock is released.
+    /// it back). With nobody waiting, or when handing it on would keep more connections than the cap in force,
+    /// `keep` deals with it under the same lock, so a waiter arriving meanwhile cannot be passed over and a cap
+    /// lowered meanwhile cannot be missed; anything `keep` hands back is dropped after the lock is released.
     fn hand_on(self: &Arc<Self>, mut grant: Grant, keep: impl Fn(&mut PoolState, Grant) -> Option<Grant>) {
         loop {
             let waiter = {
                 let mut state = self.lock();
-                match state.queue.pop_oldest() {
+                let over_cap = match &grant {
+                    Grant::Idle(_) => state.live_over_cap(),
+                    // The freed right's connection is gone: handing it on would make one more.
+                    Grant::Dial(_) => state.open > state.max_connections,
+                };
+                let next = if over_cap { None } else { state.queue.pop_oldest() };
+                match next {
                     Some(waiter) => waiter,
                     None => {
                         let leftover = keep(&mut state, grant);
@@ -289,16 +322,7 @@ impl UpstreamPool {
     /// finished first is never counted.
     pub(crate) fn closing_started(&self, conn: &Conn) {
         conn.close_now();
-        let mut state = self.lock();
-        let counted = conn.closing.compare_exchange(
-            CLOSING_NOT_COUNTED,
-            CLOSING_COUNTED,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        );
-        if counted.is_ok() {
-            state.closing += 1;
-        }
+        count_closing(&mut self.lock(), conn);
     }
 
     /// The connection's task freed its slot.
@@ -318,15 +342,21 @@ impl UpstreamPool {
     }
 
     pub fn snapshot(&self) -> PoolSnapshot {
-        let (open, idle, queue_depth) = {
+        let (open, idle, queue_depth, max_connections, draining) = {
             let state = self.lock();
             let idle = state.idle.iter().filter(|i| !i.conn.is_closed()).count();
-            (state.open, idle, state.queue.len())
+            (
+                state.open,
+                idle,
+                state.queue.len(),
+                state.max_connections,
+                state.retired,
+            )
         };
         PoolSnapshot {
             address: self.origin.authority(),
-            max_connections: self.limits.max_connections,
-            max_queue: self.limits.max_queue,
+            max_connections,
+            max_queue: self.limits().max_queue,
             in_use: self.in_use.load(Ordering::Relaxed),
             connections_open: open,
             connections_idle: idle,
@@ -335,13 +365,108 @@ impl UpstreamPool {
             queue_depth,
             queue_peak: self.queue_peak.load(Ordering::Relaxed),
             requests_total: self.requests_total.load(Ordering::Relaxed),
+            draining,
         }
+    }
+
+    /// Puts new limits in force. A raised cap issues its new slots to waiters now; a lowered one closes surplus
+    /// idle connections now (oldest first) and the surplus busy ones as they finish (see [`Self::hand_on`]).
+    /// Requests already queued keep their place under a lowered `max_queue`; `queue_timeout` applies to
+    /// arrivals from now on.
+    pub fn reconfigure(self: &Arc<Self>, limits: UpstreamConfig) {
+        let (raised, surplus_idle) = {
+            let mut state = self.lock();
+            let raised = limits.max_connections > state.max_connections;
+            state.max_connections = limits.max_connections;
+            state.queue.set_max_queue(limits.max_queue);
+            self.limits.store(Arc::new(limits));
+            let surplus = state
+                .open
+                .saturating_sub(state.closing)
+                .saturating_sub(state.max_connections);
+            let surplus = surplus.min(state.idle.len());
+            let evicted: Vec<IdleConn> = state.idle.drain(..surplus).collect();
+            for idle in &evicted {
+                count_closing(&mut state, &idle.conn);
+            }
+            (raised, evicted)
+        };
+        // Dropped outside the lock: each connection's task closes it and frees its slot.
+        drop(surplus_idle);
+        if raised {
+            self.admit_waiters();
+        }
+    }
+
+    /// Changes only the cap (the admin API's `PUT /upstreams/{name}/max_connections`).
+    pub fn set_max_connections(self: &Arc<Self>, max_connections: usize) {
+        let mut limits = UpstreamConfig::clone(&self.limits());
+        limits.max_connections = max_connections;
+        self.reconfigure(limits);
+    }
+
+    /// Hands each slot below a raised cap to a waiter: a slot issued and dropped at once goes to the oldest
+    /// waiter through [`Self::slot_freed`], exactly as a freed one does.
+    fn admit_waiters(self: &Arc<Self>) {
+        loop {
+            let slot = {
+                let mut state = self.lock();
+                if state.open >= state.max_connections || state.queue.is_empty() {
+                    return;
+                }
+                self.issue_slot(&mut state)
+            };
+            drop(slot);
+        }
+    }
+
+    /// The upstream was removed or replaced by a reload: requests already admitted or queued are served, idle
+    /// connections close now, and every other connection closes as it comes free. The pool goes away with the
+    /// last connection's task.
+    pub fn retire(&self) {
+        let idle = {
+            let mut state = self.lock();
+            state.retired = true;
+            let idle = std::mem::take(&mut state.idle);
+            for idle in &idle {
+                count_closing(&mut state, &idle.conn);
+            }
+            idle
+        };
+        drop(idle);
+    }
+
+    /// Whether the pool is retired and has nothing left: no connection, no waiter.
+    pub fn drained(&self) -> bool {
+        let state = self.lock();
+        state.retired && state.open == 0 && state.queue.is_empty()
     }
 
     /// Closes every idle connection (shutdown): their tasks free the slots once the upstream has closed too.
     pub fn close_idle(&self) {
         let idle = std::mem::take(&mut self.lock().idle);
         drop(idle);
+    }
+}
+
+impl PoolState {
+    /// More live connections, not counting those already on their way out, than the cap in force.
+    fn live_over_cap(&self) -> bool {
+        self.open.saturating_sub(self.closing) > self.max_connections
+    }
+}
+
+/// Counts `conn` as closing until its task frees its slot (see [`UpstreamPool::closing_finished`]); only under the
+/// pool's lock, and only once per connection.
+fn count_closing(state: &mut PoolState, conn: &Conn) {
+    let counted = conn.closing.compare_exchange(
+        CLOSING_NOT_COUNTED,
+        CLOSING_COUNTED,
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    );
+    if counted.is_ok() {
+        state.closing += 1;
     }
 }
 
@@ -374,13 +499,14 @@ async fn expire_idle(pool: Weak<UpstreamPool>) {
         let next_due = {
             let Some(pool) = pool.upgrade() else { return };
             let now = Instant::now();
-            let idle_timeout = pool.limits.idle_timeout;
+            let limits = pool.limits();
+            let idle_timeout = limits.idle_timeout;
             let mut state = pool.lock();
             // Dropping a sender under the lock is cheap and never calls back into the pool: the connection's
             // own task closes the socket and frees the slot.
             state
                 .idle
-                .retain(|idle| idle.since + idle_timeout > now && idle.conn.is_usable(&pool.limits));
+                .retain(|idle| idle.since + idle_timeout > now && idle.conn.is_usable(&limits));
             let fallback = now + idle_timeout.min(Duration::from_secs(1));
             state
                 .idle

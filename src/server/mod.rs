@@ -1,19 +1,20 @@
 //! The listeners: binding, the accept loop, and graceful shutdown.
 //!
 //! Owns start-up (pools and routes built from the config, both listeners bound) and the lifecycle: accepting
-//! never waits on an upstream, `max_client_connections` bounds what is accepted, and on shutdown `/readyz` turns
-//! 503, accepting stops, and in-flight and queued requests get `shutdown_timeout` to finish.
+//! never waits on an upstream, `max_client_connections` bounds what is accepted, each new connection takes the
+//! listener settings in force when it was accepted (a reload changes them for later ones), and on shutdown
+//! `/readyz` turns 503, accepting stops, and in-flight and queued requests get `shutdown_timeout` to finish.
 
 pub mod activity;
 mod connection;
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::{ArcSwap, ArcSwapOption};
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
@@ -21,11 +22,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::admin;
-use crate::config::{Config, Origin};
+use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::pool::UpstreamPool;
 use crate::proxy::Proxy;
-use crate::route::Router;
+use crate::reload::{self, ConfigSource, Plan, ReloadError, Reloaded};
 
 /// Why floodgate could not start.
 #[derive(Debug, thiserror::Error)]
@@ -40,94 +40,107 @@ pub enum StartError {
     Config(#[from] crate::config::ConfigError),
 }
 
-/// What the admin listener reads.
+/// What the listeners, the admin listener and a reload share.
 pub struct State {
     pub proxy: Arc<Proxy>,
     pub ready: AtomicBool,
+    /// The configuration in force; new client connections read their settings from it.
+    pub config: ArcSwap<Config>,
+    /// Present when `tls_cert` and `tls_key` are set: every client connection is then TLS.
+    pub(crate) tls: ArcSwapOption<rustls::ServerConfig>,
+    /// Bounds open client connections at `max_client_connections`.
+    pub(crate) client_room: Arc<Semaphore>,
+    pub(crate) source: Option<ConfigSource>,
+    pub(crate) reloading: tokio::sync::Mutex<()>,
+}
+
+impl State {
+    /// Reads the configuration again and puts it in force (SIGHUP, `POST /reload`).
+    pub async fn reload(&self) -> Result<Reloaded, ReloadError> {
+        reload::reload(self).await
+    }
 }
 
 /// A bound, not yet running floodgate.
 pub struct Floodgate {
-    config: Arc<Config>,
     listener: TcpListener,
     admin: TcpListener,
     state: Arc<State>,
-    /// Present when `tls_cert` and `tls_key` are set: every client connection is then TLS.
-    tls: Option<TlsAcceptor>,
+}
+
+/// A handle that reloads a running floodgate.
+#[derive(Clone)]
+pub struct Reloader(Arc<State>);
+
+impl Reloader {
+    pub async fn reload(&self) -> Result<Reloaded, ReloadError> {
+        self.0.reload().await
+    }
 }
 
 impl Floodgate {
-    /// Builds the pools and routes and binds both listeners. Must run inside a tokio runtime.
+    /// Builds the pools and routes and binds both listeners. Must run inside a tokio runtime. Without a
+    /// [`Floodgate::reload_from`] source, a reload has nothing to read and is refused.
     pub async fn bind(config: Config) -> Result<Floodgate, StartError> {
         let metrics = Arc::new(Metrics::new());
-        let mut pools = BTreeMap::new();
-        for (name, upstream) in &config.upstreams {
-            let origin = Origin::parse(&upstream.url).map_err(|message| crate::config::ConfigError {
-                key: format!("upstreams.{name}.url"),
-                message,
-            })?;
-            let pool = UpstreamPool::new(name, origin, upstream.clone(), metrics.upstream(name));
-            pools.insert(name.clone(), pool);
-        }
-        let mut routes = Vec::new();
-        for (index, route) in config.routes.iter().enumerate() {
-            let pool = pools
-                .get(&route.upstream)
-                .cloned()
-                .ok_or_else(|| crate::config::ConfigError {
-                    key: format!("routes[{index}].upstream"),
-                    message: format!("unknown upstream `{}`", route.upstream),
-                })?;
-            routes.push((route.host.clone(), route.path_prefix.clone(), pool));
-        }
+        let router = Plan::new(&config, &metrics, None)?.into_router();
         let access_log = config.access_log_target() != crate::config::AccessLogTarget::Off;
-        let proxy =
-            Proxy::new(Router::new(routes), pools, metrics, config.trusted_proxies.clone()).with_access_log(access_log);
+        let proxy = Proxy::new(router, metrics, config.trusted_proxies.clone()).with_access_log(access_log);
         // Validation read these files already; reading them again here keeps a file changed in between from
         // slipping through, and this is the copy the listener serves.
-        let tls = match (&config.tls_cert, &config.tls_key) {
-            (Some(cert), Some(key)) => Some(TlsAcceptor::from(crate::tls::server_config(cert, key)?)),
-            _ => None,
-        };
+        let tls = crate::tls::listener_config(&config)?;
         let listener = bind(config.listen).await?;
         let admin = bind(config.admin).await?;
         Ok(Floodgate {
-            config: Arc::new(config),
             listener,
             admin,
             state: Arc::new(State {
                 proxy: Arc::new(proxy),
                 ready: AtomicBool::new(true),
+                client_room: Arc::new(Semaphore::new(config.max_client_connections)),
+                config: ArcSwap::from_pointee(config),
+                tls: ArcSwapOption::new(tls),
+                source: None,
+                reloading: tokio::sync::Mutex::new(()),
             }),
-            tls,
         })
     }
 
+    /// Where a reload reads the configuration from: the same layers as the one given to [`Floodgate::bind`].
+    pub fn reload_from(mut self, source: ConfigSource) -> Floodgate {
+        if let Some(state) = Arc::get_mut(&mut self.state) {
+            state.source = Some(source);
+        }
+        self
+    }
+
+    pub fn reloader(&self) -> Reloader {
+        Reloader(self.state.clone())
+    }
+
     pub fn listen_addr(&self) -> SocketAddr {
-        self.listener.local_addr().unwrap_or(self.config.listen)
+        self.listener
+            .local_addr()
+            .unwrap_or_else(|_| self.state.config.load().listen)
     }
 
     pub fn admin_addr(&self) -> SocketAddr {
-        self.admin.local_addr().unwrap_or(self.config.admin)
+        self.admin
+            .local_addr()
+            .unwrap_or_else(|_| self.state.config.load().admin)
     }
 
-    pub fn config(&self) -> &Config {
-        &self.config
+    /// The configuration in force.
+    pub fn config(&self) -> Arc<Config> {
+        self.state.config.load_full()
     }
 
     /// Serves until `shutdown` resolves, then drains for at most `shutdown_timeout`.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), StartError> {
-        let Floodgate {
-            config,
-            listener,
-            admin,
-            state,
-            tls,
-        } = self;
+        let Floodgate { listener, admin, state } = self;
         let stop = CancellationToken::new();
         let admin_task = tokio::spawn(admin::serve(admin, state.clone(), stop.clone()));
         let connections = TaskTracker::new();
-        let limit = Arc::new(Semaphore::new(config.max_client_connections));
         let draining = CancellationToken::new();
         {
             let state = state.clone();
@@ -139,33 +152,23 @@ impl Floodgate {
                 draining.cancel();
             });
         }
-        accept_loop(
-            &listener,
-            &state,
-            &config,
-            tls.as_ref(),
-            &limit,
-            &connections,
-            &draining,
-        )
-        .await;
+        accept_loop(&listener, &state, &connections, &draining).await;
         drop(listener);
         tracing::info!(
             in_flight = connections.len(),
             "shutting down: no longer accepting, draining"
         );
         connections.close();
-        let drained = tokio::time::timeout(config.shutdown_timeout, connections.wait())
-            .await
-            .is_ok();
+        let shutdown_timeout = state.config.load().shutdown_timeout;
+        let drained = tokio::time::timeout(shutdown_timeout, connections.wait()).await.is_ok();
         if !drained {
             tracing::warn!(
                 remaining = connections.len(),
-                timeout = ?config.shutdown_timeout,
+                timeout = ?shutdown_timeout,
                 "shutdown_timeout passed with connections still open"
             );
         }
-        for pool in state.proxy.pools.values() {
+        for pool in state.proxy.all_pools() {
             pool.close_idle();
         }
         stop.cancel();
@@ -193,12 +196,10 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
 async fn accept_loop(
     listener: &TcpListener,
     state: &Arc<State>,
-    config: &Arc<Config>,
-    tls: Option<&TlsAcceptor>,
-    limit: &Arc<Semaphore>,
     connections: &TaskTracker,
     draining: &CancellationToken,
 ) {
+    let limit = &state.client_room;
     let metrics = state.proxy.metrics.clone();
     // Accepts failed in a row: the first is logged as a warning, the rest at debug level until one succeeds.
     let mut failed_accepts: u64 = 0;
@@ -224,10 +225,10 @@ async fn accept_loop(
                     failed_accepts = 0;
                 }
                 let proxy = state.proxy.clone();
-                let config = config.clone();
+                let config = state.config.load_full();
                 let draining = draining.clone();
                 let metrics = metrics.clone();
-                let tls = tls.cloned();
+                let tls = state.tls.load_full().map(TlsAcceptor::from);
                 connections.spawn(async move {
                     let _open = OpenClient::new(&metrics.client_connections);
                     connection::serve(stream, peer, tls, proxy, config, draining).await;

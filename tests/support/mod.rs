@@ -585,6 +585,13 @@ impl Upstream {
     }
 
     /// TCP connections accepted since start (across restarts).
+    /// Starts the peak of open connections again from the number open now, so that a later
+    /// [`Upstream::peak_connections`] covers only what happened since.
+    pub fn reset_peak_connections(&self) {
+        let now = self.shared.conns_now.load(Ordering::SeqCst);
+        self.shared.conns_peak.store(now, Ordering::SeqCst);
+    }
+
     pub fn accepted(&self) -> usize {
         self.shared.accepted.load(Ordering::SeqCst)
     }
@@ -1219,8 +1226,12 @@ impl Proxy {
                 sh
             }
         };
+        // A test that places the admin listener itself (say on 0.0.0.0) gives --admin in `args`.
+        if !args.iter().any(|arg| arg.as_ref() == "--admin") {
+            command.args(["--admin", "127.0.0.1:0"]);
+        }
         let mut child = command
-            .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+            .args(["--listen", "127.0.0.1:0"])
             .args(args.iter().map(|a| a.as_ref()))
             .envs(env.iter().copied())
             .stdin(Stdio::null())
@@ -1311,6 +1322,27 @@ impl Proxy {
             .status()
             .expect("running kill");
         assert!(status.success(), "kill -TERM failed: {status}");
+    }
+
+    /// Sends SIGHUP (through `kill(1)`): reload the configuration.
+    pub fn sighup(&self) {
+        let status = Command::new("kill")
+            .args(["-HUP", &self.pid().to_string()])
+            .status()
+            .expect("running kill");
+        assert!(status.success(), "kill -HUP failed: {status}");
+    }
+
+    /// A request to the admin listener with `body` and, when given, `Authorization: Bearer {token}`.
+    pub async fn admin_request(&self, method: Method, path: &str, body: &str, token: Option<&str>) -> Resp {
+        let mut request = Request::builder().method(method).uri(path);
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        let request = request.body(body_full(body.to_string())).unwrap();
+        let mut conn = H1Conn::connect(self.admin).await;
+        let resp = conn.send(request).await.unwrap_or_else(|e| panic!("{path}: {e}"));
+        collect(resp).await.unwrap_or_else(|e| panic!("{path}: {e}"))
     }
 
     /// Waits for the process to exit; `None` when it is still running at

@@ -1,0 +1,244 @@
+//! Live reload: a new configuration put in force while requests keep flowing.
+//!
+//! Owns what a new configuration changes and in which order: everything is read and checked first, and a
+//! configuration with any problem changes nothing. Then pools whose upstream kept its address take the new
+//! limits in place (the pool itself enforces a changed cap), new upstreams get pools, the new routes go in force
+//! in one swap, and pools whose upstream was removed or moved are retired to drain. Listener settings apply to
+//! connections accepted from then on; the keys that need new sockets or a new process are reported, not applied.
+//! It never binds a socket and never counts connections.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::config::{Config, ConfigError, ConfigErrors, Origin, UpstreamConfig};
+use crate::metrics::Metrics;
+use crate::pool::UpstreamPool;
+use crate::route::Router;
+use crate::server::State;
+
+/// Reads the configuration again, from the same layers as at start-up.
+pub type ConfigSource = Arc<dyn Fn() -> Result<Config, ConfigErrors> + Send + Sync>;
+
+/// Why a reload changed nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("nothing to reload from: floodgate was started without a configuration source")]
+    NoSource,
+    #[error("configuration refused, the running one stays: {0}")]
+    Invalid(ConfigErrors),
+}
+
+/// What a reload did.
+#[derive(Debug, Default)]
+pub struct Reloaded {
+    /// Keys whose new values are in force, as `key: old -> new`.
+    pub changed: Vec<String>,
+    /// Keys that changed in the configuration but keep their running value until a restart.
+    pub needs_restart: Vec<String>,
+}
+
+/// The pools and routes a configuration asks for, worked out against the ones running, not yet in force.
+pub struct Plan {
+    router: Router,
+    reconfigure: Vec<(Arc<UpstreamPool>, UpstreamConfig)>,
+    retire: Vec<Arc<UpstreamPool>>,
+}
+
+impl Plan {
+    /// Reuses each running pool whose upstream has the same name and address; builds the others.
+    pub fn new(config: &Config, metrics: &Metrics, running: Option<&Router>) -> Result<Plan, ConfigError> {
+        let mut pools = BTreeMap::new();
+        let mut reconfigure = Vec::new();
+        for (name, upstream) in &config.upstreams {
+            let origin = Origin::parse(&upstream.url).map_err(|message| ConfigError {
+                key: format!("upstreams.{name}.url"),
+                message,
+            })?;
+            let kept = running
+                .and_then(|router| router.pools().get(name))
+                .filter(|pool| pool.origin == origin);
+            let pool = match kept {
+                Some(pool) => {
+                    reconfigure.push((pool.clone(), upstream.clone()));
+                    pool.clone()
+                }
+                None => UpstreamPool::new(name, origin, upstream.clone(), metrics.upstream(name)),
+            };
+            pools.insert(name.clone(), pool);
+        }
+        let mut routes = Vec::new();
+        for (index, route) in config.routes.iter().enumerate() {
+            let pool = pools.get(&route.upstream).cloned().ok_or_else(|| ConfigError {
+                key: format!("routes[{index}].upstream"),
+                message: format!("unknown upstream `{}`", route.upstream),
+            })?;
+            routes.push((route.host.clone(), route.path_prefix.clone(), pool));
+        }
+        let retire = running
+            .map(|router| {
+                router
+                    .pools()
+                    .values()
+                    .filter(|old| !pools.values().any(|new| Arc::ptr_eq(old, new)))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(Plan {
+            router: Router::new(routes, pools),
+            reconfigure,
+            retire,
+        })
+    }
+
+    /// The router for a proxy that is only starting: nothing runs yet to change.
+    pub fn into_router(self) -> Router {
+        self.router
+    }
+}
+
+/// Reads the configuration again and puts it in force, or changes nothing and says why. One at a time.
+pub async fn reload(state: &State) -> Result<Reloaded, ReloadError> {
+    let _one_at_a_time = state.reloading.lock().await;
+    let source = state.source.clone().ok_or(ReloadError::NoSource)?;
+    // Reading files is blocking work; the current-thread runtime must not stall on it.
+    let loaded = tokio::task::spawn_blocking(move || source()).await.map_err(|err| {
+        ReloadError::Invalid(ConfigError::new("configuration", format!("reading failed: {err}")).into())
+    });
+    let result = match loaded {
+        Ok(Ok(config)) => apply(state, config),
+        Ok(Err(errors)) => Err(ReloadError::Invalid(errors)),
+        Err(err) => Err(err),
+    };
+    match &result {
+        Ok(reloaded) => {
+            state.proxy.metrics.reloaded(true);
+            tracing::info!(changed = ?reloaded.changed, "configuration reloaded");
+            for key in &reloaded.needs_restart {
+                tracing::warn!(key = %key, "changed in the configuration; takes effect at the next restart");
+            }
+        }
+        Err(err) => {
+            state.proxy.metrics.reloaded(false);
+            match err {
+                ReloadError::Invalid(errors) => {
+                    for problem in errors.problems() {
+                        tracing::error!(problem = %problem, "reload refused; the running configuration stays");
+                    }
+                }
+                other => tracing::error!(error = %other, "reload refused"),
+            }
+        }
+    }
+    result
+}
+
+fn apply(state: &State, mut config: Config) -> Result<Reloaded, ReloadError> {
+    let running = state.config.load_full();
+    let mut reloaded = Reloaded::default();
+    keep_restart_only(&running, &mut config, &mut reloaded.needs_restart);
+    // Certificates are read again even when their paths did not change: renewing them is the usual reason.
+    let tls = crate::tls::listener_config(&config).map_err(|problem| ReloadError::Invalid(problem.into()))?;
+    let plan = Plan::new(&config, &state.proxy.metrics, Some(&state.proxy.router()))
+        .map_err(|problem| ReloadError::Invalid(problem.into()))?;
+
+    // Nothing can fail from here on.
+    reloaded.changed = changed_keys(&running, &config);
+    if tls.is_some() && !reloaded.changed.iter().any(|c| c.starts_with("tls")) {
+        reloaded.changed.push("tls certificates: read again".to_string());
+    }
+    for (pool, limits) in plan.reconfigure {
+        pool.reconfigure(limits);
+    }
+    state
+        .proxy
+        .replace_router(plan.router, config.trusted_proxies.clone(), plan.retire);
+    state.tls.store(tls);
+    resize_client_room(state, running.max_client_connections, config.max_client_connections);
+    state.config.store(Arc::new(config));
+    Ok(reloaded)
+}
+
+/// Copies the values a reload cannot apply from `running` into `new`, naming each that differed: they need new
+/// sockets, a new runtime or a new logger.
+fn keep_restart_only(running: &Config, new: &mut Config, needs_restart: &mut Vec<String>) {
+    let mut keep = |key: &str, differs: bool| {
+        if differs {
+            needs_restart.push(key.to_string());
+        }
+    };
+    keep("listen", running.listen != new.listen);
+    keep("admin", running.admin != new.admin);
+    keep("threads", running.threads != new.threads);
+    keep("log_format", running.log_format != new.log_format);
+    keep("log_level", running.log_level != new.log_level);
+    keep("access_log", running.access_log != new.access_log);
+    // A listener is TLS or plain for its life; its certificates can change, its kind cannot.
+    let tls_on = |config: &Config| config.tls_cert.is_some();
+    if tls_on(running) != tls_on(new) {
+        needs_restart.push("tls_cert (turning TLS on or off)".to_string());
+        new.tls_cert = running.tls_cert.clone();
+        new.tls_key = running.tls_key.clone();
+    }
+    new.listen = running.listen;
+    new.admin = running.admin;
+    new.threads = running.threads;
+    new.log_format = running.log_format;
+    new.log_level = running.log_level.clone();
+    new.access_log = running.access_log.clone();
+}
+
+/// `key: old -> new` for every leaf that differs, secrets shown only as changed.
+fn changed_keys(running: &Config, new: &Config) -> Vec<String> {
+    let mut changed = Vec::new();
+    match (toml::Value::try_from(running), toml::Value::try_from(new)) {
+        (Ok(old), Ok(new_value)) => diff("", Some(&old), Some(&new_value), &mut changed),
+        _ => changed.push("(the configuration could not be compared)".to_string()),
+    }
+    if running.admin_token != new.admin_token {
+        changed.push("admin_token: changed".to_string());
+    }
+    changed
+}
+
+fn diff(path: &str, old: Option<&toml::Value>, new: Option<&toml::Value>, out: &mut Vec<String>) {
+    match (old, new) {
+        (Some(toml::Value::Table(old)), Some(toml::Value::Table(new))) => {
+            let keys: std::collections::BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+            for key in keys {
+                let child = if path.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{path}.{key}")
+                };
+                diff(&child, old.get(key), new.get(key), out);
+            }
+        }
+        (Some(old), Some(new)) if old == new => {}
+        (Some(toml::Value::Table(_)), None) => out.push(format!("{path}: removed")),
+        (None, Some(toml::Value::Table(_))) => out.push(format!("{path}: added")),
+        (old, new) => out.push(format!("{path}: {} -> {}", show(old), show(new))),
+    }
+}
+
+fn show(value: Option<&toml::Value>) -> String {
+    value.map_or_else(|| "(unset)".to_string(), ToString::to_string)
+}
+
+/// A raised `max_client_connections` lets waiting clients in at once; a lowered one takes permits as connections
+/// close, so no new client is accepted until fewer than the new limit are open.
+fn resize_client_room(state: &State, from: usize, to: usize) {
+    if to > from {
+        state.client_room.add_permits(to - from);
+    } else if from > to {
+        let room = state.client_room.clone();
+        let Ok(surplus) = u32::try_from(from - to) else {
+            return;
+        };
+        tokio::spawn(async move {
+            if let Ok(permits) = room.acquire_many_owned(surplus).await {
+                permits.forget();
+            }
+        });
+    }
+}

@@ -1,0 +1,494 @@
+//! Live reload and the admin API's cap change, through the real binary: limits and routes change under load
+//! without a failed request, and the upstream never holds more connections than the cap in force.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use support::*;
+use tokio::task::JoinHandle;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// One upstream `a` taking every request, with a patient queue.
+fn one_upstream(url: &str, max_connections: usize) -> String {
+    format!(
+        r#"
+[upstreams.a]
+url = "{url}"
+max_connections = {max_connections}
+max_queue = 1000
+queue_timeout = "30s"
+
+[[routes]]
+upstream = "a"
+"#
+    )
+}
+
+/// Clients in a closed loop, each on its own keep-alive connection, counting every answer that is not a 200.
+struct Load {
+    stop: Arc<AtomicBool>,
+    served: Arc<AtomicUsize>,
+    failed: Arc<std::sync::Mutex<Vec<String>>>,
+    clients: Vec<JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(addr: std::net::SocketAddr, clients: usize, path: &'static str) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let served = Arc::new(AtomicUsize::new(0));
+        let failed = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let clients = (0..clients)
+            .map(|_| {
+                let (stop, served, failed) = (stop.clone(), served.clone(), failed.clone());
+                tokio::spawn(async move {
+                    let mut conn = H1Conn::connect(addr).await;
+                    while !stop.load(Ordering::SeqCst) {
+                        match conn.try_get(path).await {
+                            Ok(resp) if resp.status == StatusCode::OK => {
+                                served.fetch_add(1, Ordering::SeqCst);
+                            }
+                            Ok(resp) => failed.lock().unwrap().push(format!("{} {}", resp.status, resp.text())),
+                            Err(err) => {
+                                failed.lock().unwrap().push(err.to_string());
+                                conn = H1Conn::connect(addr).await;
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        Load {
+            stop,
+            served,
+            failed,
+            clients,
+        }
+    }
+
+    fn served(&self) -> usize {
+        self.served.load(Ordering::SeqCst)
+    }
+
+    /// Waits until `more` further requests have been served.
+    async fn serve_more(&self, more: usize) {
+        let target = self.served() + more;
+        wait_until_sync(&format!("{more} more requests served"), WAIT, || {
+            self.served() >= target
+        })
+        .await;
+    }
+
+    /// Stops the clients after their current request; returns how many were served and every failure.
+    async fn finish(self) -> (usize, Vec<String>) {
+        self.stop.store(true, Ordering::SeqCst);
+        for client in self.clients {
+            client.await.unwrap();
+        }
+        let failed = self.failed.lock().unwrap().clone();
+        (self.served.load(Ordering::SeqCst), failed)
+    }
+}
+
+async fn put_cap(proxy: &Proxy, upstream: &str, cap: usize) -> Resp {
+    proxy
+        .admin_request(
+            Method::PUT,
+            &format!("/upstreams/{upstream}/max_connections"),
+            &cap.to_string(),
+            None,
+        )
+        .await
+}
+
+/// After a lowered cap: busy connections finish and close until no more than `cap` are open, and from then on
+/// the upstream never sees more than `cap` while the load goes on.
+async fn holds_lowered_cap(upstream: &Upstream, load: &Load, cap: usize) {
+    wait_until_sync(&format!("upstream down to {cap} connections"), WAIT, || {
+        upstream.connections() <= cap
+    })
+    .await;
+    upstream.reset_peak_connections();
+    load.serve_more(200).await;
+    assert!(
+        upstream.peak_connections() <= cap,
+        "{} connections at once after the cap went down to {cap}",
+        upstream.peak_connections()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_moves_the_cap_both_ways_under_load_without_a_failed_request() {
+    let upstream = Upstream::start().await;
+    let config = TempConfig::new(&one_upstream(&upstream.url(), 2));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let load = Load::start(proxy.listen, 16, "/delay/10");
+    proxy.wait_queue_depth("a", 14, WAIT).await;
+    assert_eq!(upstream.peak_connections(), 2);
+
+    // Raised: the queued requests get the new slots at once, without waiting for a connection to come free.
+    let resp = put_cap(&proxy, "a", 6).await;
+    assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+    assert!(resp.text().contains("2 -> 6"), "{}", resp.text());
+    wait_until_sync("six upstream connections", WAIT, || upstream.connections() == 6).await;
+    assert_eq!(proxy.upstream_field("a", "max_connections").await, 6);
+    let samples = parse_metrics(&proxy.metrics().await);
+    assert_eq!(
+        metric_sum(&samples, "floodgate_upstream_max_connections", &[("upstream", "a")]),
+        6.0
+    );
+
+    // Lowered: busy connections finish, the surplus closes, and no dial happens above the new cap.
+    let resp = put_cap(&proxy, "a", 3).await;
+    assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+    holds_lowered_cap(&upstream, &load, 3).await;
+    assert!(upstream.peak_connections() <= 3);
+
+    let (served, failed) = load.finish().await;
+    assert!(
+        failed.is_empty(),
+        "{} failed of {}: {:?}",
+        failed.len(),
+        served + failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+    assert!(upstream.peak_connections() <= 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_and_post_reload_change_caps_and_routes_under_load_without_a_failed_request() {
+    let upstream_a = Upstream::start().await;
+    let upstream_b = Upstream::start().await;
+    let config = TempConfig::new(&one_upstream(&upstream_a.url(), 4));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let load = Load::start(proxy.listen, 12, "/delay/5");
+    load.serve_more(100).await;
+    assert!(upstream_a.peak_connections() <= 4);
+
+    // Lower a's cap and add b behind /b, by SIGHUP.
+    let lowered = format!(
+        r#"
+[upstreams.a]
+url = "{a}"
+max_connections = 2
+max_queue = 1000
+queue_timeout = "30s"
+
+[upstreams.b]
+url = "{b}"
+max_connections = 1
+
+[[routes]]
+upstream = "a"
+
+[[routes]]
+path_prefix = "/b"
+upstream = "b"
+"#,
+        a = upstream_a.url(),
+        b = upstream_b.url()
+    );
+    std::fs::write(config.path(), lowered).unwrap();
+    proxy.sighup();
+    wait_until("b appears in /status", WAIT, || async {
+        proxy.status().await["upstreams"]["b"].is_object()
+    })
+    .await;
+    assert_eq!(proxy.upstream_field("a", "max_connections").await, 2);
+    holds_lowered_cap(&upstream_a, &load, 2).await;
+    let mut conn = H1Conn::connect(proxy.listen).await;
+    let resp = conn.get("/b/hello").await;
+    assert_eq!(resp.status, StatusCode::OK);
+    assert_eq!(upstream_b.recorded_with_prefix("/b/hello").len(), 1, "/b went to b");
+    assert!(
+        proxy.output().contains("upstreams.a.max_connections: 4 -> 2"),
+        "{}",
+        proxy.output()
+    );
+
+    // Back to the first file through the admin API: b is gone, a's cap is 4 again.
+    std::fs::write(config.path(), one_upstream(&upstream_a.url(), 4)).unwrap();
+    let resp = proxy.admin_request(Method::POST, "/reload", "", None).await;
+    assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+    assert!(resp.text().contains("upstreams.b: removed"), "{}", resp.text());
+    assert_eq!(proxy.upstream_field("a", "max_connections").await, 4);
+    upstream_a.reset_peak_connections();
+    load.serve_more(200).await;
+    assert!(upstream_a.peak_connections() <= 4);
+    assert_eq!(conn.get("/b/again").await.status, StatusCode::OK, "/b now goes to a");
+    assert_eq!(upstream_a.recorded_with_prefix("/b/again").len(), 1);
+
+    let (served, failed) = load.finish().await;
+    assert!(
+        failed.is_empty(),
+        "{} failed of {}: {:?}",
+        failed.len(),
+        served + failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+    let samples = parse_metrics(&proxy.metrics().await);
+    assert_eq!(
+        metric_sum(&samples, "floodgate_reloads_total", &[("result", "applied")]),
+        2.0
+    );
+}
+
+#[tokio::test]
+async fn lowering_the_cap_closes_idle_connections_at_once() {
+    let upstream = Upstream::start().await;
+    let config = TempConfig::new(&one_upstream(&upstream.url(), 8));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let requests: Vec<_> = (0..8)
+        .map(|_| {
+            let addr = proxy.listen;
+            tokio::spawn(async move { get(addr, "/delay/100").await.status })
+        })
+        .collect();
+    for request in requests {
+        assert_eq!(request.await.unwrap(), StatusCode::OK);
+    }
+    assert_eq!(upstream.connections(), 8);
+    assert_eq!(proxy.upstream_field("a", "connections_idle").await, 8);
+
+    let resp = put_cap(&proxy, "a", 3).await;
+    assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+    wait_until_sync("the upstream down to 3 connections", WAIT, || {
+        upstream.connections() == 3
+    })
+    .await;
+    wait_until("/status down to 3 open, 3 idle", WAIT, || async {
+        let a = proxy.upstream_status("a").await;
+        a["connections_open"] == 3 && a["connections_idle"] == 3
+    })
+    .await;
+    let accepted = upstream.accepted();
+    assert_eq!(get(proxy.listen, "/").await.status, StatusCode::OK);
+    assert_eq!(upstream.accepted(), accepted, "an idle connection was reused");
+}
+
+#[tokio::test]
+async fn busy_connections_finish_under_a_lowered_cap_and_none_is_dialled_above_it() {
+    let upstream = Upstream::start().await;
+    let config = TempConfig::new(&one_upstream(&upstream.url(), 4));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    // Four requests hold all four connections at the upstream; four more wait in the queue.
+    let requests: Vec<_> = (0..8)
+        .map(|_| {
+            let addr = proxy.listen;
+            tokio::spawn(async move { get(addr, "/stall").await.status })
+        })
+        .collect();
+    proxy.wait_queue_depth("a", 4, WAIT).await;
+    wait_until_sync("four requests at the upstream", WAIT, || upstream.inflight() == 4).await;
+
+    let resp = put_cap(&proxy, "a", 2).await;
+    assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+    assert_eq!(upstream.connections(), 4, "busy connections are not cut");
+    upstream.release_stalled();
+    for request in requests {
+        assert_eq!(request.await.unwrap(), StatusCode::OK);
+    }
+    assert_eq!(
+        upstream.accepted(),
+        4,
+        "no connection was dialled while above the new cap"
+    );
+    wait_until_sync("the upstream down to 2 connections", WAIT, || {
+        upstream.connections() == 2
+    })
+    .await;
+    assert_eq!(proxy.upstream_field("a", "connections_open").await, 2);
+}
+
+#[tokio::test]
+async fn an_invalid_configuration_is_refused_and_the_running_one_keeps_serving() {
+    let upstream = Upstream::start().await;
+    let config = TempConfig::new(&one_upstream(&upstream.url(), 2));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let broken = one_upstream(&upstream.url(), 0).replace("queue_timeout = \"30s\"", "queue_timeout = \"soon\"");
+    std::fs::write(config.path(), broken).unwrap();
+
+    let resp = proxy.admin_request(Method::POST, "/reload", "", None).await;
+    assert_eq!(resp.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", resp.text());
+    let text = resp.text();
+    assert!(text.contains("running configuration stays"), "{text}");
+    assert!(text.contains("upstreams.a.queue_timeout"), "{text}");
+    proxy.sighup();
+    wait_until_sync("the refusal logged", WAIT, || {
+        proxy.output().matches("reload refused").count() >= 2
+    })
+    .await;
+    assert!(
+        proxy.output().contains("upstreams.a.queue_timeout"),
+        "{}",
+        proxy.output()
+    );
+
+    assert_eq!(get(proxy.listen, "/").await.status, StatusCode::OK);
+    assert_eq!(proxy.upstream_field("a", "max_connections").await, 2);
+    let samples = parse_metrics(&proxy.metrics().await);
+    assert_eq!(
+        metric_sum(&samples, "floodgate_reloads_total", &[("result", "refused")]),
+        2.0
+    );
+    assert_eq!(
+        metric_sum(&samples, "floodgate_reloads_total", &[("result", "applied")]),
+        0.0
+    );
+
+    // A cap of 0 through the admin API is refused the same way.
+    let resp = put_cap(&proxy, "a", 0).await;
+    assert_eq!(resp.status, StatusCode::BAD_REQUEST, "{}", resp.text());
+    let resp = put_cap(&proxy, "nope", 3).await;
+    assert_eq!(resp.status, StatusCode::NOT_FOUND, "{}", resp.text());
+}
+
+#[tokio::test]
+async fn a_removed_upstream_finishes_its_requests_then_closes_its_connections() {
+    let upstream_a = Upstream::start().await;
+    let upstream_b = Upstream::start().await;
+    let both = format!(
+        "{}\n[upstreams.b]\nurl = \"{}\"\nmax_connections = 2\n\n[[routes]]\npath_prefix = \"/b\"\nupstream = \"b\"\n",
+        one_upstream(&upstream_a.url(), 2),
+        upstream_b.url()
+    );
+    let config = TempConfig::new(&both);
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let in_flight = {
+        let addr = proxy.listen;
+        tokio::spawn(async move { get(addr, "/b/stall").await })
+    };
+    wait_until_sync("the request at b", WAIT, || upstream_b.inflight() == 1).await;
+
+    std::fs::write(config.path(), one_upstream(&upstream_a.url(), 2)).unwrap();
+    let resp = proxy.admin_request(Method::POST, "/reload", "", None).await;
+    assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+    let status = proxy.status().await;
+    assert!(status["upstreams"]["b"].is_null(), "{status}");
+    assert_eq!(status["draining"][0][0], "b", "{status}");
+    assert_eq!(status["draining"][0][1]["in_use"], 1, "{status}");
+
+    upstream_b.release_stalled();
+    let resp = in_flight.await.unwrap();
+    assert_eq!(
+        resp.status,
+        StatusCode::OK,
+        "the request admitted before the reload is served"
+    );
+    wait_until_sync("b's connection closed", WAIT, || upstream_b.connections() == 0).await;
+    wait_until("b gone from /status", WAIT, || async {
+        proxy.status().await["draining"].is_null()
+    })
+    .await;
+    assert_eq!(get(proxy.listen, "/b/x").await.status, StatusCode::OK);
+    assert_eq!(upstream_a.recorded_with_prefix("/b/x").len(), 1, "/b now goes to a");
+}
+
+#[tokio::test]
+async fn queue_bounds_and_timeouts_change_in_place() {
+    let upstream = Upstream::start().await;
+    let config = TempConfig::new(&one_upstream(&upstream.url(), 1));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let holder = {
+        let addr = proxy.listen;
+        tokio::spawn(async move { get(addr, "/stall").await.status })
+    };
+    wait_until_sync("the slot taken", WAIT, || upstream.inflight() == 1).await;
+
+    let no_queue = one_upstream(&upstream.url(), 1).replace("max_queue = 1000", "max_queue = 0");
+    std::fs::write(config.path(), no_queue).unwrap();
+    let resp = proxy.admin_request(Method::POST, "/reload", "", None).await;
+    assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+    assert!(
+        resp.text().contains("upstreams.a.max_queue: 1000 -> 0"),
+        "{}",
+        resp.text()
+    );
+    let shed = get(proxy.listen, "/").await;
+    assert_eq!(shed.status, StatusCode::SERVICE_UNAVAILABLE, "{}", shed.text());
+    assert!(shed.text().contains("queue full"), "{}", shed.text());
+
+    let short_wait = one_upstream(&upstream.url(), 1).replace("queue_timeout = \"30s\"", "queue_timeout = \"50ms\"");
+    std::fs::write(config.path(), short_wait).unwrap();
+    let resp = proxy.admin_request(Method::POST, "/reload", "", None).await;
+    assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+    let shed = get(proxy.listen, "/").await;
+    assert_eq!(shed.status, StatusCode::SERVICE_UNAVAILABLE, "{}", shed.text());
+    assert!(shed.text().contains("queue timeout"), "{}", shed.text());
+
+    upstream.release_stalled();
+    assert_eq!(holder.await.unwrap(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn restart_only_keys_are_reported_and_keep_their_running_value() {
+    let upstream = Upstream::start().await;
+    let config = TempConfig::new(&one_upstream(&upstream.url(), 2));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    // `listen` is given as a flag here, and flags win over every reloaded file: it does not count as changed.
+    let moved = format!(
+        "listen = \"127.0.0.1:1\"\nthreads = 3\nlog_format = \"json\"\n{}",
+        one_upstream(&upstream.url(), 3)
+    );
+    std::fs::write(config.path(), moved).unwrap();
+    let resp = proxy.admin_request(Method::POST, "/reload", "", None).await;
+    assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+    let text = resp.text();
+    assert!(text.contains("needs restart threads"), "{text}");
+    assert!(!text.contains("listen"), "{text}");
+    assert!(text.contains("needs restart log_format"), "{text}");
+    assert!(text.contains("upstreams.a.max_connections: 2 -> 3"), "{text}");
+    assert_eq!(
+        get(proxy.listen, "/").await.status,
+        StatusCode::OK,
+        "still listening where it was"
+    );
+}
+
+#[tokio::test]
+async fn write_endpoints_off_loopback_need_the_bearer_token() {
+    let upstream = Upstream::start().await;
+    let config = TempConfig::new(&one_upstream(&upstream.url(), 2));
+    let path = config.path_str();
+    let args = ["--config", path.as_str(), "--admin", "0.0.0.0:0"];
+
+    let open = Proxy::start(&args).await;
+    assert_eq!(
+        open.admin_get("/metrics").await.status,
+        StatusCode::OK,
+        "reads need nothing"
+    );
+    let resp = put_cap(&open, "a", 5).await;
+    assert_eq!(resp.status, StatusCode::FORBIDDEN, "{}", resp.text());
+    assert!(resp.text().contains("no admin_token"), "{}", resp.text());
+    let resp = open.admin_request(Method::POST, "/reload", "", None).await;
+    assert_eq!(resp.status, StatusCode::FORBIDDEN, "{}", resp.text());
+    assert_eq!(open.upstream_field("a", "max_connections").await, 2);
+    drop(open);
+
+    let token = "s3cret-token-of-some-length";
+    let guarded = Proxy::start_with_env(&args, &[("FLOODGATE__ADMIN_TOKEN", token)]).await;
+    let cap = "/upstreams/a/max_connections";
+    let resp = guarded.admin_request(Method::PUT, cap, "5", None).await;
+    assert_eq!(resp.status, StatusCode::UNAUTHORIZED, "{}", resp.text());
+    assert_eq!(resp.header("www-authenticate"), Some("Bearer"));
+    let resp = guarded
+        .admin_request(Method::PUT, cap, "5", Some("s3cret-token-of-some-lengthX"))
+        .await;
+    assert_eq!(resp.status, StatusCode::UNAUTHORIZED, "{}", resp.text());
+    let resp = guarded.admin_request(Method::PUT, cap, "5", Some(token)).await;
+    assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+    assert_eq!(guarded.upstream_field("a", "max_connections").await, 5);
+    let resp = guarded.admin_request(Method::POST, "/reload", "", Some(token)).await;
+    assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+    assert_eq!(
+        guarded.upstream_field("a", "max_connections").await,
+        2,
+        "a reload puts the configured cap back"
+    );
+    assert!(!guarded.output().contains(token), "the token never reaches the log");
+}
