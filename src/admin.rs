@@ -43,7 +43,14 @@ struct Status {
     upstreams: BTreeMap<String, UpstreamStatus>,
     /// Pools a reload removed or replaced that are still finishing requests, by their upstream's name.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    draining: Vec<(String, UpstreamStatus)>,
+    draining: Vec<DrainingStatus>,
+}
+
+#[derive(serde::Serialize)]
+struct DrainingStatus {
+    name: String,
+    #[serde(flatten)]
+    status: UpstreamStatus,
 }
 
 #[derive(serde::Serialize)]
@@ -160,7 +167,10 @@ async fn answer(state: &State, request: Request<Incoming>) -> Response<Full<Byte
                     .proxy
                     .draining()
                     .iter()
-                    .map(|pool| (pool.name.to_string(), UpstreamStatus::of(pool)))
+                    .map(|pool| DrainingStatus {
+                        name: pool.name.to_string(),
+                        status: UpstreamStatus::of(pool),
+                    })
                     .collect(),
             };
             match serde_json::to_vec_pretty(&status) {

@@ -67,6 +67,7 @@ impl Proxy {
         self.router.store(Arc::new(router));
         self.trusted_proxies.store(Arc::new(trusted_proxies));
         let mut draining = self.draining.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        draining.retain(|pool| !pool.drained());
         for pool in retired {
             pool.retire();
             draining.push(pool);

@@ -381,3 +381,22 @@ fn every_file_under_config_passes_check_and_prints_a_config_that_does_too() {
         assert_eq!(again, effective, "{}", file.display());
     }
 }
+
+#[test]
+fn the_admin_token_is_checked_and_never_shown() {
+    let file = TempConfig::new(API_FILE);
+    let path = file.path_str();
+    let token = "a-long-enough-admin-token";
+    let run = check(&["--config", &path], &[("FLOODGATE__ADMIN_TOKEN", token)]);
+    let effective = run.effective();
+    assert_eq!(effective["admin_token"].as_str(), Some("<redacted>"));
+    assert!(!run.stdout.contains(token), "{}", run.stdout);
+
+    let short = "short token";
+    let run = check(&["--config", &path], &[("FLOODGATE__ADMIN_TOKEN", short)]);
+    assert_eq!(run.status.code(), Some(2), "stderr: {}", run.stderr);
+    let problems = run.problems();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(problems[0].contains("admin_token:"), "{problems:?}");
+    assert!(!run.stderr.contains(short), "{}", run.stderr);
+}

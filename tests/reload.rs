@@ -369,8 +369,9 @@ async fn a_removed_upstream_finishes_its_requests_then_closes_its_connections() 
     assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
     let status = proxy.status().await;
     assert!(status["upstreams"]["b"].is_null(), "{status}");
-    assert_eq!(status["draining"][0][0], "b", "{status}");
-    assert_eq!(status["draining"][0][1]["in_use"], 1, "{status}");
+    assert_eq!(status["draining"][0]["name"], "b", "{status}");
+    assert_eq!(status["draining"][0]["in_use"], 1, "{status}");
+    assert_eq!(status["draining"][0]["draining"], true, "{status}");
 
     upstream_b.release_stalled();
     let resp = in_flight.await.unwrap();
