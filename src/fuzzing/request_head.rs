@@ -91,7 +91,8 @@ fn proxy_for(config: &Config) -> Proxy {
             Ok(origin) => origin,
             Err(message) => panic!("the fixture's upstream {name} is refused: {message}"),
         };
-        let pool = UpstreamPool::new(name, origin, upstream.clone(), metrics.upstream(name));
+        // The fixture's upstreams are http://; requests are never sent, so there is no TLS to set up.
+        let pool = UpstreamPool::new(name, origin, upstream.clone(), None, metrics.upstream(name));
         pools.insert(name.clone(), pool);
     }
     let routes = config.routes.iter().filter_map(|route| {

@@ -29,6 +29,7 @@ pub use slot::Slot;
 use crate::admission::{Shed, Ticket, WaitQueue};
 use crate::config::{Origin, UpstreamConfig};
 use crate::metrics::UpstreamMetrics;
+use crate::tls::UpstreamTls;
 
 const CLOSING_NOT_COUNTED: u8 = 0;
 const CLOSING_COUNTED: u8 = 1;
@@ -86,6 +87,8 @@ pub struct UpstreamPool {
     pub authority: HeaderValue,
     pub limits: UpstreamConfig,
     pub metrics: UpstreamMetrics,
+    /// The TLS client of an `https://` upstream: every dial runs its handshake before the connection is used.
+    tls: Option<UpstreamTls>,
     state: Mutex<PoolState>,
     in_use: AtomicUsize,
     connections_peak: AtomicUsize,
@@ -94,7 +97,14 @@ pub struct UpstreamPool {
 }
 
 impl UpstreamPool {
-    pub fn new(name: &str, origin: Origin, limits: UpstreamConfig, metrics: UpstreamMetrics) -> Arc<Self> {
+    /// `tls` is [`crate::tls::upstream_client`]'s, built for this origin (`None` for `http://`).
+    pub fn new(
+        name: &str,
+        origin: Origin,
+        limits: UpstreamConfig,
+        tls: Option<UpstreamTls>,
+        metrics: UpstreamMetrics,
+    ) -> Arc<Self> {
         let authority =
             HeaderValue::from_str(&origin.authority()).unwrap_or_else(|_| HeaderValue::from_static("localhost"));
         let pool = Arc::new(UpstreamPool {
@@ -109,6 +119,7 @@ impl UpstreamPool {
             origin,
             limits,
             metrics,
+            tls,
             in_use: AtomicUsize::new(0),
             connections_peak: AtomicUsize::new(0),
             queue_peak: AtomicUsize::new(0),
@@ -401,6 +412,7 @@ mod tests {
     use tokio::time::{advance, Instant as TokioInstant};
 
     use super::*;
+    use crate::config::Scheme;
     use crate::metrics::Metrics;
 
     fn pool(max_connections: usize, max_queue: usize) -> Arc<UpstreamPool> {
@@ -412,10 +424,11 @@ mod tests {
             ..UpstreamConfig::default()
         };
         let origin = Origin {
+            scheme: Scheme::Http,
             host: "127.0.0.1".into(),
             port: 9,
         };
-        UpstreamPool::new("test", origin, limits, Metrics::new().upstream("test"))
+        UpstreamPool::new("test", origin, limits, None, Metrics::new().upstream("test"))
     }
 
     fn far() -> TokioInstant {

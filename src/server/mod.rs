@@ -52,7 +52,7 @@ pub struct Floodgate {
     listener: TcpListener,
     admin: TcpListener,
     state: Arc<State>,
-    /// Present when `tls_cert` and `tls_key` are set: every client connection is then TLS.
+    /// Present when `tls_cert`/`tls_key` or `[[tls_certificates]]` are set: every client connection is then TLS.
     tls: Option<TlsAcceptor>,
 }
 
@@ -66,7 +66,10 @@ impl Floodgate {
                 key: format!("upstreams.{name}.url"),
                 message,
             })?;
-            let pool = UpstreamPool::new(name, origin, upstream.clone(), metrics.upstream(name));
+            // Read once here (the CA bundle or the system's roots, the client certificate), not at every dial.
+            let tls = crate::tls::upstream_client(name, upstream, &origin)
+                .map_err(|problems| problems.into_iter().next().unwrap_or_else(|| unknown_tls_problem(name)))?;
+            let pool = UpstreamPool::new(name, origin, upstream.clone(), tls, metrics.upstream(name));
             pools.insert(name.clone(), pool);
         }
         let mut routes = Vec::new();
@@ -85,10 +88,7 @@ impl Floodgate {
             Proxy::new(Router::new(routes), pools, metrics, config.trusted_proxies.clone()).with_access_log(access_log);
         // Validation read these files already; reading them again here keeps a file changed in between from
         // slipping through, and this is the copy the listener serves.
-        let tls = match (&config.tls_cert, &config.tls_key) {
-            (Some(cert), Some(key)) => Some(TlsAcceptor::from(crate::tls::server_config(cert, key)?)),
-            _ => None,
-        };
+        let tls = crate::tls::server_config(&config)?.map(TlsAcceptor::from);
         let listener = bind(config.listen).await?;
         let admin = bind(config.admin).await?;
         Ok(Floodgate {
@@ -171,6 +171,14 @@ impl Floodgate {
         stop.cancel();
         let _ = admin_task.await;
         Ok(())
+    }
+}
+
+/// `upstream_client` reports at least one problem when it fails; this stands in should it ever not.
+fn unknown_tls_problem(name: &str) -> crate::config::ConfigError {
+    crate::config::ConfigError {
+        key: format!("upstreams.{name}.url"),
+        message: "the TLS client could not be built".to_string(),
     }
 }
 
