@@ -5,8 +5,9 @@
 //! Owns the defaults (stated again in `config/floodgate.toml`), the environment mapping, the parsing of humane
 //! durations, the validation that refuses a configuration with one line per problem, each naming its key, and
 //! the redaction of [`Secret`] values wherever a configuration is shown. It never reads the network and never
-//! starts anything; the only files it reads besides the configuration are the TLS ones it names, checked here so
-//! that `floodgate check` refuses what start-up would. What it returns is trusted by every other module.
+//! starts anything; the only files it reads besides the configuration are the TLS ones it names (and the system's
+//! root certificates, for an `https://` upstream without `tls_ca`), checked through [`crate::tls`] so that
+//! `floodgate check` refuses what start-up would. What it returns is trusted by every other module.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
