@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
-use floodgate::config::{Origin, UpstreamConfig};
+use floodgate::config::{Origin, Scheme, UpstreamConfig};
 use floodgate::forward::{strip_hop_by_hop, upstream_head, ClientInfo};
 use floodgate::metrics::Metrics;
 use floodgate::pool::{Lease, UpstreamPool};
@@ -73,10 +73,11 @@ fn pool(port: u16, max_connections: usize) -> Arc<UpstreamPool> {
         ..UpstreamConfig::default()
     };
     let origin = Origin {
+        scheme: Scheme::Http,
         host: "127.0.0.1".into(),
         port,
     };
-    UpstreamPool::new("bench", origin, limits, Metrics::new().upstream("bench"))
+    UpstreamPool::new("bench", origin, limits, None, Metrics::new().upstream("bench"))
 }
 
 /// Admits a request that cannot wait (the fast path), panicking if it would have had to.

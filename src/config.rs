@@ -5,8 +5,9 @@
 //! Owns the defaults (stated again in `config/floodgate.toml`), the environment mapping, the parsing of humane
 //! durations, the validation that refuses a configuration with one line per problem, each naming its key, and
 //! the redaction of [`Secret`] values wherever a configuration is shown. It never reads the network and never
-//! starts anything; the only files it reads besides the configuration are the TLS ones it names, checked here so
-//! that `floodgate check` refuses what start-up would. What it returns is trusted by every other module.
+//! starts anything; the only files it reads besides the configuration are the TLS ones it names (and the system's
+//! root certificates, for an `https://` upstream without `tls_ca`), checked through [`crate::tls`] so that
+//! `floodgate check` refuses what start-up would. What it returns is trusted by every other module.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -97,6 +98,9 @@ impl Serialize for Secret {
 pub const ENV_PREFIX: &str = "FLOODGATE__";
 pub const ENV_SEPARATOR: &str = "__";
 
+/// Lists of tables, which only the file can give.
+const FILE_ONLY_LISTS: [&str; 2] = ["routes", "tls_certificates"];
+
 /// The variables the environment layer reads.
 #[derive(Debug, Clone)]
 pub enum Env {
@@ -168,20 +172,26 @@ impl EnvLayer {
                 config::Map::new()
             }
         };
-        // Routes are a list of tables, and a variable's name has no way to say which entry it means.
-        let mut route_variables = Vec::new();
+        // Routes and the listener's extra certificates are lists of tables, and a variable's name has no way to
+        // say which entry it means.
+        let mut list_variables = Vec::new();
         values.retain(|key, _| {
-            let is_route = key == "routes" || key.starts_with("routes.") || key.starts_with("routes[");
-            if is_route {
-                route_variables.push(env_var(key));
+            let list = FILE_ONLY_LISTS.iter().find(|list| {
+                key == *list
+                    || key
+                        .strip_prefix(*list)
+                        .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
+            });
+            if let Some(list) = list {
+                list_variables.push((*list, env_var(key)));
             }
-            !is_route
+            list.is_none()
         });
-        route_variables.sort();
-        problems.extend(route_variables.into_iter().map(|variable| {
+        list_variables.sort();
+        problems.extend(list_variables.into_iter().map(|(list, variable)| {
             ConfigError::new(
-                "routes",
-                format!("cannot be set from the environment ({variable}); give [[routes]] in the file"),
+                list,
+                format!("cannot be set from the environment ({variable}); give [[{list}]] in the file"),
             )
         }));
         // The one list of plain values: in a variable, comma-separated.
@@ -248,6 +258,11 @@ pub struct Config {
     /// are refused there; on loopback they are always allowed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub admin_token: Option<Secret>,
+    /// Certificates the listener picks by the SNI name the client sends (`[[tls_certificates]]`); `tls_cert` and
+    /// `tls_key` are the default for any other name or none. With these and no default, a client whose name
+    /// matches no entry is refused at the handshake.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tls_certificates: Vec<TlsCertificateConfig>,
     pub upstreams: BTreeMap<String, UpstreamConfig>,
     pub routes: Vec<RouteConfig>,
 }
@@ -302,17 +317,32 @@ impl Default for Config {
             tls_cert: None,
             tls_key: None,
             admin_token: None,
+            tls_certificates: Vec::new(),
             upstreams: BTreeMap::new(),
             routes: Vec::new(),
         }
     }
 }
 
+/// One certificate of the client listener and the SNI names it is presented for.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsCertificateConfig {
+    /// Names compared with the client's SNI name, case-insensitively; `*.example.org` matches exactly one label
+    /// in place of the `*` (`a.example.org`, not `a.b.example.org` nor `example.org`). An exact name wins over a
+    /// wildcard.
+    pub names: Vec<String>,
+    /// PEM certificate chain, leaf first; it must be valid for every name in `names`.
+    pub cert: PathBuf,
+    /// PEM private key of the first certificate in `cert`.
+    pub key: PathBuf,
+}
+
 /// One named upstream origin and the limits of its pool.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct UpstreamConfig {
-    /// `http://host:port` or a bare `host:port`.
+    /// `http://host:port`, `https://host:port` (TLS to the upstream) or a bare `host:port` (plain HTTP).
     pub url: String,
     pub max_connections: usize,
     pub max_queue: usize,
@@ -337,6 +367,21 @@ pub struct UpstreamConfig {
     pub abort_drain_bytes: u64,
     #[serde(with = "humantime_serde")]
     pub abort_drain_timeout: Duration,
+    /// `https://` only: a PEM bundle of the CAs the upstream's certificate must chain to; without it, the
+    /// system's roots.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_ca: Option<PathBuf>,
+    /// `https://` only: a PEM certificate chain presented to an upstream that asks for one; with
+    /// `tls_client_key`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_client_cert: Option<PathBuf>,
+    /// `https://` only: the PEM private key of the first certificate in `tls_client_cert`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_client_key: Option<PathBuf>,
+    /// `https://` only: the name sent as SNI and verified in the upstream's certificate, instead of the URL's
+    /// host (a DNS name, or an IP address: then no SNI is sent and the certificate must name the address).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_server_name: Option<String>,
 }
 
 impl Default for UpstreamConfig {
@@ -355,6 +400,10 @@ impl Default for UpstreamConfig {
             max_connection_lifetime: Duration::ZERO,
             abort_drain_bytes: 1024 * 1024,
             abort_drain_timeout: Duration::from_secs(5),
+            tls_ca: None,
+            tls_client_cert: None,
+            tls_client_key: None,
+            tls_server_name: None,
         }
     }
 }
@@ -387,20 +436,46 @@ pub struct RouteConfig {
     pub upstream: String,
 }
 
-/// An upstream origin as dialled: host (name or IP literal, brackets removed) and port.
+/// How the pool talks to an upstream: plain HTTP/1.1, or HTTP/1.1 inside TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheme {
+    Http,
+    Https,
+}
+
+impl Scheme {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scheme::Http => "http",
+            Scheme::Https => "https",
+        }
+    }
+
+    fn default_port(self) -> u16 {
+        match self {
+            Scheme::Http => 80,
+            Scheme::Https => 443,
+        }
+    }
+}
+
+/// An upstream origin as dialled: scheme, host (name or IP literal, brackets removed) and port.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Origin {
+    pub scheme: Scheme,
     pub host: String,
     pub port: u16,
 }
 
 impl Origin {
-    /// Parses `http://host:port`, `http://host` (port 80) or `host:port`; IPv6 literals in brackets.
+    /// Parses `http://host:port`, `https://host:port`, either without a port (80, 443) or `host:port` (plain
+    /// HTTP); IPv6 literals in brackets.
     pub fn parse(text: &str) -> Result<Origin, String> {
-        let rest = match text.split_once("://") {
-            Some(("http", rest)) => rest,
-            Some((scheme, _)) => return Err(format!("scheme `{scheme}` is not supported (use http://)")),
-            None => text,
+        let (scheme, rest) = match text.split_once("://") {
+            Some(("http", rest)) => (Scheme::Http, rest),
+            Some(("https", rest)) => (Scheme::Https, rest),
+            Some((scheme, _)) => return Err(format!("scheme `{scheme}` is not supported (use http:// or https://)")),
+            None => (Scheme::Http, text),
         };
         let authority = rest.trim_end_matches('/');
         if authority.is_empty() || authority.contains('/') || authority.contains('@') {
@@ -428,15 +503,21 @@ impl Origin {
             None if rest.contains(':') && !authority.ends_with(']') => {
                 return Err(format!("`{text}` has an invalid port"))
             }
-            None => 80,
+            None => scheme.default_port(),
         };
         if port == 0 {
             return Err(format!("`{text}` has port 0"));
         }
         Ok(Origin {
+            scheme,
             host: host.to_string(),
             port,
         })
+    }
+
+    /// `scheme://host:port`, which parses back to this origin.
+    pub fn url(&self) -> String {
+        format!("{}://{}", self.scheme.as_str(), self.authority())
     }
 
     /// The `host:port` form used for Host headers and logs.
@@ -685,15 +766,9 @@ impl Config {
         if self.access_log.trim().is_empty() {
             problems.push("access_log", "must be off, stdout, stderr or a file path");
         }
-        match (&self.tls_cert, &self.tls_key) {
-            (Some(cert), Some(key)) => {
-                if let Err(problem) = crate::tls::server_config(cert, key) {
-                    problems.0.push(problem);
-                }
-            }
-            (Some(_), None) => problems.push("tls_key", "missing: tls_cert is set, and TLS needs both"),
-            (None, Some(_)) => problems.push("tls_cert", "missing: tls_key is set, and TLS needs both"),
-            (None, None) => {}
+        // The files are read here so that `floodgate check` refuses what start-up would.
+        if let Err(found) = crate::tls::listener_config(self) {
+            problems.0.extend(found);
         }
         if let Some(token) = &self.admin_token {
             // It travels in an Authorization header and must be hard to guess.
@@ -730,8 +805,15 @@ impl Config {
             let key = |field: &str| format!("upstreams.{name}.{field}");
             if upstream.url.is_empty() {
                 problems.push(key("url"), "missing (e.g. \"http://127.0.0.1:9000\")");
-            } else if let Err(message) = Origin::parse(&upstream.url) {
-                problems.push(key("url"), message);
+            } else {
+                match Origin::parse(&upstream.url) {
+                    Ok(origin) => {
+                        if let Err(found) = crate::tls::upstream_client(name, upstream, &origin) {
+                            problems.0.extend(found);
+                        }
+                    }
+                    Err(message) => problems.push(key("url"), message),
+                }
             }
             problems.count(&key("max_connections"), upstream.max_connections as u128, false);
             problems.count(&key("max_queue"), upstream.max_queue as u128, true);
@@ -834,21 +916,30 @@ fn value_problems(table: &config::Map<String, config::Value>) -> Vec<ConfigError
                     Err(err) => problems.push(config_problem(err, "upstreams")),
                 }
             }
-            "routes" => match value.clone().into_array() {
-                Ok(routes) => {
-                    for (index, route) in routes.into_iter().enumerate() {
-                        if let Err(err) = route.try_deserialize::<RouteConfig>() {
-                            problems.push(config_problem(err, &format!("routes[{index}]")));
-                        }
-                    }
-                }
-                Err(err) => problems.push(config_problem(err, "routes")),
-            },
+            "routes" => problems.extend(entry_problems::<RouteConfig>("routes", value)),
+            "tls_certificates" => problems.extend(entry_problems::<TlsCertificateConfig>("tls_certificates", value)),
             _ => problems.extend(one_key_problem::<Config>("", key.clone(), value.clone())),
         }
     }
     problems.sort_by(|a, b| a.key.cmp(&b.key));
     problems
+}
+
+/// The problems of each entry of the list of tables `list`, named `list[index]`.
+fn entry_problems<T: DeserializeOwned>(list: &str, value: &config::Value) -> Vec<ConfigError> {
+    match value.clone().into_array() {
+        Ok(entries) => entries
+            .into_iter()
+            .enumerate()
+            .filter_map(|(index, entry)| {
+                entry
+                    .try_deserialize::<T>()
+                    .err()
+                    .map(|err| config_problem(err, &format!("{list}[{index}]")))
+            })
+            .collect(),
+        Err(err) => vec![config_problem(err, list)],
+    }
 }
 
 /// The problem with `key = value` alone in a `T` (whose other keys take their defaults), named `within.key`.
@@ -904,14 +995,19 @@ mod tests {
     #[test]
     fn origin_accepts_urls_bare_authorities_and_ipv6_literals() {
         let o = Origin::parse("http://127.0.0.1:9000").unwrap();
-        assert_eq!((o.host.as_str(), o.port), ("127.0.0.1", 9000));
+        assert_eq!((o.scheme, o.host.as_str(), o.port), (Scheme::Http, "127.0.0.1", 9000));
         let o = Origin::parse("localhost:81").unwrap();
-        assert_eq!((o.host.as_str(), o.port), ("localhost", 81));
+        assert_eq!((o.scheme, o.host.as_str(), o.port), (Scheme::Http, "localhost", 81));
+        let o = Origin::parse("https://example.com").unwrap();
+        assert_eq!((o.scheme, o.host.as_str(), o.port), (Scheme::Https, "example.com", 443));
+        assert_eq!(o.url(), "https://example.com:443");
+        assert_eq!(Origin::parse(&o.url()).unwrap(), o);
+        assert_eq!(Origin::parse("https://[::1]:8443").unwrap().port, 8443);
         let o = Origin::parse("http://[::1]:9000/").unwrap();
         assert_eq!((o.host.as_str(), o.port), ("::1", 9000));
         assert_eq!(o.authority(), "[::1]:9000");
         assert_eq!(Origin::parse("http://example.com").unwrap().port, 80);
-        assert!(Origin::parse("https://example.com").is_err());
+        assert!(Origin::parse("ftp://example.com").is_err());
         assert!(Origin::parse("http://example.com/path").is_err());
         assert!(Origin::parse("example.com:notaport").is_err());
         assert!(Origin::parse("http://a[1::]:9000").is_err());
@@ -951,21 +1047,31 @@ mod tests {
         expected.threads = Some(2);
         expected.tls_cert = Some("cert.pem".into());
         expected.tls_key = Some("key.pem".into());
+        expected.tls_certificates.push(TlsCertificateConfig {
+            names: vec!["api.example.com".to_string()],
+            cert: "api.pem".into(),
+            key: "api-key.pem".into(),
+        });
+        if let Some(app) = expected.upstreams.get_mut("app") {
+            app.tls_ca = Some("ca.pem".into());
+            app.tls_client_cert = Some("client.pem".into());
+            app.tls_client_key = Some("client-key.pem".into());
+            app.tls_server_name = Some("app.internal".to_string());
+        }
         let text = std::fs::read_to_string(&path).unwrap();
         let mentioned = |key: &str| {
             text.lines()
                 .any(|line| line.trim_start_matches("# ").starts_with(&format!("{key} = ")))
         };
         let table: toml::Table = toml::from_str(&expected.to_redacted_toml().unwrap()).unwrap();
-        let mut keys: Vec<String> = table
-            .keys()
-            .filter(|k| *k != "upstreams" && *k != "routes")
-            .cloned()
-            .collect();
+        let lists = ["upstreams", "routes", "tls_certificates"];
+        let mut keys: Vec<String> = table.keys().filter(|k| !lists.contains(&k.as_str())).cloned().collect();
         keys.extend(table["upstreams"]["app"].as_table().unwrap().keys().cloned());
+        keys.extend(table["tls_certificates"][0].as_table().unwrap().keys().cloned());
         keys.extend(["host", "path_prefix", "upstream"].map(String::from));
         let missing: Vec<&String> = keys.iter().filter(|key| !mentioned(key)).collect();
         assert!(missing.is_empty(), "config/floodgate.toml does not state {missing:?}");
+        assert!(text.lines().any(|line| line == "# [[tls_certificates]]"));
     }
 
     #[test]
@@ -1103,6 +1209,31 @@ upstream = "api"
     }
 
     #[test]
+    fn listener_certificates_cannot_come_from_the_environment() {
+        let env = vars(&[("FLOODGATE__TLS_CERTIFICATES__0__CERT", "/etc/a.pem")]);
+        let err = load(&env, &Overrides::default()).unwrap_err();
+        assert_eq!(
+            problem_lines(&err),
+            [
+                "tls_certificates: cannot be set from the environment (FLOODGATE__TLS_CERTIFICATES__0__CERT); \
+              give [[tls_certificates]] in the file"
+            ]
+        );
+    }
+
+    #[test]
+    fn tls_keys_on_a_plain_http_upstream_are_refused_rather_than_ignored() {
+        let env = vars(&[
+            ("FLOODGATE__UPSTREAMS__API__TLS_CA", "/etc/ca.pem"),
+            ("FLOODGATE__UPSTREAMS__API__TLS_SERVER_NAME", "api.internal"),
+        ]);
+        let err = load(&env, &Overrides::default()).unwrap_err();
+        let keys: Vec<&str> = err.problems().iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(keys, ["upstreams.api.tls_ca", "upstreams.api.tls_server_name"]);
+        assert!(problem_lines(&err)[0].contains("only for https://"), "{err}");
+    }
+
+    #[test]
     fn every_bad_value_is_reported_not_only_the_first() {
         let text = r#"
 listen = "nowhere"
@@ -1135,7 +1266,7 @@ idle_timeout = 30
         let text = r#"
 max_header_bytes = 0
 [upstreams.Api]
-url = "https://example.com"
+url = "ftp://example.com"
 max_connections = 0
 [[routes]]
 upstream = "nowhere"

@@ -39,6 +39,9 @@ pub enum ProxyError {
     Connect(String),
     #[error("connect to upstream timed out after {0:?}")]
     ConnectTimeout(Duration),
+    /// The TLS handshake with an `https://` upstream failed (its certificate, the name, a protocol alert).
+    #[error("TLS handshake with upstream failed: {0}")]
+    UpstreamTls(String),
     #[error("upstream failed: {0}")]
     Upstream(#[source] hyper::Error),
     #[error("upstream did not answer within {0:?}")]
@@ -111,7 +114,10 @@ impl ProxyError {
             ProxyError::ClientBodyTimeout(_) | ProxyError::ClientTooSlow(_) => StatusCode::REQUEST_TIMEOUT,
             // Nobody reads it; a status is still needed for the log line.
             ProxyError::ClientGone => StatusCode::BAD_REQUEST,
-            ProxyError::Connect(_) | ProxyError::ConnectTimeout(_) | ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
+            ProxyError::Connect(_)
+            | ProxyError::ConnectTimeout(_)
+            | ProxyError::UpstreamTls(_)
+            | ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -132,6 +138,7 @@ impl ProxyError {
             ProxyError::ClientGone => "request body incomplete\n",
             ProxyError::Connect(_) => "upstream connect failed\n",
             ProxyError::ConnectTimeout(_) => "upstream connect timeout\n",
+            ProxyError::UpstreamTls(_) => "upstream TLS handshake failed\n",
             ProxyError::Upstream(_) => "upstream error\n",
             ProxyError::UpstreamTimeout(_) => "upstream timeout\n",
         }
@@ -150,7 +157,10 @@ impl ProxyError {
             ProxyError::UnsupportedTransferCoding => Outcome::NotImplemented,
             ProxyError::ClientBodyTimeout(_) | ProxyError::ClientTooSlow(_) => Outcome::ClientTimeout,
             ProxyError::ClientGone => Outcome::ClientAbort,
-            ProxyError::Connect(_) | ProxyError::ConnectTimeout(_) | ProxyError::Upstream(_) => Outcome::UpstreamError,
+            ProxyError::Connect(_)
+            | ProxyError::ConnectTimeout(_)
+            | ProxyError::UpstreamTls(_)
+            | ProxyError::Upstream(_) => Outcome::UpstreamError,
             ProxyError::UpstreamTimeout(_) => Outcome::UpstreamTimeout,
         }
     }

@@ -10,7 +10,7 @@
 //! client ──► server (HTTP/1.1 + h2c, or TLS + ALPN; client deadlines) ──► proxy (the steps, in order)
 //!        ──► route (Host / path prefix → upstream) ──► forward (rewrite the head)
 //!        ──► pool::admit (idle connection │ free slot │ wait in the admission queue │ shed 503)
-//!        ──► pool (dial if needed; never more than max_connections) ──► forward (relay bodies)
+//!        ──► pool (dial if needed, TLS for https://; never more than max_connections) ──► forward (relay bodies)
 //!        ──► end of the response body: connection back to idle (or closed), then the slot
 //! metrics/admin observe from the side; they are never behind admission.
 //! ```

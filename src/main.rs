@@ -42,7 +42,7 @@ struct LayerArgs {
     /// Admin listener address (/metrics, /status, /healthz, /readyz).
     #[arg(long)]
     admin: Option<std::net::SocketAddr>,
-    /// The one upstream everything goes to: http://host:port or host:port.
+    /// The one upstream everything goes to: http://host:port, https://host:port or host:port.
     #[arg(long)]
     upstream: Option<String>,
     /// Most TCP connections to each upstream.

@@ -15,6 +15,7 @@ use crate::metrics::Metrics;
 use crate::pool::UpstreamPool;
 use crate::route::Router;
 use crate::server::State;
+use crate::tls::UpstreamTls;
 
 /// Reads the configuration again, from the same layers as at start-up.
 pub type ConfigSource = Arc<dyn Fn() -> Result<Config, ConfigErrors> + Send + Sync>;
@@ -40,7 +41,7 @@ pub struct Reloaded {
 /// The pools and routes a configuration asks for, worked out against the ones running, not yet in force.
 pub struct Plan {
     router: Router,
-    reconfigure: Vec<(Arc<UpstreamPool>, UpstreamConfig)>,
+    reconfigure: Vec<(Arc<UpstreamPool>, UpstreamConfig, Option<UpstreamTls>)>,
     retire: Vec<Arc<UpstreamPool>>,
 }
 
@@ -54,15 +55,23 @@ impl Plan {
                 key: format!("upstreams.{name}.url"),
                 message,
             })?;
+            // Read here, once per pool and reload, not at every dial: the CA bundle or the system's roots, the
+            // client certificate.
+            let tls = crate::tls::upstream_client(name, upstream, &origin).map_err(|problems| {
+                problems
+                    .into_iter()
+                    .next()
+                    .unwrap_or_else(|| ConfigError::new(format!("upstreams.{name}"), "TLS settings refused"))
+            })?;
             let kept = running
                 .and_then(|router| router.pools().get(name))
                 .filter(|pool| pool.origin == origin);
             let pool = match kept {
                 Some(pool) => {
-                    reconfigure.push((pool.clone(), upstream.clone()));
+                    reconfigure.push((pool.clone(), upstream.clone(), tls));
                     pool.clone()
                 }
-                None => UpstreamPool::new(name, origin, upstream.clone(), metrics.upstream(name)),
+                None => UpstreamPool::new(name, origin, upstream.clone(), tls, metrics.upstream(name)),
             };
             pools.insert(name.clone(), pool);
         }
@@ -138,7 +147,7 @@ fn apply(state: &State, mut config: Config) -> Result<Reloaded, ReloadError> {
     let mut reloaded = Reloaded::default();
     keep_restart_only(&running, &mut config, &mut reloaded.needs_restart);
     // Certificates are read again even when their paths did not change: renewing them is the usual reason.
-    let tls = crate::tls::listener_config(&config).map_err(|problem| ReloadError::Invalid(problem.into()))?;
+    let tls = crate::tls::server_config(&config).map_err(|problem| ReloadError::Invalid(problem.into()))?;
     let plan = Plan::new(&config, &state.proxy.metrics, Some(&state.proxy.router()))
         .map_err(|problem| ReloadError::Invalid(problem.into()))?;
 
@@ -147,8 +156,8 @@ fn apply(state: &State, mut config: Config) -> Result<Reloaded, ReloadError> {
     if tls.is_some() && !reloaded.changed.iter().any(|c| c.starts_with("tls")) {
         reloaded.changed.push("tls certificates: read again".to_string());
     }
-    for (pool, limits) in plan.reconfigure {
-        pool.reconfigure(limits);
+    for (pool, limits, tls) in plan.reconfigure {
+        pool.reconfigure(limits, tls);
     }
     state
         .proxy
@@ -174,11 +183,12 @@ fn keep_restart_only(running: &Config, new: &mut Config, needs_restart: &mut Vec
     keep("log_level", running.log_level != new.log_level);
     keep("access_log", running.access_log != new.access_log);
     // A listener is TLS or plain for its life; its certificates can change, its kind cannot.
-    let tls_on = |config: &Config| config.tls_cert.is_some();
+    let tls_on = |config: &Config| config.tls_cert.is_some() || !config.tls_certificates.is_empty();
     if tls_on(running) != tls_on(new) {
         needs_restart.push("tls_cert (turning TLS on or off)".to_string());
         new.tls_cert = running.tls_cert.clone();
         new.tls_key = running.tls_key.clone();
+        new.tls_certificates = running.tls_certificates.clone();
     }
     new.listen = running.listen;
     new.admin = running.admin;

@@ -141,7 +141,7 @@ queue_timeout = "5 parsecs"
     let bad_settings = TempConfig::new(
         r#"
 [upstreams.API]
-url = "https://127.0.0.1:9"
+url = "ftp://127.0.0.1:9"
 max_connections = 0
 
 [[routes]]

@@ -1,6 +1,8 @@
 //! TLS termination on the client listener, through the real binary: a self-signed certificate made at test time,
 //! HTTPS clients that trust only it, ALPN choosing HTTP/1.1 or HTTP/2, the cap holding behind TLS, and bad
-//! certificate or key files stopping start-up (and `floodgate check`) with one line naming the key.
+//! certificate or key files stopping start-up (and `floodgate check`) with one line naming the key. SNI with
+//! `[[tls_certificates]]`: certificates a test CA signs, the one presented for each name (exact, one-label
+//! wildcard, the default, or a refused handshake without one), and bad entries named by index and field.
 
 mod support;
 
@@ -12,6 +14,7 @@ use std::time::Duration;
 
 use http::{Request, StatusCode, Version};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use support::pki::{self, assert_refused, TestCa};
 use support::*;
 use tokio::net::TcpStream;
 use tokio_rustls::rustls::pki_types::ServerName;
@@ -191,28 +194,6 @@ async fn the_tls_listener_refuses_plain_http() {
     assert_eq!(upstream.requests(), 0);
 }
 
-/// Runs `floodgate check` and a start-up with `config`; both must fail with exactly one line naming `key`.
-fn assert_refused(config: &str, key: &str) -> String {
-    let config = TempConfig::new(config);
-    let path = config.path_str();
-    let mut lines = Vec::new();
-    for args in [
-        vec!["check", "--config", path.as_str()],
-        vec!["--config", path.as_str()],
-    ] {
-        let (status, _, stderr) = run_to_exit(&args, Duration::from_secs(10));
-        assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
-        let problems: Vec<&str> = stderr.lines().filter(|line| !line.trim().is_empty()).collect();
-        assert_eq!(problems.len(), 1, "{args:?}: {stderr}");
-        assert!(
-            problems[0].contains(&format!("{key}: ")),
-            "{args:?}: the line does not name {key}: {stderr}"
-        );
-        lines.push(problems[0].to_string());
-    }
-    lines.swap_remove(0)
-}
-
 #[test]
 fn a_missing_certificate_file_stops_start_up_naming_tls_cert() {
     let cert = TestCert::new();
@@ -368,4 +349,195 @@ async fn a_tls_client_that_stops_reading_gives_its_slot_back() {
         upstream.bytes_streamed()
     );
     drop(response);
+}
+
+// ---------------------------------------------------------------------------
+// SNI: several certificates on the listener
+// ---------------------------------------------------------------------------
+
+/// A config whose listener has `default` as tls_cert/tls_key (if any) and one `[[tls_certificates]]` entry per
+/// `(names, leaf)`.
+fn sni_config(upstream: &str, default: Option<&pki::Leaf>, entries: &[(&[&str], &pki::Leaf)]) -> String {
+    let mut text = String::new();
+    if let Some(default) = default {
+        text += &format!("tls_cert = {:?}\ntls_key = {:?}\n", default.cert_path, default.key_path);
+    }
+    text += &format!("\n[upstreams.app]\nurl = {upstream:?}\n\n[[routes]]\nupstream = \"app\"\n");
+    for (names, leaf) in entries {
+        text += &format!(
+            "\n[[tls_certificates]]\nnames = {names:?}\ncert = {:?}\nkey = {:?}\n",
+            leaf.cert_path, leaf.key_path
+        );
+    }
+    text
+}
+
+/// The leaf certificate the listener presents to a client sending `sni` (`None`: no SNI, as a client that dialled
+/// an address sends), or the handshake's error.
+async fn presented(
+    addr: SocketAddr,
+    sni: Option<&str>,
+) -> std::io::Result<tokio_rustls::rustls::pki_types::CertificateDer<'static>> {
+    let tcp = TcpStream::connect(addr).await?;
+    let name = match sni {
+        Some(name) => ServerName::try_from(name.to_string()).unwrap(),
+        None => ServerName::IpAddress(addr.ip().into()),
+    };
+    let tls = tokio::time::timeout(CLIENT_TIMEOUT, pki::accept_any_connector().connect(name, tcp))
+        .await
+        .expect("TLS handshake timed out")?;
+    Ok(tls.get_ref().1.peer_certificates().unwrap()[0].clone())
+}
+
+#[tokio::test]
+async fn sni_picks_each_names_certificate_a_wildcard_covers_one_label_and_other_names_get_tls_cert() {
+    let upstream = Upstream::start().await;
+    let ca = TestCa::new("floodgate SNI test CA");
+    let default = ca.issue(&["default.test"]);
+    let api = ca.issue(&["api.example.com"]);
+    let wild = ca.issue(&["*.example.org"]);
+    let config = TempConfig::new(&sni_config(
+        &upstream.url(),
+        Some(&default),
+        &[(&["api.example.com"], &api), (&["*.example.org"], &wild)],
+    ));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+
+    for (sni, expected, what) in [
+        (Some("api.example.com"), &api, "an exact name"),
+        (Some("API.Example.COM"), &api, "an exact name in other case"),
+        (Some("a.example.org"), &wild, "one label under the wildcard"),
+        (Some("a.b.example.org"), &default, "two labels under the wildcard"),
+        (Some("example.org"), &default, "the wildcard's parent itself"),
+        (Some("unknown.test"), &default, "a name no entry gives"),
+        (None, &default, "no SNI"),
+    ] {
+        let leaf = presented(proxy.listen, sni).await.unwrap();
+        assert!(leaf == expected.der, "{what} ({sni:?}) got another certificate");
+    }
+
+    // The picked certificate verifies against the CA for its name, and the connection serves requests.
+    let tls = tokio::time::timeout(
+        CLIENT_TIMEOUT,
+        ca.connector(&[b"http/1.1"]).connect(
+            ServerName::try_from("a.example.org").unwrap(),
+            TcpStream::connect(proxy.listen).await.unwrap(),
+        ),
+    )
+    .await
+    .unwrap()
+    .expect("a.example.org verifies against the wildcard certificate");
+    let response = collect(h1_send(tls, "/over-sni".to_string()).await).await.unwrap();
+    assert_eq!(response.status, StatusCode::OK);
+    assert_eq!(upstream.recorded_with_prefix("/over-sni").len(), 1);
+}
+
+#[tokio::test]
+async fn without_tls_cert_a_name_no_entry_gives_is_refused_at_the_handshake() {
+    let ca = TestCa::new("floodgate SNI test CA");
+    let api = ca.issue(&["api.example.com"]);
+    let config = TempConfig::new(&sni_config("http://127.0.0.1:9", None, &[(&["api.example.com"], &api)]));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+
+    assert!(presented(proxy.listen, Some("api.example.com")).await.unwrap() == api.der);
+    for sni in [Some("other.example.com"), None] {
+        let err = presented(proxy.listen, sni).await.unwrap_err();
+        assert!(err.to_string().contains("AccessDenied"), "{sni:?}: {err}");
+    }
+}
+
+#[test]
+fn a_bad_certificate_entry_stops_start_up_naming_its_index_and_field() {
+    let ca = TestCa::new("floodgate SNI test CA");
+    let default = ca.issue(&["default.test"]);
+    let api = ca.issue(&["api.example.com"]);
+    let web = ca.issue(&["web.example.com"]);
+    let upstream = "http://127.0.0.1:9";
+
+    let missing = pki::Leaf {
+        cert_path: ca.dir.0.join("nope.pem").display().to_string(),
+        ..ca.issue(&["web.example.com"])
+    };
+    let line = assert_refused(
+        &sni_config(
+            upstream,
+            Some(&default),
+            &[(&["api.example.com"], &api), (&["web.example.com"], &missing)],
+        ),
+        "tls_certificates[1].cert",
+    );
+    assert!(line.contains("nope.pem"), "{line}");
+
+    let crossed = pki::Leaf {
+        key_path: web.key_path.clone(),
+        ..ca.issue(&["api.example.com"])
+    };
+    let line = assert_refused(
+        &sni_config(upstream, Some(&default), &[(&["api.example.com"], &crossed)]),
+        "tls_certificates[0].key",
+    );
+    assert!(line.contains("not the private key"), "{line}");
+    let secret = web.key_pem.lines().nth(1).unwrap();
+    assert!(!line.contains(secret) && !line.contains("PRIVATE KEY-----"), "{line}");
+
+    let line = assert_refused(
+        &sni_config(
+            upstream,
+            Some(&default),
+            &[(&["api.example.com", "www.example.com"], &api)],
+        ),
+        "tls_certificates[0].cert",
+    );
+    assert!(line.contains("not valid for www.example.com"), "{line}");
+
+    let line = assert_refused(
+        &sni_config(
+            upstream,
+            None,
+            &[(&["api.example.com"], &api), (&["API.example.com"], &web)],
+        ),
+        "tls_certificates[1].names",
+    );
+    assert!(line.contains("already given by tls_certificates[0]"), "{line}");
+}
+
+#[tokio::test]
+async fn a_reload_reads_renewed_certificates_and_refuses_a_broken_one() {
+    let upstream = Upstream::start().await;
+    let ca = TestCa::new("floodgate reload test CA");
+    let first = ca.issue(&["default.test"]);
+    let api = ca.issue(&["api.example.com"]);
+    let config = TempConfig::new(&sni_config(
+        &upstream.url(),
+        Some(&first),
+        &[(&["api.example.com"], &api)],
+    ));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    assert!(presented(proxy.listen, None).await.unwrap() == first.der);
+
+    // Renewal: new certificates written over the same files, then a reload.
+    let renewed = ca.issue(&["default.test"]);
+    let renewed_api = ca.issue(&["api.example.com"]);
+    std::fs::copy(&renewed.cert_path, &first.cert_path).unwrap();
+    std::fs::copy(&renewed.key_path, &first.key_path).unwrap();
+    std::fs::copy(&renewed_api.cert_path, &api.cert_path).unwrap();
+    std::fs::copy(&renewed_api.key_path, &api.key_path).unwrap();
+    let resp = proxy.admin_request(http::Method::POST, "/reload", "", None).await;
+    assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+    assert!(
+        presented(proxy.listen, None).await.unwrap() == renewed.der,
+        "the default was read again"
+    );
+    assert!(
+        presented(proxy.listen, Some("api.example.com")).await.unwrap() == renewed_api.der,
+        "the SNI entry was read again"
+    );
+
+    // A key that is not the certificate's refuses the reload; the renewed pair keeps being served.
+    let other = ca.issue(&["default.test"]);
+    std::fs::copy(&other.key_path, &first.key_path).unwrap();
+    let resp = proxy.admin_request(http::Method::POST, "/reload", "", None).await;
+    assert_eq!(resp.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", resp.text());
+    assert!(resp.text().contains("tls_key"), "{}", resp.text());
+    assert!(presented(proxy.listen, None).await.unwrap() == renewed.der);
 }

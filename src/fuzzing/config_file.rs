@@ -62,9 +62,9 @@ fn check_accepted(config: &Config) {
             "origin {origin:?} gives no valid Host header"
         );
         assert_eq!(
-            Origin::parse(&origin.authority()).as_ref(),
+            Origin::parse(&origin.url()).as_ref(),
             Ok(&origin),
-            "origin authority does not parse back"
+            "origin URL does not parse back"
         );
         assert!(upstream.max_connections > 0, "upstreams.{name}.max_connections is 0");
         for (field, value, zero_allowed) in upstream.durations() {

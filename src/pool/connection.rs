@@ -3,7 +3,8 @@
 //! The connection's task owns its [`Slot`]: hyper's `Connection` future outlives every request on it, and only
 //! when that future has ended and the upstream has closed its side too (or `close_timeout` has passed and the
 //! socket was reset) is the slot dropped. So a replacement is never dialled while its predecessor still exists as
-//! the upstream counts them.
+//! the upstream counts them. For an `https://` upstream the TLS session runs over the same shared socket, so
+//! none of that changes; a handshake that fails or runs out of time closes the socket before the slot goes.
 
 use std::sync::atomic::AtomicU8;
 use std::sync::Arc;
@@ -56,7 +57,8 @@ impl Conn {
 }
 
 impl UpstreamPool {
-    /// Dials a new connection with the right `slot` gives; the slot moves into the connection's task.
+    /// Dials a new connection with the right `slot` gives; the slot moves into the connection's task. For an
+    /// `https://` upstream the TLS handshake is part of the dial and shares `connect_timeout` with the TCP connect.
     pub(crate) async fn dial(self: &Arc<Self>, slot: Slot) -> Result<Conn, ProxyError> {
         let limit = self.limits().connect_timeout;
         let deadline = tokio::time::Instant::now() + limit;
@@ -80,11 +82,37 @@ impl UpstreamPool {
         // Requests are small and latency-bound; Nagle would add a round trip to every exchange.
         let _ = stream.set_nodelay(true);
         let stream = Arc::new(stream);
-        let io = TokioIo::new(SharedStream::new(stream.clone(), None));
-        let (sender, connection) = http1::Builder::new()
-            .handshake(io)
-            .await
-            .map_err(|err| ProxyError::Connect(err.to_string()))?;
+        // TLS wraps the SharedStream, not the socket, so the task below still holds the socket itself and can
+        // close it completely before giving the slot back, as for plain HTTP.
+        let io = SharedStream::new(stream.clone(), None);
+        let Some(tls) = self.tls.load_full() else {
+            return self.start(TokioIo::new(io), stream, slot).await;
+        };
+        let failure = match tokio::time::timeout_at(deadline, tls.connect(io)).await {
+            Ok(Ok(tls_stream)) => return self.start(TokioIo::new(tls_stream), stream, slot).await,
+            Ok(Err(err)) => {
+                tls.handshake_failed(&self.name, &err);
+                ProxyError::UpstreamTls(err.to_string())
+            }
+            Err(_) => ProxyError::ConnectTimeout(limit),
+        };
+        // The handshake, and its handle on the socket, is gone; the socket is closed before the slot is freed.
+        self.close_then_free(stream, slot);
+        Err(failure)
+    }
+
+    /// Starts HTTP/1.1 over `io`, the plain or TLS stream on `stream`, and the task that owns the connection.
+    async fn start<I>(self: &Arc<Self>, io: I, stream: Arc<TcpStream>, slot: Slot) -> Result<Conn, ProxyError>
+    where
+        I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    {
+        let (sender, connection) = match http1::Builder::new().handshake(io).await {
+            Ok(handshake) => handshake,
+            Err(err) => {
+                self.close_then_free(stream, slot);
+                return Err(ProxyError::Connect(err.to_string()));
+            }
+        };
         self.metrics.opened.inc();
         let close_timeout = self.limits().close_timeout;
         let closing = Arc::new(AtomicU8::new(CLOSING_NOT_COUNTED));
@@ -116,6 +144,18 @@ impl UpstreamPool {
             born: Instant::now(),
             served: 0,
         })
+    }
+
+    /// A connection that never became usable: closed like any other (our FIN, then the upstream's, or a reset
+    /// after `close_timeout`) in a task of its own, so the request's answer does not wait for it; the slot goes
+    /// only once the socket has.
+    fn close_then_free(&self, stream: Arc<TcpStream>, slot: Slot) {
+        let close_timeout = self.limits().close_timeout;
+        tokio::spawn(async move {
+            net::close_and_wait_for_peer(&stream, close_timeout).await;
+            drop(stream);
+            drop(slot);
+        });
     }
 }
 

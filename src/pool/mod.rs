@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use arc_swap::{ArcSwap, Guard};
+use arc_swap::{ArcSwap, ArcSwapOption, Guard};
 use http::HeaderValue;
 use tokio::time::Instant;
 
@@ -35,6 +35,7 @@ pub use slot::Slot;
 use crate::admission::{Shed, Ticket, WaitQueue};
 use crate::config::{Origin, UpstreamConfig};
 use crate::metrics::UpstreamMetrics;
+use crate::tls::UpstreamTls;
 
 const CLOSING_NOT_COUNTED: u8 = 0;
 const CLOSING_COUNTED: u8 = 1;
@@ -99,6 +100,9 @@ pub struct UpstreamPool {
     /// Everything but the cap is read from here at the moment it applies; the cap lives under the lock.
     limits: ArcSwap<UpstreamConfig>,
     pub metrics: UpstreamMetrics,
+    /// The TLS client of an `https://` upstream: every dial runs its handshake before the connection is used.
+    /// Replaced by a reload, which reads the certificates again; connections made before keep their session.
+    tls: ArcSwapOption<UpstreamTls>,
     state: Mutex<PoolState>,
     in_use: AtomicUsize,
     connections_peak: AtomicUsize,
@@ -107,7 +111,14 @@ pub struct UpstreamPool {
 }
 
 impl UpstreamPool {
-    pub fn new(name: &str, origin: Origin, limits: UpstreamConfig, metrics: UpstreamMetrics) -> Arc<Self> {
+    /// `tls` is [`crate::tls::upstream_client`]'s, built for this origin (`None` for `http://`).
+    pub fn new(
+        name: &str,
+        origin: Origin,
+        limits: UpstreamConfig,
+        tls: Option<UpstreamTls>,
+        metrics: UpstreamMetrics,
+    ) -> Arc<Self> {
         let authority =
             HeaderValue::from_str(&origin.authority()).unwrap_or_else(|_| HeaderValue::from_static("localhost"));
         let pool = Arc::new(UpstreamPool {
@@ -124,6 +135,7 @@ impl UpstreamPool {
             origin,
             limits: ArcSwap::from_pointee(limits),
             metrics,
+            tls: ArcSwapOption::new(tls.map(Arc::new)),
             in_use: AtomicUsize::new(0),
             connections_peak: AtomicUsize::new(0),
             queue_peak: AtomicUsize::new(0),
@@ -369,11 +381,33 @@ impl UpstreamPool {
         }
     }
 
+    /// A reload: new limits (see [`Self::set_limits`]) and the TLS client built from the reloaded files. When the
+    /// TLS settings changed, idle connections made under the old ones are closed; busy ones finish.
+    pub fn reconfigure(self: &Arc<Self>, limits: UpstreamConfig, tls: Option<UpstreamTls>) {
+        let old = self.limits();
+        let tls_changed = (
+            &old.tls_ca,
+            &old.tls_client_cert,
+            &old.tls_client_key,
+            &old.tls_server_name,
+        ) != (
+            &limits.tls_ca,
+            &limits.tls_client_cert,
+            &limits.tls_client_key,
+            &limits.tls_server_name,
+        );
+        self.tls.store(tls.map(Arc::new));
+        self.set_limits(limits);
+        if tls_changed {
+            self.close_idle();
+        }
+    }
+
     /// Puts new limits in force. A raised cap issues its new slots to waiters now; a lowered one closes surplus
     /// idle connections now (oldest first) and the surplus busy ones as they finish (see [`Self::hand_on`]).
     /// Requests already queued keep their place under a lowered `max_queue`; `queue_timeout` applies to
     /// arrivals from now on.
-    pub fn reconfigure(self: &Arc<Self>, limits: UpstreamConfig) {
+    pub fn set_limits(self: &Arc<Self>, limits: UpstreamConfig) {
         let (raised, surplus_idle) = {
             let mut state = self.lock();
             let raised = limits.max_connections > state.max_connections;
@@ -402,7 +436,7 @@ impl UpstreamPool {
     pub fn set_max_connections(self: &Arc<Self>, max_connections: usize) {
         let mut limits = UpstreamConfig::clone(&self.limits());
         limits.max_connections = max_connections;
-        self.reconfigure(limits);
+        self.set_limits(limits);
     }
 
     /// Hands each slot below a raised cap to a waiter: a slot issued and dropped at once goes to the oldest
@@ -527,6 +561,7 @@ mod tests {
     use tokio::time::{advance, Instant as TokioInstant};
 
     use super::*;
+    use crate::config::Scheme;
     use crate::metrics::Metrics;
 
     fn pool(max_connections: usize, max_queue: usize) -> Arc<UpstreamPool> {
@@ -538,10 +573,11 @@ mod tests {
             ..UpstreamConfig::default()
         };
         let origin = Origin {
+            scheme: Scheme::Http,
             host: "127.0.0.1".into(),
             port: 9,
         };
-        UpstreamPool::new("test", origin, limits, Metrics::new().upstream("test"))
+        UpstreamPool::new("test", origin, limits, None, Metrics::new().upstream("test"))
     }
 
     fn far() -> TokioInstant {

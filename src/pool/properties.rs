@@ -24,7 +24,7 @@ use tokio::sync::oneshot;
 
 use super::{Lease, PoolSnapshot, Refused, UpstreamPool};
 use crate::admission::Shed;
-use crate::config::{Origin, UpstreamConfig};
+use crate::config::{Origin, Scheme, UpstreamConfig};
 use crate::metrics::Metrics;
 
 fn paused_runtime() -> tokio::runtime::Runtime {
@@ -37,10 +37,17 @@ fn paused_runtime() -> tokio::runtime::Runtime {
 
 fn new_pool(port: u16, limits: UpstreamConfig) -> Arc<UpstreamPool> {
     let origin = Origin {
+        scheme: Scheme::Http,
         host: "127.0.0.1".into(),
         port,
     };
-    UpstreamPool::new("properties", origin, limits, Metrics::new().upstream("properties"))
+    UpstreamPool::new(
+        "properties",
+        origin,
+        limits,
+        None,
+        Metrics::new().upstream("properties"),
+    )
 }
 
 /// Which of the current candidates (waiters, leases, connections) an operation applies to, modulo their number.

@@ -88,7 +88,7 @@ impl Floodgate {
         let proxy = Proxy::new(router, metrics, config.trusted_proxies.clone()).with_access_log(access_log);
         // Validation read these files already; reading them again here keeps a file changed in between from
         // slipping through, and this is the copy the listener serves.
-        let tls = crate::tls::listener_config(&config)?;
+        let tls = crate::tls::server_config(&config)?;
         let listener = bind(config.listen).await?;
         let admin = bind(config.admin).await?;
         Ok(Floodgate {

@@ -8,11 +8,14 @@
 //!   [`RawConn`] (bytes on a TCP socket, for malformed requests).
 //! * [`wait_until`]: poll a condition with a deadline (tests never sleep to
 //!   synchronise).
+//! * [`pki`]: a CA and certificates made at test time, TLS clients, and the
+//!   check that a configuration is refused naming its key.
 //!
 //! Every test binary uses a different subset of this module.
 #![allow(dead_code)]
 
 pub mod chaos;
+pub mod pki;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
