@@ -15,6 +15,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ipnet::IpNet;
+
+use crate::admission::{Discipline, QueuePolicy};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize, Serializer};
 
@@ -348,6 +350,22 @@ pub struct UpstreamConfig {
     pub max_queue: usize,
     #[serde(with = "humantime_serde")]
     pub queue_timeout: Duration,
+    /// The order waiting requests are served in: `fifo`, `adaptive-lifo` or `codel`.
+    pub queue_discipline: Discipline,
+    /// CoDel's acceptable queue wait.
+    #[serde(with = "humantime_serde")]
+    pub codel_target: Duration,
+    /// CoDel's window, and how long a queue must stand before adaptive LIFO turns to newest first.
+    #[serde(with = "humantime_serde")]
+    pub codel_interval: Duration,
+    /// A request header carrying the client's timeout in milliseconds (`X-Request-Timeout: 250`); a request that
+    /// cannot start within it is shed. Empty: no such header is read.
+    pub deadline_header: String,
+    /// Whether gRPC's `grpc-timeout` header (`250m`, `2S`…) is read as a deadline too.
+    pub grpc_timeout: bool,
+    /// The status of an answer shed for capacity (queue full, queue timeout, CoDel overload). A request shed for
+    /// its own deadline gets 504.
+    pub shed_status: u16,
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
     #[serde(with = "humantime_serde")]
@@ -391,6 +409,12 @@ impl Default for UpstreamConfig {
             max_connections: 8,
             max_queue: 1024,
             queue_timeout: Duration::from_secs(5),
+            queue_discipline: Discipline::Fifo,
+            codel_target: Duration::from_millis(5),
+            codel_interval: Duration::from_millis(100),
+            deadline_header: "x-request-timeout".to_string(),
+            grpc_timeout: true,
+            shed_status: 503,
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(30),
@@ -409,11 +433,23 @@ impl Default for UpstreamConfig {
 }
 
 impl UpstreamConfig {
+    /// The admission queue's bound and discipline.
+    pub fn queue_policy(&self) -> QueuePolicy {
+        QueuePolicy {
+            max_queue: self.max_queue,
+            discipline: self.queue_discipline,
+            target: self.codel_target,
+            interval: self.codel_interval,
+        }
+    }
+
     /// Every duration key with its value and whether 0 is allowed (it means "none" there); validation and the
     /// config fuzz target both walk this one list.
-    pub fn durations(&self) -> [(&'static str, Duration, bool); 8] {
+    pub fn durations(&self) -> [(&'static str, Duration, bool); 10] {
         [
             ("queue_timeout", self.queue_timeout, true),
+            ("codel_target", self.codel_target, false),
+            ("codel_interval", self.codel_interval, false),
             ("connect_timeout", self.connect_timeout, false),
             ("request_timeout", self.request_timeout, false),
             ("idle_timeout", self.idle_timeout, false),
@@ -825,6 +861,14 @@ impl Config {
             problems.count(&key("abort_drain_bytes"), u128::from(upstream.abort_drain_bytes), true);
             for (field, value, zero_allowed) in upstream.durations() {
                 problems.duration(&key(field), value, zero_allowed);
+            }
+            if !(400..=599).contains(&upstream.shed_status) {
+                problems.push(key("shed_status"), "must be a 4xx or 5xx status");
+            }
+            if !upstream.deadline_header.is_empty()
+                && http::HeaderName::from_bytes(upstream.deadline_header.as_bytes()).is_err()
+            {
+                problems.push(key("deadline_header"), "not a header name (or \"\" for none)");
             }
         }
         for (index, route) in self.routes.iter().enumerate() {

@@ -1,8 +1,9 @@
 //! The error type of a proxied exchange and its single mapping to an HTTP answer.
 //!
 //! Every failure a client can see is one [`ProxyError`] variant; [`ProxyError::status`] and
-//! [`ProxyError::reason`] are the only place that decides the status code and the short body. Nothing here logs
-//! or counts: the caller does that once, with the outcome this module names.
+//! [`ProxyError::reason`] are the only place that decides the status code and the short body, and [`ShedAdvice`]
+//! is what an upstream's settings and recent pace add to a shed answer (its status, `Retry-After`). Nothing here
+//! logs or counts: the caller does that once, with the outcome this module names.
 
 use std::time::Duration;
 
@@ -54,6 +55,8 @@ pub enum Outcome {
     Ok,
     ShedQueueFull,
     ShedQueueTimeout,
+    ShedOverload,
+    ShedDeadline,
     UpstreamError,
     UpstreamTimeout,
     ClientAbort,
@@ -65,10 +68,12 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 11] = [
+    pub const ALL: [Outcome; 13] = [
         Outcome::Ok,
         Outcome::ShedQueueFull,
         Outcome::ShedQueueTimeout,
+        Outcome::ShedOverload,
+        Outcome::ShedDeadline,
         Outcome::UpstreamError,
         Outcome::UpstreamTimeout,
         Outcome::ClientAbort,
@@ -84,6 +89,8 @@ impl Outcome {
             Outcome::Ok => "ok",
             Outcome::ShedQueueFull => "shed_queue_full",
             Outcome::ShedQueueTimeout => "shed_queue_timeout",
+            Outcome::ShedOverload => "shed_overload",
+            Outcome::ShedDeadline => "shed_deadline",
             Outcome::UpstreamError => "upstream_error",
             Outcome::UpstreamTimeout => "upstream_timeout",
             Outcome::ClientAbort => "client_abort",
@@ -103,6 +110,8 @@ impl Outcome {
 impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
+            // The client has given up by now; 504 is what a gateway says when time ran out.
+            ProxyError::Shed(Shed::Deadline) => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::Shed(_) => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::TunnelNotSupported => StatusCode::NOT_IMPLEMENTED,
@@ -127,6 +136,8 @@ impl ProxyError {
         match self {
             ProxyError::Shed(Shed::QueueFull) => "queue full\n",
             ProxyError::Shed(Shed::QueueTimeout) => "queue timeout\n",
+            ProxyError::Shed(Shed::Overload) => "overloaded: queue wait above target\n",
+            ProxyError::Shed(Shed::Deadline) => "request deadline passed before it could start\n",
             ProxyError::NoRoute => "no route\n",
             ProxyError::TunnelNotSupported => "tunnels (Upgrade, WebSocket, CONNECT) are not supported yet\n",
             ProxyError::MissingHost => "missing Host header\n",
@@ -148,6 +159,8 @@ impl ProxyError {
         match self {
             ProxyError::Shed(Shed::QueueFull) => Outcome::ShedQueueFull,
             ProxyError::Shed(Shed::QueueTimeout) => Outcome::ShedQueueTimeout,
+            ProxyError::Shed(Shed::Overload) => Outcome::ShedOverload,
+            ProxyError::Shed(Shed::Deadline) => Outcome::ShedDeadline,
             ProxyError::NoRoute => Outcome::NoRoute,
             ProxyError::TunnelNotSupported => Outcome::NotImplemented,
             ProxyError::MissingHost
@@ -165,11 +178,33 @@ impl ProxyError {
         }
     }
 
-    /// Shed answers tell the client when to come back.
-    pub fn retry_after(&self) -> Option<&'static str> {
+    /// The status with the upstream's advice applied: a capacity shed takes the configured status.
+    pub fn status_with(&self, advice: Option<&ShedAdvice>) -> StatusCode {
+        match (self, advice) {
+            (ProxyError::Shed(shed), Some(advice)) if *shed != Shed::Deadline => advice.status,
+            _ => self.status(),
+        }
+    }
+
+    /// Whether the answer tells the client when to come back: sheds for capacity do; one for the client's own
+    /// deadline does not (that client has given up).
+    pub fn asks_for_retry(&self) -> bool {
+        matches!(self, ProxyError::Shed(shed) if *shed != Shed::Deadline)
+    }
+
+    /// The shed reason, for the `X-Floodgate-Shed-Reason` header.
+    pub fn shed(&self) -> Option<Shed> {
         match self {
-            ProxyError::Shed(_) => Some("1"),
+            ProxyError::Shed(shed) => Some(*shed),
             _ => None,
         }
     }
+}
+
+/// What an upstream adds to a shed answer: the status it is configured to shed with, and how many seconds the
+/// client should wait before trying again, from how fast the queue has been draining.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShedAdvice {
+    pub status: StatusCode,
+    pub retry_after_secs: u64,
 }

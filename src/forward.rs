@@ -25,7 +25,7 @@ use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
 
 use crate::access::Entry;
-use crate::error::{Outcome, ProxyError};
+use crate::error::{Outcome, ProxyError, ShedAdvice};
 use crate::metrics::OutcomeCounters;
 use crate::pool::{Lease, UploadProgress, UpstreamPool};
 use crate::server::activity::InFlight;
@@ -620,6 +620,8 @@ async fn watch_for_stall(watched: Arc<Watched>, limit: Duration) {
     }
 }
 
+// One per response and moved only at its start; boxing the relay would add an allocation to every request.
+#[allow(clippy::large_enum_variant)]
 enum RelayHandle {
     Owned(Relay),
     Watched(Arc<Watched>),
@@ -787,6 +789,8 @@ pub struct ResponseBody {
     _in_flight: Option<InFlight>,
 }
 
+// As for `RelayHandle`: a local answer is rare, and the upstream's body is not worth an allocation to shrink it.
+#[allow(clippy::large_enum_variant)]
 enum Kind {
     Upstream(UpstreamBody),
     Local(Option<Bytes>),
@@ -839,17 +843,25 @@ impl Body for ResponseBody {
     }
 }
 
-/// A plain-text answer of floodgate's own.
-pub fn local_response(error: &ProxyError) -> Response<ResponseBody> {
+/// Names why a request was shed, in the words of the metrics' outcomes (`queue_full`, `queue_timeout`,
+/// `overload`, `deadline`), for clients and load balancers that act on the reason.
+pub const SHED_REASON: HeaderName = HeaderName::from_static("x-floodgate-shed-reason");
+
+/// A plain-text answer of floodgate's own; `advice` is the upstream's, for a shed request.
+pub fn local_response(error: &ProxyError, advice: Option<&ShedAdvice>) -> Response<ResponseBody> {
     let mut response = Response::new(ResponseBody::local(error.reason()));
-    *response.status_mut() = error.status();
+    *response.status_mut() = error.status_with(advice);
     let headers = response.headers_mut();
     headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
-    if let Some(retry_after) = error.retry_after() {
-        headers.insert(header::RETRY_AFTER, HeaderValue::from_static(retry_after));
+    if error.asks_for_retry() {
+        let seconds = advice.map_or(1, |advice| advice.retry_after_secs.max(1));
+        headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    }
+    if let Some(shed) = error.shed() {
+        headers.insert(SHED_REASON, HeaderValue::from_static(shed.as_str()));
     }
     response
 }

@@ -17,8 +17,8 @@ use http::{header, Method, Request, Response, Version};
 use hyper::body::{Body, Incoming};
 
 use crate::access::Entry;
-use crate::admission::Shed;
-use crate::error::{Outcome, ProxyError};
+use crate::admission::{self, Patience, Shed};
+use crate::error::{Outcome, ProxyError, ShedAdvice};
 use crate::forward::{self, ClientInfo, RequestBody, ResponseBody};
 use crate::metrics::{Metrics, OutcomeCounters};
 use crate::net;
@@ -120,8 +120,17 @@ impl Proxy {
             }
         };
         // hyper drops this future when the client leaves; while queued, that is counted here.
+        let limits = pool.limits();
+        let client_deadline =
+            admission::client_timeout(upstream_request.headers(), &limits.deadline_header, limits.grpc_timeout)
+                .map(|timeout| arrived + timeout);
+        drop(limits);
+        let patience = Patience {
+            queue_timeout_at: deadline,
+            client_deadline,
+        };
         let queued = AbortWatch::new(&pool.metrics.requests, access);
-        let admitted = pool.admit(false, deadline, client_gone).await;
+        let admitted = pool.admit_with(false, patience, client_gone).await;
         let mut access = queued.disarm();
         let lease = match admitted {
             Ok(lease) => lease,
@@ -132,7 +141,7 @@ impl Proxy {
             Err(Refused::ClientGone) => {
                 // Nobody will read this answer; it is counted as the client's abort.
                 forward::complete(&pool.metrics.requests, None, access, Outcome::ClientAbort, 0);
-                return forward::local_response(&ProxyError::Shed(Shed::QueueTimeout));
+                return forward::local_response(&ProxyError::Shed(Shed::QueueTimeout), None);
             }
         };
         pool.metrics.queue_waited(arrived.elapsed());
@@ -173,14 +182,18 @@ impl Proxy {
     }
 
     fn refuse(&self, err: ProxyError, access: Option<Box<Entry>>) -> Response<ResponseBody> {
-        answer_locally(self.metrics.client_side_counters(), err, access)
+        answer_locally(self.metrics.client_side_counters(), err, None, access)
     }
 
     fn answer_error(&self, pool: &UpstreamPool, err: ProxyError, access: Option<Box<Entry>>) -> Response<ResponseBody> {
-        if !matches!(err, ProxyError::Shed(_)) {
-            tracing::debug!(upstream = %pool.name, error = %err, "request failed");
-        }
-        answer_locally(&pool.metrics.requests, err, access)
+        let advice = match err {
+            ProxyError::Shed(_) => Some(pool.shed_advice()),
+            _ => {
+                tracing::debug!(upstream = %pool.name, error = %err, "request failed");
+                None
+            }
+        };
+        answer_locally(&pool.metrics.requests, err, advice.as_ref(), access)
     }
 
     /// At most one shedding warning a second, so overload does not also flood the logs.
@@ -408,8 +421,13 @@ impl Drop for AbortWatch<'_> {
 }
 
 /// The proxy's own answer to an error, counted under `counters` and logged like any other request.
-fn answer_locally(counters: &OutcomeCounters, err: ProxyError, access: Option<Box<Entry>>) -> Response<ResponseBody> {
-    let response = forward::local_response(&err);
+fn answer_locally(
+    counters: &OutcomeCounters,
+    err: ProxyError,
+    advice: Option<&ShedAdvice>,
+    access: Option<Box<Entry>>,
+) -> Response<ResponseBody> {
+    let response = forward::local_response(&err, advice);
     // The body of a local answer is the reason's text.
     let bytes = err.reason().len() as u64;
     forward::complete(counters, Some(response.status()), access, err.outcome(), bytes);

@@ -58,6 +58,8 @@ pub struct Lease {
     reusable: bool,
     /// The request body, if it had one: the connection is reusable only once it is all sent.
     upload: Option<UploadProgress>,
+    /// When the request was admitted: how long leases are held is the pool's measure of its pace.
+    since: tokio::time::Instant,
     pool: Arc<UpstreamPool>,
 }
 
@@ -73,6 +75,7 @@ impl Lease {
             reused,
             reusable: true,
             upload: None,
+            since: tokio::time::Instant::now(),
             pool,
         }
     }
@@ -130,6 +133,6 @@ impl Drop for Lease {
                 self.pool.closing_started(&conn);
             }
         }
-        self.pool.lease_ended();
+        self.pool.lease_ended(self.since.elapsed());
     }
 }

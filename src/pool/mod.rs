@@ -32,8 +32,9 @@ pub use connection::{Conn, UpstreamSender};
 pub use lease::{Lease, UploadProgress};
 pub use slot::Slot;
 
-use crate::admission::{Shed, Ticket, WaitQueue};
+use crate::admission::{Patience, Shed, Ticket, WaitQueue};
 use crate::config::{Origin, UpstreamConfig};
+use crate::error::ShedAdvice;
 use crate::metrics::UpstreamMetrics;
 use crate::tls::UpstreamTls;
 
@@ -108,6 +109,8 @@ pub struct UpstreamPool {
     connections_peak: AtomicUsize,
     queue_peak: AtomicUsize,
     requests_total: AtomicU64,
+    /// Moving average of how long an admitted request holds its slot, in microseconds (0: none seen yet).
+    hold_us: AtomicU64,
 }
 
 impl UpstreamPool {
@@ -130,7 +133,7 @@ impl UpstreamPool {
                 max_connections: limits.max_connections,
                 retired: false,
                 idle: VecDeque::new(),
-                queue: WaitQueue::new(limits.max_queue),
+                queue: WaitQueue::new(limits.queue_policy()),
             }),
             origin,
             limits: ArcSwap::from_pointee(limits),
@@ -140,6 +143,7 @@ impl UpstreamPool {
             connections_peak: AtomicUsize::new(0),
             queue_peak: AtomicUsize::new(0),
             requests_total: AtomicU64::new(0),
+            hold_us: AtomicU64::new(0),
         });
         tokio::spawn(expire_idle(Arc::downgrade(&pool)));
         pool
@@ -164,8 +168,23 @@ impl UpstreamPool {
         deadline: tokio::time::Instant,
         client_gone: impl Future<Output = ()>,
     ) -> Result<Lease, Refused> {
+        self.admit_with(priority, Patience::queue(deadline), client_gone).await
+    }
+
+    /// [`Self::admit`] for a request that may carry its client's deadline: one that has passed already is shed
+    /// at once, and one that passes while the request waits sheds it then.
+    pub async fn admit_with(
+        self: &Arc<Self>,
+        priority: bool,
+        patience: Patience,
+        client_gone: impl Future<Output = ()>,
+    ) -> Result<Lease, Refused> {
         if !priority {
             self.requests_total.fetch_add(1, Ordering::Relaxed);
+        }
+        let now = Instant::now();
+        if patience.client_deadline.is_some_and(|deadline| deadline <= now) {
+            return Err(Refused::Shed(Shed::Deadline));
         }
         let ticket = {
             let mut state = self.lock();
@@ -173,11 +192,14 @@ impl UpstreamPool {
                 drop(state);
                 return Ok(Lease::new(self.clone(), grant));
             }
-            let ticket = state.queue.join(priority).map_err(Refused::Shed)?;
+            let ticket = state
+                .queue
+                .join(priority, now, patience.client_deadline)
+                .map_err(Refused::Shed)?;
             self.queue_peak.fetch_max(state.queue.len(), Ordering::Relaxed);
             ticket
         };
-        self.wait(ticket, deadline, client_gone).await
+        self.wait(ticket, patience, client_gone).await
     }
 
     /// Admits a retry that must not meet a long-idle connection again (the last one was closed under it): a free
@@ -197,42 +219,44 @@ impl UpstreamPool {
             } else {
                 None
             };
-            let ticket = state.queue.join(true).map_err(Refused::Shed)?;
+            let ticket = state.queue.join(true, Instant::now(), None).map_err(Refused::Shed)?;
             self.queue_peak.fetch_max(state.queue.len(), Ordering::Relaxed);
             (ticket, evicted)
         };
         // Dropped outside the lock; its task frees the slot once the upstream has closed too.
         drop(evicted);
-        self.wait(ticket, deadline, std::future::pending()).await
+        self.wait(ticket, Patience::queue(deadline), std::future::pending())
+            .await
     }
 
     async fn wait(
         self: &Arc<Self>,
         ticket: Ticket<Grant>,
-        deadline: tokio::time::Instant,
+        patience: Patience,
         client_gone: impl Future<Output = ()>,
     ) -> Result<Lease, Refused> {
         let mut waiting = Waiting {
             pool: self,
             ticket: Some(ticket),
         };
-        let granted = async {
+        let answered = async {
             match waiting.ticket.as_mut() {
-                Some(ticket) => (&mut ticket.granted).await.ok(),
-                None => None,
+                // The sender is only dropped with the pool itself.
+                Some(ticket) => (&mut ticket.answer).await.unwrap_or(Err(Shed::QueueTimeout)),
+                None => Err(Shed::QueueTimeout),
             }
         };
+        let (gives_up, reason) = patience.gives_up();
         tokio::select! {
             biased;
-            grant = granted => match grant {
-                Some(grant) => {
-                    waiting.ticket = None;
-                    Ok(Lease::new(self.clone(), grant))
+            answer = answered => {
+                waiting.ticket = None;
+                match answer {
+                    Ok(grant) => Ok(Lease::new(self.clone(), grant)),
+                    Err(shed) => Err(Refused::Shed(shed)),
                 }
-                // The sender is only dropped with the pool itself.
-                None => Err(Refused::Shed(Shed::QueueTimeout)),
-            },
-            _ = tokio::time::sleep_until(deadline) => Err(Refused::Shed(Shed::QueueTimeout)),
+            }
+            _ = tokio::time::sleep_until(gives_up) => Err(Refused::Shed(reason)),
             _ = client_gone => Err(Refused::ClientGone),
         }
     }
@@ -296,7 +320,11 @@ impl UpstreamPool {
                     // The freed right's connection is gone: handing it on would make one more.
                     Grant::Dial(_) => state.open > state.max_connections,
                 };
-                let next = if over_cap { None } else { state.queue.pop_oldest() };
+                let next = if over_cap {
+                    None
+                } else {
+                    state.queue.next(Instant::now())
+                };
                 match next {
                     Some(waiter) => waiter,
                     None => {
@@ -349,8 +377,33 @@ impl UpstreamPool {
         self.in_use.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn lease_ended(&self) {
+    pub(crate) fn lease_ended(&self, held: Duration) {
         self.in_use.fetch_sub(1, Ordering::Relaxed);
+        // An average over roughly the last eight leases; a lost update between two racing leases only makes the
+        // estimate a little older.
+        let sample = u64::try_from(held.as_micros()).unwrap_or(u64::MAX);
+        let old = self.hold_us.load(Ordering::Relaxed);
+        let new = if old == 0 { sample } else { old - old / 8 + sample / 8 };
+        self.hold_us.store(new.max(1), Ordering::Relaxed);
+    }
+
+    /// What a shed answer tells its client: the configured status, and when to come back: the time the queue
+    /// ahead of it, plus itself, takes to drain at the recent pace (`cap` requests at a time, each holding its slot
+    /// for the recent average), in whole seconds from 1 to 60.
+    pub fn shed_advice(&self) -> ShedAdvice {
+        let (queued, cap) = {
+            let state = self.lock();
+            (state.queue.len(), state.max_connections.max(1))
+        };
+        let hold = Duration::from_micros(self.hold_us.load(Ordering::Relaxed));
+        let drain = hold.mul_f64((queued + 1) as f64 / cap as f64);
+        let retry_after_secs = drain.as_secs_f64().ceil().clamp(1.0, 60.0) as u64;
+        let status =
+            http::StatusCode::from_u16(self.limits().shed_status).unwrap_or(http::StatusCode::SERVICE_UNAVAILABLE);
+        ShedAdvice {
+            status,
+            retry_after_secs,
+        }
     }
 
     pub fn snapshot(&self) -> PoolSnapshot {
@@ -412,7 +465,7 @@ impl UpstreamPool {
             let mut state = self.lock();
             let raised = limits.max_connections > state.max_connections;
             state.max_connections = limits.max_connections;
-            state.queue.set_max_queue(limits.max_queue);
+            state.queue.set_policy(limits.queue_policy());
             self.limits.store(Arc::new(limits));
             let surplus = state
                 .open
@@ -518,8 +571,8 @@ impl Drop for Waiting<'_> {
                 return;
             }
             // Closing first means a grant is either refused back to its sender or already here to take.
-            ticket.granted.close();
-            if let Ok(grant) = ticket.granted.try_recv() {
+            ticket.answer.close();
+            if let Ok(Ok(grant)) = ticket.answer.try_recv() {
                 self.pool.give_back(grant);
             }
         }

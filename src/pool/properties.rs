@@ -169,6 +169,8 @@ mod slot_level {
         now: u64,
         open: usize,
         queue: VecDeque<usize>,
+        /// The queued ids that joined as retries: they are served before the others, in the order they came.
+        retries: BTreeSet<usize>,
         waiters: BTreeMap<usize, Waiter>,
         leases: BTreeSet<usize>,
         requests_total: u64,
@@ -186,7 +188,9 @@ mod slot_level {
 
         fn join(&mut self, id: usize, front: bool, deadline: u64) -> Option<Outcome> {
             if front {
-                self.queue.push_front(id);
+                let behind = self.queue.iter().take_while(|queued| self.retries.contains(queued)).count();
+                self.retries.insert(id);
+                self.queue.insert(behind, id);
             } else {
                 self.queue.push_back(id);
             }
@@ -463,6 +467,7 @@ mod slot_level {
                 now: 0,
                 open: 0,
                 queue: VecDeque::new(),
+                retries: BTreeSet::new(),
                 waiters: BTreeMap::new(),
                 leases: BTreeSet::new(),
                 requests_total: 0,
@@ -874,6 +879,8 @@ mod connection_level {
         failing: bool,
         open: usize,
         queue: VecDeque<usize>,
+        /// The queued ids that joined as retries: they are served before the others, in the order they came.
+        retries: BTreeSet<usize>,
         /// Oldest first, with the time each went idle; may hold connections the upstream has since closed.
         idle: VecDeque<(usize, u64)>,
         /// Connections an exchange gave up on (`closing_started`), not yet closed.
@@ -940,7 +947,9 @@ mod connection_level {
 
         fn join(&mut self, r: usize, front: bool) {
             if front {
-                self.queue.push_front(r);
+                let behind = self.queue.iter().take_while(|queued| self.retries.contains(queued)).count();
+                self.retries.insert(r);
+                self.queue.insert(behind, r);
             } else {
                 self.queue.push_back(r);
             }
@@ -1453,6 +1462,7 @@ mod connection_level {
                 failing: false,
                 open: 0,
                 queue: VecDeque::new(),
+                retries: BTreeSet::new(),
                 idle: VecDeque::new(),
                 closing: BTreeSet::new(),
                 conns: BTreeMap::new(),
