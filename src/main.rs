@@ -232,7 +232,9 @@ fn run_check(args: LayerArgs) -> ExitCode {
 
 async fn serve(config: Config, source: ConfigSource) -> anyhow::Result<()> {
     let floodgate = Floodgate::bind(config).await?.reload_from(source);
+    // Both signal handlers are in place before the ready line: a signal sent on seeing it is never missed.
     reload_on_hangup(floodgate.reloader());
+    let shutdown = shutdown_signal();
     let (listen, admin) = (floodgate.listen_addr(), floodgate.admin_addr());
     let config = floodgate.config();
     for (name, upstream) in &config.upstreams {
@@ -253,7 +255,7 @@ async fn serve(config: Config, source: ConfigSource) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout();
     let _ = writeln!(stdout, "floodgate ready listen={listen} admin={admin}");
     let _ = stdout.flush();
-    floodgate.run(shutdown_signal()).await?;
+    floodgate.run(shutdown).await?;
     tracing::info!("floodgate stopped");
     Ok(())
 }
@@ -276,20 +278,29 @@ fn reload_on_hangup(reloader: floodgate::server::Reloader) {
     });
 }
 
-async fn shutdown_signal() {
+/// SIGTERM or SIGINT. The handlers are installed when this is called, not when the future is first polled: a
+/// signal that arrives right after the ready line must start a drain, not kill the process.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
+    let term = signal(SignalKind::terminate());
+    let interrupt = signal(SignalKind::interrupt());
+    async move {
+        match (term, interrupt) {
+            (Ok(mut term), Ok(mut interrupt)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = interrupt.recv() => {}
+                }
+            }
+            (Ok(mut only), Err(_)) | (Err(_), Ok(mut only)) => {
+                only.recv().await;
+            }
+            (Err(_), Err(_)) => {
+                let _ = tokio::signal::ctrl_c().await;
             }
         }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
+        tracing::info!("shutdown signal received");
     }
-    tracing::info!("shutdown signal received");
 }
 
 fn build_runtime(threads: Option<usize>) -> std::io::Result<tokio::runtime::Runtime> {
