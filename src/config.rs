@@ -366,6 +366,18 @@ pub struct UpstreamConfig {
     /// The status of an answer shed for capacity (queue full, queue timeout, CoDel overload). A request shed for
     /// its own deadline gets 504.
     pub shed_status: u16,
+    /// What makes two requests the same client for fair sharing: `client_ip`, `header:NAME` or `route`; empty:
+    /// no fairness, one shared FIFO lane. See [`FairKey`].
+    pub fair_key: String,
+    /// Grants per round for particular keys (default 1 each).
+    pub fair_weights: BTreeMap<String, u32>,
+    /// Most requests one key may have waiting (beyond: `quota_status`); 0: no per-key bound.
+    pub fair_max_queue: usize,
+    /// The status of an answer shed for a key's quota.
+    pub quota_status: u16,
+    /// A request header whose value (0-9) is the request's priority class, higher served first; empty: none,
+    /// every request has its route's class.
+    pub priority_header: String,
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
     #[serde(with = "humantime_serde")]
@@ -415,6 +427,11 @@ impl Default for UpstreamConfig {
             deadline_header: "x-request-timeout".to_string(),
             grpc_timeout: true,
             shed_status: 503,
+            fair_key: String::new(),
+            fair_weights: BTreeMap::new(),
+            fair_max_queue: 0,
+            quota_status: 429,
+            priority_header: String::new(),
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(30),
@@ -440,7 +457,14 @@ impl UpstreamConfig {
             discipline: self.queue_discipline,
             target: self.codel_target,
             interval: self.codel_interval,
+            per_key_max: self.fair_max_queue,
+            weights: std::sync::Arc::new(self.fair_weights.clone()),
         }
+    }
+
+    /// What `fair_key` names; `None` without fairness (or with a value validation refuses).
+    pub fn fair_key(&self) -> Option<FairKey> {
+        FairKey::parse(&self.fair_key).ok().flatten()
     }
 
     /// Every duration key with its value and whether 0 is allowed (it means "none" there); validation and the
@@ -461,6 +485,36 @@ impl UpstreamConfig {
     }
 }
 
+/// The highest priority class.
+pub const MAX_PRIORITY: u8 = 9;
+
+/// What makes requests the same client, for fair sharing of one upstream's slots.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FairKey {
+    /// The client's address: the peer's, or the first `X-Forwarded-For` entry when the peer is a trusted proxy.
+    ClientIp,
+    /// A request header's value, such as an API key; requests without it share one lane.
+    Header(http::HeaderName),
+    /// The route the request took.
+    Route,
+}
+
+impl FairKey {
+    fn parse(text: &str) -> Result<Option<FairKey>, String> {
+        match text {
+            "" => Ok(None),
+            "client_ip" => Ok(Some(FairKey::ClientIp)),
+            "route" => Ok(Some(FairKey::Route)),
+            other => match other.strip_prefix("header:") {
+                Some(name) => http::HeaderName::from_bytes(name.trim().as_bytes())
+                    .map(|name| Some(FairKey::Header(name)))
+                    .map_err(|_| format!("`{name}` is not a header name")),
+                None => Err("must be \"\", client_ip, route or header:NAME".to_string()),
+            },
+        }
+    }
+}
+
 /// Picks an upstream by Host and/or path prefix; neither means catch-all.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -470,6 +524,14 @@ pub struct RouteConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path_prefix: Option<String>,
     pub upstream: String,
+    /// The priority class (0-9, higher served first) of requests on this route, unless the upstream's
+    /// `priority_header` gives another.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub priority: u8,
+}
+
+fn is_zero(value: &u8) -> bool {
+    *value == 0
 }
 
 /// How the pool talks to an upstream: plain HTTP/1.1, or HTTP/1.1 inside TLS.
@@ -753,6 +815,7 @@ impl Config {
                     host: None,
                     path_prefix: None,
                     upstream: DEFAULT_UPSTREAM.to_string(),
+                    priority: 0,
                 });
             }
             self.upstreams.retain(|name, _| name == DEFAULT_UPSTREAM);
@@ -862,8 +925,26 @@ impl Config {
             for (field, value, zero_allowed) in upstream.durations() {
                 problems.duration(&key(field), value, zero_allowed);
             }
-            if !(400..=599).contains(&upstream.shed_status) {
-                problems.push(key("shed_status"), "must be a 4xx or 5xx status");
+            for (field, status) in [
+                ("shed_status", upstream.shed_status),
+                ("quota_status", upstream.quota_status),
+            ] {
+                if !(400..=599).contains(&status) {
+                    problems.push(key(field), "must be a 4xx or 5xx status");
+                }
+            }
+            if let Err(message) = FairKey::parse(&upstream.fair_key) {
+                problems.push(key("fair_key"), message);
+            }
+            for (client, weight) in &upstream.fair_weights {
+                if *weight == 0 || *weight > 1000 {
+                    problems.push(key(&format!("fair_weights.{client}")), "must be from 1 to 1000");
+                }
+            }
+            if !upstream.priority_header.is_empty()
+                && http::HeaderName::from_bytes(upstream.priority_header.as_bytes()).is_err()
+            {
+                problems.push(key("priority_header"), "not a header name (or \"\" for none)");
             }
             if !upstream.deadline_header.is_empty()
                 && http::HeaderName::from_bytes(upstream.deadline_header.as_bytes()).is_err()
@@ -872,6 +953,12 @@ impl Config {
             }
         }
         for (index, route) in self.routes.iter().enumerate() {
+            if route.priority > MAX_PRIORITY {
+                problems.push(
+                    format!("routes[{index}].priority"),
+                    format!("must be from 0 to {MAX_PRIORITY}"),
+                );
+            }
             if !self.upstreams.contains_key(&route.upstream) {
                 problems.push(
                     format!("routes[{index}].upstream"),
@@ -1077,6 +1164,7 @@ mod tests {
             host: None,
             path_prefix: None,
             upstream: "app".to_string(),
+            priority: 0,
         });
         config
     }
@@ -1350,6 +1438,7 @@ path_prefix = "x"
             host: Some("example.com".to_string()),
             path_prefix: Some("/x".to_string()),
             upstream: "api".to_string(),
+            priority: 3,
         });
         let text = config.to_redacted_toml().unwrap();
         let again = Config::load_toml(&text, "effective", &Overrides::default()).unwrap();

@@ -57,6 +57,7 @@ pub enum Outcome {
     ShedQueueTimeout,
     ShedOverload,
     ShedDeadline,
+    ShedQuota,
     UpstreamError,
     UpstreamTimeout,
     ClientAbort,
@@ -68,12 +69,13 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 13] = [
+    pub const ALL: [Outcome; 14] = [
         Outcome::Ok,
         Outcome::ShedQueueFull,
         Outcome::ShedQueueTimeout,
         Outcome::ShedOverload,
         Outcome::ShedDeadline,
+        Outcome::ShedQuota,
         Outcome::UpstreamError,
         Outcome::UpstreamTimeout,
         Outcome::ClientAbort,
@@ -91,6 +93,7 @@ impl Outcome {
             Outcome::ShedQueueTimeout => "shed_queue_timeout",
             Outcome::ShedOverload => "shed_overload",
             Outcome::ShedDeadline => "shed_deadline",
+            Outcome::ShedQuota => "shed_quota",
             Outcome::UpstreamError => "upstream_error",
             Outcome::UpstreamTimeout => "upstream_timeout",
             Outcome::ClientAbort => "client_abort",
@@ -112,6 +115,7 @@ impl ProxyError {
         match self {
             // The client has given up by now; 504 is what a gateway says when time ran out.
             ProxyError::Shed(Shed::Deadline) => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::Shed(Shed::Quota) => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::Shed(_) => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::TunnelNotSupported => StatusCode::NOT_IMPLEMENTED,
@@ -138,6 +142,7 @@ impl ProxyError {
             ProxyError::Shed(Shed::QueueTimeout) => "queue timeout\n",
             ProxyError::Shed(Shed::Overload) => "overloaded: queue wait above target\n",
             ProxyError::Shed(Shed::Deadline) => "request deadline passed before it could start\n",
+            ProxyError::Shed(Shed::Quota) => "too many requests from this client waiting\n",
             ProxyError::NoRoute => "no route\n",
             ProxyError::TunnelNotSupported => "tunnels (Upgrade, WebSocket, CONNECT) are not supported yet\n",
             ProxyError::MissingHost => "missing Host header\n",
@@ -161,6 +166,7 @@ impl ProxyError {
             ProxyError::Shed(Shed::QueueTimeout) => Outcome::ShedQueueTimeout,
             ProxyError::Shed(Shed::Overload) => Outcome::ShedOverload,
             ProxyError::Shed(Shed::Deadline) => Outcome::ShedDeadline,
+            ProxyError::Shed(Shed::Quota) => Outcome::ShedQuota,
             ProxyError::NoRoute => Outcome::NoRoute,
             ProxyError::TunnelNotSupported => Outcome::NotImplemented,
             ProxyError::MissingHost
@@ -181,6 +187,7 @@ impl ProxyError {
     /// The status with the upstream's advice applied: a capacity shed takes the configured status.
     pub fn status_with(&self, advice: Option<&ShedAdvice>) -> StatusCode {
         match (self, advice) {
+            (ProxyError::Shed(Shed::Quota), Some(advice)) => advice.quota_status,
             (ProxyError::Shed(shed), Some(advice)) if *shed != Shed::Deadline => advice.status,
             _ => self.status(),
         }
@@ -206,5 +213,6 @@ impl ProxyError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShedAdvice {
     pub status: StatusCode,
+    pub quota_status: StatusCode,
     pub retry_after_secs: u64,
 }

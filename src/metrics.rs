@@ -44,6 +44,7 @@ pub struct Metrics {
     inflight: Family<Labels, Gauge>,
     queue_depth: Family<Labels, Gauge>,
     queue_wait: Family<Labels, Histogram, fn() -> Histogram>,
+    queue_wait_by_class: Family<Labels, Histogram, fn() -> Histogram>,
     connections: Family<Labels, Gauge>,
     opened: Family<Labels, Counter>,
     peak: Family<Labels, Gauge>,
@@ -70,6 +71,8 @@ impl Metrics {
         let inflight = Family::<Labels, Gauge>::default();
         let queue_depth = Family::<Labels, Gauge>::default();
         let queue_wait = Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram as _);
+        let queue_wait_by_class =
+            Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram as _);
         let connections = Family::<Labels, Gauge>::default();
         let opened = Family::<Labels, Counter>::default();
         let peak = Family::<Labels, Gauge>::default();
@@ -97,6 +100,11 @@ impl Metrics {
             "floodgate_queue_wait_seconds",
             "Time admitted requests waited in the queue",
             queue_wait.clone(),
+        );
+        registry.register(
+            "floodgate_queue_wait_by_class_seconds",
+            "Time admitted requests waited in the queue, by priority class (a series appears once its class is used)",
+            queue_wait_by_class.clone(),
         );
         registry.register(
             "floodgate_upstream_connections",
@@ -146,6 +154,7 @@ impl Metrics {
             inflight,
             queue_depth,
             queue_wait,
+            queue_wait_by_class,
             connections,
             opened,
             peak,
@@ -169,6 +178,11 @@ impl Metrics {
             inflight: self.inflight.get_or_create_owned(&labels()),
             queue_depth: self.queue_depth.get_or_create_owned(&labels()),
             queue_wait: self.queue_wait.get_or_create_owned(&labels()),
+            by_class: Arc::new(ByClass {
+                upstream: name.to_string(),
+                family: self.queue_wait_by_class.clone(),
+                resolved: Default::default(),
+            }),
             queue_wait_buckets: self
                 .queue_wait_buckets
                 .lock()
@@ -320,6 +334,13 @@ pub struct WaitHistogram {
     pub cumulative: Vec<u64>,
 }
 
+/// The per-class queue-wait series of one upstream, each resolved the first time its class is used.
+struct ByClass {
+    upstream: String,
+    family: Family<Labels, Histogram, fn() -> Histogram>,
+    resolved: [std::sync::OnceLock<Histogram>; crate::config::MAX_PRIORITY as usize + 1],
+}
+
 /// One upstream's metric handles.
 #[derive(Clone)]
 pub struct UpstreamMetrics {
@@ -327,6 +348,7 @@ pub struct UpstreamMetrics {
     inflight: Gauge,
     queue_depth: Gauge,
     queue_wait: Histogram,
+    by_class: Arc<ByClass>,
     queue_wait_buckets: Arc<BucketCounts>,
     active: Gauge,
     idle: Gauge,
@@ -339,6 +361,21 @@ pub struct UpstreamMetrics {
 }
 
 impl UpstreamMetrics {
+    /// A request of priority `class` waited `waited` for its slot.
+    pub fn queue_waited_in(&self, class: u8, waited: Duration) {
+        self.queue_waited(waited);
+        if let Some(slot) = self.by_class.resolved.get(usize::from(class)) {
+            let histogram = slot.get_or_init(|| {
+                let labels = vec![
+                    ("upstream", self.by_class.upstream.clone()),
+                    ("class", class.to_string()),
+                ];
+                self.by_class.family.get_or_create_owned(&labels)
+            });
+            histogram.observe(waited.as_secs_f64());
+        }
+    }
+
     pub fn queue_waited(&self, waited: Duration) {
         let seconds = waited.as_secs_f64();
         self.queue_wait.observe(seconds);

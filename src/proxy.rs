@@ -17,13 +17,14 @@ use http::{header, Method, Request, Response, Version};
 use hyper::body::{Body, Incoming};
 
 use crate::access::Entry;
-use crate::admission::{self, Patience, Shed};
+use crate::admission::{self, Patience, Place, Shed};
+use crate::config::{FairKey, UpstreamConfig, MAX_PRIORITY};
 use crate::error::{Outcome, ProxyError, ShedAdvice};
 use crate::forward::{self, ClientInfo, RequestBody, ResponseBody};
 use crate::metrics::{Metrics, OutcomeCounters};
 use crate::net;
 use crate::pool::{Lease, Refused, UploadProgress, UpstreamPool};
-use crate::route::Router;
+use crate::route::{Picked, Router};
 
 /// Everything a request needs, shared by all connections. The router and the trusted proxies are replaced whole
 /// by a reload; a request reads each once.
@@ -102,7 +103,7 @@ impl Proxy {
         let has_body = !request.body().is_end_stream();
         let is_http1 = request.version() <= Version::HTTP_11;
         let mut access = Entry::start(self.access_log, client.peer, request.method(), request.uri().path());
-        let (pool, upstream_request) = match self.prepare(request, &client) {
+        let (pool, picked, upstream_request) = match self.prepare(request, &client) {
             Ok(prepared) => prepared,
             Err(err) => return self.refuse(err, access),
         };
@@ -124,13 +125,14 @@ impl Proxy {
         let client_deadline =
             admission::client_timeout(upstream_request.headers(), &limits.deadline_header, limits.grpc_timeout)
                 .map(|timeout| arrived + timeout);
+        let place = place(&limits, &picked, upstream_request.headers(), &client);
         drop(limits);
         let patience = Patience {
             queue_timeout_at: deadline,
             client_deadline,
         };
         let queued = AbortWatch::new(&pool.metrics.requests, access);
-        let admitted = pool.admit_with(false, patience, client_gone).await;
+        let admitted = pool.admit_with(false, patience, &place, client_gone).await;
         let mut access = queued.disarm();
         let lease = match admitted {
             Ok(lease) => lease,
@@ -144,7 +146,7 @@ impl Proxy {
                 return forward::local_response(&ProxyError::Shed(Shed::QueueTimeout), None);
             }
         };
-        pool.metrics.queue_waited(arrived.elapsed());
+        pool.metrics.queue_waited_in(place.class, arrived.elapsed());
         if let Some(entry) = access.as_mut() {
             entry.admitted();
         }
@@ -165,20 +167,21 @@ impl Proxy {
         &self,
         request: Request<Incoming>,
         client: &ClientInfo,
-    ) -> Result<(Arc<UpstreamPool>, Request<RequestBody>), ProxyError> {
+    ) -> Result<(Arc<UpstreamPool>, Picked, Request<RequestBody>), ProxyError> {
         if request.method() == Method::CONNECT || request.headers().contains_key(header::UPGRADE) {
             return Err(ProxyError::TunnelNotSupported);
         }
         forward::check_host(request.headers())?;
         forward::check_transfer_coding(request.headers())?;
         let host = forward::target_host(request.uri(), request.headers());
-        let pool = self
-            .router()
-            .pick(host, request.uri().path())
-            .cloned()
+        let router = self.router();
+        let (pool, picked) = router
+            .pick_route(host, request.uri().path())
             .ok_or(ProxyError::NoRoute)?;
+        let (pool, picked) = (pool.clone(), picked.clone());
+        drop(router);
         let upstream_request = forward::to_upstream(request, client, &pool)?;
-        Ok((pool, upstream_request))
+        Ok((pool, picked, upstream_request))
     }
 
     fn refuse(&self, err: ProxyError, access: Option<Box<Entry>>) -> Response<ResponseBody> {
@@ -216,6 +219,46 @@ impl Proxy {
             );
         }
     }
+}
+
+/// Where a request waits in its upstream's queue: its priority class (the upstream's `priority_header` when
+/// it holds 0-9, else its route's) and, with fair sharing, its client's key.
+fn place(limits: &UpstreamConfig, picked: &Picked, headers: &http::HeaderMap, client: &ClientInfo) -> Place {
+    let from_header = (!limits.priority_header.is_empty())
+        .then(|| headers.get(limits.priority_header.as_str()))
+        .flatten()
+        .and_then(|value| value.to_str().ok())
+        .and_then(|text| text.trim().parse::<u8>().ok())
+        .filter(|class| *class <= MAX_PRIORITY);
+    let key = match limits.fair_key() {
+        None => None,
+        Some(FairKey::Route) => Some(picked.label.clone()),
+        Some(FairKey::ClientIp) => Some(Arc::from(client_address(headers, client).as_str())),
+        Some(FairKey::Header(name)) => headers
+            .get(&name)
+            .map(|value| Arc::from(String::from_utf8_lossy(value.as_bytes()).as_ref())),
+    };
+    Place {
+        class: from_header.unwrap_or(picked.priority),
+        key,
+    }
+}
+
+/// The client's address: behind a trusted proxy, the first `X-Forwarded-For` entry (the original client, as the
+/// upstream is told); otherwise the peer's.
+fn client_address(headers: &http::HeaderMap, client: &ClientInfo) -> String {
+    if client.trusted {
+        let first = headers
+            .get("x-forwarded-for")
+            .and_then(|value| value.to_str().ok())
+            .and_then(|list| list.split(',').next())
+            .map(str::trim)
+            .filter(|first| !first.is_empty());
+        if let Some(first) = first {
+            return first.to_string();
+        }
+    }
+    client.peer.ip().to_string()
 }
 
 /// A failure carries the access-log entry back, so that its answer's line is written where it is counted.

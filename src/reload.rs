@@ -81,7 +81,7 @@ impl Plan {
                 key: format!("routes[{index}].upstream"),
                 message: format!("unknown upstream `{}`", route.upstream),
             })?;
-            routes.push((route.host.clone(), route.path_prefix.clone(), pool));
+            routes.push((route.host.clone(), route.path_prefix.clone(), pool, route.priority));
         }
         let retire = running
             .map(|router| {

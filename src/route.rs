@@ -14,6 +14,16 @@ struct Route {
     host: Option<String>,
     prefix: Option<String>,
     pool: Arc<UpstreamPool>,
+    picked: Picked,
+}
+
+/// What a request learns from the route it matched, beyond the upstream.
+#[derive(Debug, Clone)]
+pub struct Picked {
+    /// `host/prefix` (`*` for any host): the key of fair sharing by route.
+    pub label: Arc<str>,
+    /// The priority class of the route's requests.
+    pub priority: u8,
 }
 
 /// The routes, most specific first: host and prefix, then host, then the longest prefix, then catch-alls; and
@@ -24,23 +34,33 @@ pub struct Router {
 }
 
 impl Router {
+    /// Each route is its host, its path prefix, its upstream's pool and its priority class.
     pub fn new(
-        routes: impl IntoIterator<Item = (Option<String>, Option<String>, Arc<UpstreamPool>)>,
+        routes: impl IntoIterator<Item = (Option<String>, Option<String>, Arc<UpstreamPool>, u8)>,
         pools: BTreeMap<String, Arc<UpstreamPool>>,
     ) -> Router {
         let mut routes: Vec<Route> = routes
             .into_iter()
-            .map(|(host, prefix, pool)| Route {
-                host: host.map(|h| strip_port(&h).to_ascii_lowercase()),
-                prefix: prefix.map(|p| {
+            .map(|(host, prefix, pool, priority)| {
+                let host = host.map(|h| strip_port(&h).to_ascii_lowercase());
+                let prefix = prefix.map(|p| {
                     let trimmed = p.trim_end_matches('/');
                     if trimmed.is_empty() {
                         "/".to_string()
                     } else {
                         trimmed.to_string()
                     }
-                }),
-                pool,
+                });
+                let label = format!("{}{}", host.as_deref().unwrap_or("*"), prefix.as_deref().unwrap_or(""));
+                Route {
+                    host,
+                    prefix,
+                    pool,
+                    picked: Picked {
+                        label: Arc::from(label),
+                        priority,
+                    },
+                }
             })
             .collect();
         routes.sort_by_key(|r| std::cmp::Reverse((r.host.is_some(), r.prefix.as_ref().map_or(0, String::len))));
@@ -53,6 +73,11 @@ impl Router {
     }
 
     pub fn pick(&self, host: Option<&str>, path: &str) -> Option<&Arc<UpstreamPool>> {
+        self.pick_route(host, path).map(|(pool, _)| pool)
+    }
+
+    /// The upstream and what the matched route says about the request.
+    pub fn pick_route(&self, host: Option<&str>, path: &str) -> Option<(&Arc<UpstreamPool>, &Picked)> {
         let host = host.map(strip_port);
         self.routes
             .iter()
@@ -68,7 +93,7 @@ impl Router {
                         .as_deref()
                         .is_none_or(|prefix| prefix_matches(prefix, path))
             })
-            .map(|route| &route.pool)
+            .map(|route| (&route.pool, &route.picked))
     }
 }
 

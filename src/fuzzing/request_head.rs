@@ -138,7 +138,7 @@ async fn on_request(proxy: &Proxy, client: &ClientInfo, request: Request<Incomin
     let client_head = ClientHead::of(&parts);
     let tunnel = parts.method == Method::CONNECT || parts.headers.contains_key(header::UPGRADE);
     match proxy.prepare(Request::from_parts(parts, body), client) {
-        Ok((pool, upstream_request)) => {
+        Ok((pool, _, upstream_request)) => {
             assert!(!tunnel, "a tunnel request is forwarded");
             let (sent, body) = upstream_request.into_parts();
             upstream_head::check(&client_head, &sent, client, &pool.authority);

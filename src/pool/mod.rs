@@ -32,7 +32,7 @@ pub use connection::{Conn, UpstreamSender};
 pub use lease::{Lease, UploadProgress};
 pub use slot::Slot;
 
-use crate::admission::{Patience, Shed, Ticket, WaitQueue};
+use crate::admission::{Patience, Place, Shed, Ticket, WaitQueue};
 use crate::config::{Origin, UpstreamConfig};
 use crate::error::ShedAdvice;
 use crate::metrics::UpstreamMetrics;
@@ -168,15 +168,18 @@ impl UpstreamPool {
         deadline: tokio::time::Instant,
         client_gone: impl Future<Output = ()>,
     ) -> Result<Lease, Refused> {
-        self.admit_with(priority, Patience::queue(deadline), client_gone).await
+        self.admit_with(priority, Patience::queue(deadline), &Place::default(), client_gone)
+            .await
     }
 
-    /// [`Self::admit`] for a request that may carry its client's deadline: one that has passed already is shed
-    /// at once, and one that passes while the request waits sheds it then.
+    /// [`Self::admit`] for a request that may carry its client's deadline (one that has passed already is shed
+    /// at once, and one that passes while the request waits sheds it then) and waits at its `place`: its priority
+    /// class and its client's lane.
     pub async fn admit_with(
         self: &Arc<Self>,
         priority: bool,
         patience: Patience,
+        place: &Place,
         client_gone: impl Future<Output = ()>,
     ) -> Result<Lease, Refused> {
         if !priority {
@@ -194,7 +197,7 @@ impl UpstreamPool {
             }
             let ticket = state
                 .queue
-                .join(priority, now, patience.client_deadline)
+                .join_at(priority, now, patience.client_deadline, place)
                 .map_err(Refused::Shed)?;
             self.queue_peak.fetch_max(state.queue.len(), Ordering::Relaxed);
             ticket
@@ -398,10 +401,13 @@ impl UpstreamPool {
         let hold = Duration::from_micros(self.hold_us.load(Ordering::Relaxed));
         let drain = hold.mul_f64((queued + 1) as f64 / cap as f64);
         let retry_after_secs = drain.as_secs_f64().ceil().clamp(1.0, 60.0) as u64;
-        let status =
-            http::StatusCode::from_u16(self.limits().shed_status).unwrap_or(http::StatusCode::SERVICE_UNAVAILABLE);
+        let limits = self.limits();
+        let status = http::StatusCode::from_u16(limits.shed_status).unwrap_or(http::StatusCode::SERVICE_UNAVAILABLE);
+        let quota_status =
+            http::StatusCode::from_u16(limits.quota_status).unwrap_or(http::StatusCode::TOO_MANY_REQUESTS);
         ShedAdvice {
             status,
+            quota_status,
             retry_after_secs,
         }
     }

@@ -188,7 +188,11 @@ mod slot_level {
 
         fn join(&mut self, id: usize, front: bool, deadline: u64) -> Option<Outcome> {
             if front {
-                let behind = self.queue.iter().take_while(|queued| self.retries.contains(queued)).count();
+                let behind = self
+                    .queue
+                    .iter()
+                    .take_while(|queued| self.retries.contains(queued))
+                    .count();
                 self.retries.insert(id);
                 self.queue.insert(behind, id);
             } else {
@@ -947,7 +951,11 @@ mod connection_level {
 
         fn join(&mut self, r: usize, front: bool) {
             if front {
-                let behind = self.queue.iter().take_while(|queued| self.retries.contains(queued)).count();
+                let behind = self
+                    .queue
+                    .iter()
+                    .take_while(|queued| self.retries.contains(queued))
+                    .count();
                 self.retries.insert(r);
                 self.queue.insert(behind, r);
             } else {

@@ -1,19 +1,26 @@
 //! Admission: the bounded queue of requests waiting for an upstream connection, its discipline, and the
 //! shedding decisions.
 //!
-//! Owns the waiter lists and the order they are served in: retries of admitted requests first, then the others by
-//! the upstream's discipline (FIFO; adaptive LIFO, newest first once a queue has stood for a CoDel interval; CoDel,
-//! FIFO that sheds long waiters once every request for an interval has waited past the target), skipping requests
-//! whose client deadline has passed. It decides every shed reason but the queue timeout's moment, which the
+//! Owns the waiter lists and the order they are served in: retries of admitted requests first, then priority
+//! classes highest first, within a class the clients' [lanes] in deficit round robin (one shared lane without
+//! fairness), and within a lane the upstream's discipline (FIFO; adaptive LIFO, newest first once a queue has
+//! stood for a CoDel interval; CoDel, FIFO that sheds long waiters once every request for an interval has waited
+//! past the target), skipping requests whose client deadline has passed. It decides every shed reason but the queue timeout's moment, which the
 //! waiting request's own timer keeps. It never touches a connection: what a waiter is handed (an idle connection
 //! or the right to dial one) is the pool's business, so the discipline can change without touching the pool.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
+
+mod deadline;
+mod lanes;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
+
+pub use deadline::client_timeout;
 
 /// Why a request was not admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -28,6 +35,10 @@ pub enum Shed {
     /// The client's own deadline (`X-Request-Timeout`, `grpc-timeout`) passed before the request could start.
     #[error("deadline passed")]
     Deadline,
+    /// Its client's key already had `fair_max_queue` requests waiting: that client's quota, not the service's
+    /// capacity.
+    #[error("client quota")]
+    Quota,
 }
 
 impl Shed {
@@ -38,6 +49,7 @@ impl Shed {
             Shed::QueueTimeout => "queue_timeout",
             Shed::Overload => "overload",
             Shed::Deadline => "deadline",
+            Shed::Quota => "quota",
         }
     }
 }
@@ -57,25 +69,38 @@ pub enum Discipline {
     Codel,
 }
 
-/// The queue's bound and discipline, from the upstream's configuration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The queue's bounds, discipline and fairness, from the upstream's configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueuePolicy {
     pub max_queue: usize,
     pub discipline: Discipline,
     pub target: Duration,
     pub interval: Duration,
+    /// Most requests one client key may have waiting; 0: only `max_queue` bounds them.
+    pub per_key_max: usize,
+    /// Grants per round for the keys named; every other key gets 1.
+    pub weights: Arc<BTreeMap<String, u32>>,
 }
 
 impl QueuePolicy {
-    /// FIFO with `max_queue` places.
+    /// FIFO with `max_queue` places, no fairness.
     pub fn fifo(max_queue: usize) -> Self {
         QueuePolicy {
             max_queue,
             discipline: Discipline::Fifo,
             target: Duration::from_millis(5),
             interval: Duration::from_millis(100),
+            per_key_max: 0,
+            weights: Arc::default(),
         }
     }
+}
+
+/// Where a request waits: its priority class (higher first) and its client's key (`None`: the shared lane).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Place {
+    pub class: u8,
+    pub key: Option<Arc<str>>,
 }
 
 /// How long a request may wait: the queue's own bound and, when the client sent one, its deadline.
@@ -101,48 +126,6 @@ impl Patience {
             _ => (self.queue_timeout_at, Shed::QueueTimeout),
         }
     }
-}
-
-/// The timeout a request's client sent with it: `header` (milliseconds, digits only) and, when `grpc` is set,
-/// `grpc-timeout` (1 to 8 digits and a unit: `H`, `M`, `S`, `m`, `u`, `n`); the shorter when both are there. A
-/// value that does not parse is no deadline: shedding a request for a header it cannot read would turn a client's
-/// typo into failures.
-pub fn client_timeout(headers: &http::HeaderMap, header: &str, grpc: bool) -> Option<Duration> {
-    let millis = (!header.is_empty())
-        .then(|| headers.get(header))
-        .flatten()
-        .and_then(|value| value.to_str().ok())
-        .map(str::trim)
-        .filter(|text| !text.is_empty() && text.len() <= 12 && text.bytes().all(|b| b.is_ascii_digit()))
-        .and_then(|text| text.parse::<u64>().ok())
-        .map(Duration::from_millis);
-    let grpc = grpc
-        .then(|| headers.get("grpc-timeout"))
-        .flatten()
-        .and_then(|value| value.to_str().ok())
-        .and_then(grpc_timeout);
-    match (millis, grpc) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
-}
-
-/// gRPC's `TimeoutValue TimeoutUnit`.
-fn grpc_timeout(text: &str) -> Option<Duration> {
-    let digits = text.get(..text.len().checked_sub(1)?)?;
-    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let value: u64 = digits.parse().ok()?;
-    Some(match text.get(text.len() - 1..)? {
-        "H" => Duration::from_secs(value.checked_mul(3600)?),
-        "M" => Duration::from_secs(value.checked_mul(60)?),
-        "S" => Duration::from_secs(value),
-        "m" => Duration::from_millis(value),
-        "u" => Duration::from_micros(value),
-        "n" => Duration::from_nanos(value),
-        _ => return None,
-    })
 }
 
 /// A request waiting for a grant `G`; it leaves the queue by being granted, by being shed, or by removing
@@ -175,8 +158,11 @@ impl<G> Waiter<G> {
 pub struct WaitQueue<G> {
     /// Retries of admitted requests: served before anyone else, never shed by the discipline.
     retries: VecDeque<Waiter<G>>,
-    /// Oldest at the front.
-    waiters: VecDeque<Waiter<G>>,
+    /// By priority class; the highest class with anyone waiting is served first.
+    classes: BTreeMap<u8, lanes::Lanes<Waiter<G>>>,
+    waiting: usize,
+    /// The lane of requests without a key.
+    shared: Arc<str>,
     next_id: u64,
     policy: QueuePolicy,
     /// Since when the queue has been non-empty: adaptive LIFO's test for a standing queue.
@@ -195,7 +181,9 @@ impl<G> WaitQueue<G> {
     pub fn new(policy: QueuePolicy) -> Self {
         WaitQueue {
             retries: VecDeque::new(),
-            waiters: VecDeque::new(),
+            classes: BTreeMap::new(),
+            waiting: 0,
+            shared: Arc::from(""),
             next_id: 0,
             policy,
             busy_since: None,
@@ -212,18 +200,37 @@ impl<G> WaitQueue<G> {
     }
 
     pub fn len(&self) -> usize {
-        self.retries.len() + self.waiters.len()
+        self.retries.len() + self.waiting
     }
 
     pub fn is_empty(&self) -> bool {
-        self.retries.is_empty() && self.waiters.is_empty()
+        self.len() == 0
     }
 
     /// Joins the queue at `now`, or sheds when it is full. A retry of a request that was already admitted
     /// (`priority`) is served before the others and is never shed for a full queue: it has waited its turn once.
     pub fn join(&mut self, priority: bool, now: Instant, deadline: Option<Instant>) -> Result<Ticket<G>, Shed> {
-        if !priority && self.waiters.len() + self.retries.len() >= self.policy.max_queue {
+        self.join_at(priority, now, deadline, &Place::default())
+    }
+
+    /// [`Self::join`] in a priority class and a client's lane; a key at `per_key_max` is shed for its quota.
+    pub fn join_at(
+        &mut self,
+        priority: bool,
+        now: Instant,
+        deadline: Option<Instant>,
+        place: &Place,
+    ) -> Result<Ticket<G>, Shed> {
+        if !priority && self.len() >= self.policy.max_queue {
             return Err(Shed::QueueFull);
+        }
+        let key = place.key.clone().unwrap_or_else(|| self.shared.clone());
+        let per_key_max = self.policy.per_key_max;
+        if !priority && place.key.is_some() && per_key_max > 0 {
+            let queued = self.classes.values().map(|lanes| lanes.len_of(&key)).sum::<usize>();
+            if queued >= per_key_max {
+                return Err(Shed::Quota);
+            }
         }
         let (tx, rx) = oneshot::channel();
         let id = self.next_id;
@@ -240,7 +247,9 @@ impl<G> WaitQueue<G> {
         if priority {
             self.retries.push_back(waiter);
         } else {
-            self.waiters.push_back(waiter);
+            let weight = self.policy.weights.get(key.as_ref()).copied().unwrap_or(1);
+            self.classes.entry(place.class).or_default().push(&key, weight, waiter);
+            self.waiting += 1;
         }
         Ok(Ticket { id, answer: rx })
     }
@@ -252,10 +261,10 @@ impl<G> WaitQueue<G> {
             let standing = self
                 .busy_since
                 .is_some_and(|since| now.saturating_duration_since(since) >= self.policy.interval);
+            let newest = self.policy.discipline == Discipline::AdaptiveLifo && standing;
             let waiter = match self.retries.pop_front() {
                 Some(retry) => Some(retry),
-                None if self.policy.discipline == Discipline::AdaptiveLifo && standing => self.waiters.pop_back(),
-                None => self.waiters.pop_front(),
+                None => self.pop_waiting(newest),
             };
             if self.is_empty() {
                 self.busy_since = None;
@@ -273,6 +282,14 @@ impl<G> WaitQueue<G> {
         }
     }
 
+    /// From the highest class with anyone waiting, the next by the lanes' turns.
+    fn pop_waiting(&mut self, newest: bool) -> Option<Waiter<G>> {
+        let lanes = self.classes.values_mut().rev().find(|lanes| !lanes.is_empty())?;
+        let waiter = lanes.pop(newest)?;
+        self.waiting -= 1;
+        Some(waiter)
+    }
+
     /// CoDel's decision for a waiter about to be served.
     fn codel_drops(&mut self, waiter: &Waiter<G>, now: Instant) -> bool {
         let waited = now.saturating_duration_since(waiter.since);
@@ -286,13 +303,16 @@ impl<G> WaitQueue<G> {
 
     /// Removes a waiter that gave up (timeout, client gone); false if it was already taken by [`Self::next`].
     pub fn leave(&mut self, id: u64) -> bool {
-        let removed =
-            [&mut self.retries, &mut self.waiters]
-                .into_iter()
-                .any(|list| match list.iter().position(|w| w.id == id) {
-                    Some(index) => list.remove(index).is_some(),
-                    None => false,
-                });
+        let removed = match self.retries.iter().position(|w| w.id == id) {
+            Some(index) => self.retries.remove(index).is_some(),
+            None => {
+                let left = self.classes.values_mut().any(|lanes| lanes.remove(|w| w.id == id));
+                if left {
+                    self.waiting -= 1;
+                }
+                left
+            }
+        };
         if self.is_empty() {
             self.busy_since = None;
         }
