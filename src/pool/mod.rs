@@ -61,7 +61,8 @@ struct IdleConn {
 struct PoolState {
     /// Live slots: connections dialling, busy, idle or closing.
     open: usize,
-    /// Connections on their way out that still hold their slot: each will free it soon.
+    /// Connections on their way out that still hold their slot: each will free it soon. Every close the pool
+    /// starts is counted (see [`count_closing`]): `open - closing` is what a changed cap is held against.
     closing: usize,
     /// The cap in force; the configured one until a reload or the admin API changes it.
     max_connections: usize,
@@ -185,6 +186,9 @@ impl UpstreamPool {
             } else {
                 None
             };
+            if let Some(idle) = &evicted {
+                count_closing(&mut state, &idle.conn);
+            }
             let ticket = state.queue.join(true).map_err(Refused::Shed)?;
             self.queue_peak.fetch_max(state.queue.len(), Ordering::Relaxed);
             (ticket, evicted)
@@ -233,6 +237,7 @@ impl UpstreamPool {
                 return Some(Grant::Idle(idle.conn));
             }
             // Dropping the sender lets the connection's task close it and free its slot.
+            count_closing(state, &idle.conn);
         }
         if state.open < state.max_connections && state.queue.is_empty() {
             return Some(Grant::Dial(self.issue_slot(state)));
@@ -380,14 +385,13 @@ impl UpstreamPool {
             state.max_connections = limits.max_connections;
             state.queue.set_max_queue(limits.max_queue);
             self.limits.store(Arc::new(limits));
-            let surplus = state
-                .open
-                .saturating_sub(state.closing)
-                .saturating_sub(state.max_connections);
-            let surplus = surplus.min(state.idle.len());
-            let evicted: Vec<IdleConn> = state.idle.drain(..surplus).collect();
-            for idle in &evicted {
+            // Counted one by one: an idle entry whose connection is already gone (the upstream closed it) holds no
+            // slot, is not counted, and must not stand in for a live surplus one.
+            let mut evicted = Vec::new();
+            while state.live_over_cap() {
+                let Some(idle) = state.idle.pop_front() else { break };
                 count_closing(&mut state, &idle.conn);
+                evicted.push(idle);
             }
             (raised, evicted)
         };
@@ -444,7 +448,14 @@ impl UpstreamPool {
 
     /// Closes every idle connection (shutdown): their tasks free the slots once the upstream has closed too.
     pub fn close_idle(&self) {
-        let idle = std::mem::take(&mut self.lock().idle);
+        let idle = {
+            let mut state = self.lock();
+            let idle = std::mem::take(&mut state.idle);
+            for idle in &idle {
+                count_closing(&mut state, &idle.conn);
+            }
+            idle
+        };
         drop(idle);
     }
 }
@@ -457,7 +468,9 @@ impl PoolState {
 }
 
 /// Counts `conn` as closing until its task frees its slot (see [`UpstreamPool::closing_finished`]); only under the
-/// pool's lock, and only once per connection.
+/// pool's lock, and only once per connection. A connection whose task has already freed its slot is not counted,
+/// so this is safe to call for any connection the pool drops. Uncounted, a connection on its way out would pass
+/// for a live one, and a lowered cap would close connections it should keep.
 fn count_closing(state: &mut PoolState, conn: &Conn) {
     let counted = conn.closing.compare_exchange(
         CLOSING_NOT_COUNTED,
@@ -504,9 +517,13 @@ async fn expire_idle(pool: Weak<UpstreamPool>) {
             let mut state = pool.lock();
             // Dropping a sender under the lock is cheap and never calls back into the pool: the connection's
             // own task closes the socket and frees the slot.
-            state
-                .idle
-                .retain(|idle| idle.since + idle_timeout > now && idle.conn.is_usable(&limits));
+            for idle in std::mem::take(&mut state.idle) {
+                if idle.since + idle_timeout > now && idle.conn.is_usable(&limits) {
+                    state.idle.push_back(idle);
+                } else {
+                    count_closing(&mut state, &idle.conn);
+                }
+            }
             let fallback = now + idle_timeout.min(Duration::from_secs(1));
             state
                 .idle
