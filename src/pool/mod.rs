@@ -745,6 +745,114 @@ mod tests {
         assert!(outcomes.get("served").copied().unwrap_or(0) > 0, "{outcomes:?}");
     }
 
+    /// Queues `waiters` requests in order, each reporting its number and outcome on the returned channel.
+    async fn queue_waiters(
+        pool: &Arc<UpstreamPool>,
+        waiters: usize,
+    ) -> tokio::sync::mpsc::UnboundedReceiver<(usize, Result<Lease, Refused>)> {
+        let (order_tx, order) = tokio::sync::mpsc::unbounded_channel();
+        for waiter in 0..waiters {
+            let (pool, order_tx) = (pool.clone(), order_tx.clone());
+            tokio::spawn(async move {
+                let lease = pool.admit(false, far(), pending()).await;
+                let _ = order_tx.send((waiter, lease));
+            });
+            settle().await;
+        }
+        order
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_raised_cap_hands_its_new_slots_to_the_oldest_waiters_at_once() {
+        let pool = pool(1, 10);
+        let _held = pool.admit(false, far(), pending()).await.unwrap();
+        let mut order = queue_waiters(&pool, 3).await;
+        assert_eq!(pool.snapshot().queue_depth, 3);
+
+        pool.set_max_connections(3);
+        // Before any waiter has run: the slots were handed over by the change itself.
+        let snapshot = pool.snapshot();
+        assert_eq!((snapshot.connections_open, snapshot.queue_depth), (3, 1));
+        settle().await;
+        let (first, _first_lease) = order.try_recv().unwrap();
+        let (second, _second_lease) = order.try_recv().unwrap();
+        assert_eq!((first, second), (0, 1));
+        assert!(order.try_recv().is_err(), "the youngest waiter got a slot past the cap");
+        assert_eq!(pool.snapshot().max_connections, 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn below_a_lowered_cap_freed_slots_go_to_nobody_until_the_count_is_within_it() {
+        let pool = pool(3, 10);
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            held.push(pool.admit(false, far(), pending()).await.unwrap());
+        }
+        let mut order = queue_waiters(&pool, 2).await;
+
+        pool.set_max_connections(1);
+        for open in [2, 1] {
+            drop(held.remove(0));
+            settle().await;
+            assert!(order.try_recv().is_err(), "a slot was handed on above the cap");
+            let snapshot = pool.snapshot();
+            assert_eq!((snapshot.connections_open, snapshot.queue_depth), (open, 2));
+        }
+        // One slot left, and it is within the cap: from here on it goes to the waiters in turn.
+        drop(held.remove(0));
+        let (who, lease) = order.recv().await.unwrap();
+        assert_eq!(who, 0);
+        assert_eq!(pool.snapshot().connections_open, 1);
+        drop(lease);
+        let (who, lease) = order.recv().await.unwrap();
+        assert_eq!(who, 1);
+        drop(lease);
+        let snapshot = pool.snapshot();
+        assert_eq!((snapshot.connections_open, snapshot.queue_depth), (0, 0));
+        assert_eq!(snapshot.connections_peak, 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lowered_max_queue_keeps_the_queued_waiters_and_sheds_new_arrivals() {
+        let pool = pool(1, 3);
+        let held = pool.admit(false, far(), pending()).await.unwrap();
+        let mut order = queue_waiters(&pool, 3).await;
+
+        let mut limits = UpstreamConfig::clone(&pool.limits());
+        limits.max_queue = 1;
+        pool.reconfigure(limits);
+        assert_eq!(pool.snapshot().queue_depth, 3);
+        assert_eq!(pool.snapshot().max_queue, 1);
+        let late = pool.admit(false, far(), pending()).await.map(|_| ());
+        assert_eq!(late, Err(Refused::Shed(Shed::QueueFull)));
+
+        drop(held);
+        for expected in 0..3 {
+            let (who, lease) = order.recv().await.unwrap();
+            assert_eq!(who, expected);
+            assert!(lease.is_ok(), "queued waiter {who} was refused");
+        }
+        assert_eq!(pool.snapshot().queue_depth, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retired_pool_serves_what_it_queued_and_is_drained_once_all_is_released() {
+        let pool = pool(1, 10);
+        let held = pool.admit(false, far(), pending()).await.unwrap();
+        let mut order = queue_waiters(&pool, 1).await;
+
+        pool.retire();
+        assert!(pool.snapshot().draining);
+        assert!(!pool.drained(), "drained with a slot held and a waiter queued");
+        drop(held);
+        let (_, lease) = order.recv().await.unwrap();
+        let lease = lease.unwrap();
+        assert!(!pool.drained(), "drained while a lease is held");
+        drop(lease);
+        assert!(pool.drained());
+        assert_eq!(pool.snapshot().connections_open, 0);
+    }
+
     /// Polls a future once; `Some` if it finished.
     async fn futures_poll_once<F: Future + Unpin>(future: F) -> Option<F::Output> {
         let mut future = future;
