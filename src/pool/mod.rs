@@ -63,7 +63,8 @@ struct IdleConn {
 struct PoolState {
     /// Live slots: connections dialling, busy, idle or closing.
     open: usize,
-    /// Connections on their way out that still hold their slot: each will free it soon.
+    /// Connections on their way out that still hold their slot: each will free it soon. Every close the pool
+    /// starts is counted (see [`count_closing`]): `open - closing` is what a changed cap is held against.
     closing: usize,
     /// The cap in force; the configured one until a reload or the admin API changes it.
     max_connections: usize,
@@ -222,6 +223,9 @@ impl UpstreamPool {
             } else {
                 None
             };
+            if let Some(idle) = &evicted {
+                count_closing(&mut state, &idle.conn);
+            }
             let ticket = state.queue.join(true, Instant::now(), None).map_err(Refused::Shed)?;
             self.queue_peak.fetch_max(state.queue.len(), Ordering::Relaxed);
             (ticket, evicted)
@@ -272,6 +276,7 @@ impl UpstreamPool {
                 return Some(Grant::Idle(idle.conn));
             }
             // Dropping the sender lets the connection's task close it and free its slot.
+            count_closing(state, &idle.conn);
         }
         if state.open < state.max_connections && state.queue.is_empty() {
             return Some(Grant::Dial(self.issue_slot(state)));
@@ -467,20 +472,34 @@ impl UpstreamPool {
     /// Requests already queued keep their place under a lowered `max_queue`; `queue_timeout` applies to
     /// arrivals from now on.
     pub fn set_limits(self: &Arc<Self>, limits: UpstreamConfig) {
+        self.change_limits(|_| limits);
+    }
+
+    /// Changes only the cap (the admin API's `PUT /upstreams/{name}/max_connections`).
+    pub fn set_max_connections(self: &Arc<Self>, max_connections: usize) {
+        self.change_limits(|current| UpstreamConfig {
+            max_connections,
+            ..current.clone()
+        });
+    }
+
+    /// Reads, changes and stores the limits under the pool's lock, so a reload and an admin call that race
+    /// cannot leave the cap in force and the stored limits disagreeing.
+    fn change_limits(self: &Arc<Self>, change: impl FnOnce(&UpstreamConfig) -> UpstreamConfig) {
         let (raised, surplus_idle) = {
             let mut state = self.lock();
+            let limits = change(&self.limits());
             let raised = limits.max_connections > state.max_connections;
             state.max_connections = limits.max_connections;
             state.queue.set_policy(limits.queue_policy());
             self.limits.store(Arc::new(limits));
-            let surplus = state
-                .open
-                .saturating_sub(state.closing)
-                .saturating_sub(state.max_connections);
-            let surplus = surplus.min(state.idle.len());
-            let evicted: Vec<IdleConn> = state.idle.drain(..surplus).collect();
-            for idle in &evicted {
+            // Counted one by one: an idle entry whose connection is already gone (the upstream closed it) holds no
+            // slot, is not counted, and must not stand in for a live surplus one.
+            let mut evicted = Vec::new();
+            while state.live_over_cap() {
+                let Some(idle) = state.idle.pop_front() else { break };
                 count_closing(&mut state, &idle.conn);
+                evicted.push(idle);
             }
             (raised, evicted)
         };
@@ -489,13 +508,6 @@ impl UpstreamPool {
         if raised {
             self.admit_waiters();
         }
-    }
-
-    /// Changes only the cap (the admin API's `PUT /upstreams/{name}/max_connections`).
-    pub fn set_max_connections(self: &Arc<Self>, max_connections: usize) {
-        let mut limits = UpstreamConfig::clone(&self.limits());
-        limits.max_connections = max_connections;
-        self.set_limits(limits);
     }
 
     /// Hands each slot below a raised cap to a waiter: a slot issued and dropped at once goes to the oldest
@@ -537,7 +549,14 @@ impl UpstreamPool {
 
     /// Closes every idle connection (shutdown): their tasks free the slots once the upstream has closed too.
     pub fn close_idle(&self) {
-        let idle = std::mem::take(&mut self.lock().idle);
+        let idle = {
+            let mut state = self.lock();
+            let idle = std::mem::take(&mut state.idle);
+            for idle in &idle {
+                count_closing(&mut state, &idle.conn);
+            }
+            idle
+        };
         drop(idle);
     }
 }
@@ -550,7 +569,9 @@ impl PoolState {
 }
 
 /// Counts `conn` as closing until its task frees its slot (see [`UpstreamPool::closing_finished`]); only under the
-/// pool's lock, and only once per connection.
+/// pool's lock, and only once per connection. A connection whose task has already freed its slot is not counted,
+/// so this is safe to call for any connection the pool drops. Uncounted, a connection on its way out would pass
+/// for a live one, and a lowered cap would close connections it should keep.
 fn count_closing(state: &mut PoolState, conn: &Conn) {
     let counted = conn.closing.compare_exchange(
         CLOSING_NOT_COUNTED,
@@ -597,9 +618,13 @@ async fn expire_idle(pool: Weak<UpstreamPool>) {
             let mut state = pool.lock();
             // Dropping a sender under the lock is cheap and never calls back into the pool: the connection's
             // own task closes the socket and frees the slot.
-            state
-                .idle
-                .retain(|idle| idle.since + idle_timeout > now && idle.conn.is_usable(&limits));
+            for idle in std::mem::take(&mut state.idle) {
+                if idle.since + idle_timeout > now && idle.conn.is_usable(&limits) {
+                    state.idle.push_back(idle);
+                } else {
+                    count_closing(&mut state, &idle.conn);
+                }
+            }
             let fallback = now + idle_timeout.min(Duration::from_secs(1));
             state
                 .idle
@@ -821,6 +846,114 @@ mod tests {
         );
         assert_eq!(outcomes.values().sum::<i32>(), 200);
         assert!(outcomes.get("served").copied().unwrap_or(0) > 0, "{outcomes:?}");
+    }
+
+    /// Queues `waiters` requests in order, each reporting its number and outcome on the returned channel.
+    async fn queue_waiters(
+        pool: &Arc<UpstreamPool>,
+        waiters: usize,
+    ) -> tokio::sync::mpsc::UnboundedReceiver<(usize, Result<Lease, Refused>)> {
+        let (order_tx, order) = tokio::sync::mpsc::unbounded_channel();
+        for waiter in 0..waiters {
+            let (pool, order_tx) = (pool.clone(), order_tx.clone());
+            tokio::spawn(async move {
+                let lease = pool.admit(false, far(), pending()).await;
+                let _ = order_tx.send((waiter, lease));
+            });
+            settle().await;
+        }
+        order
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_raised_cap_hands_its_new_slots_to_the_oldest_waiters_at_once() {
+        let pool = pool(1, 10);
+        let _held = pool.admit(false, far(), pending()).await.unwrap();
+        let mut order = queue_waiters(&pool, 3).await;
+        assert_eq!(pool.snapshot().queue_depth, 3);
+
+        pool.set_max_connections(3);
+        // Before any waiter has run: the slots were handed over by the change itself.
+        let snapshot = pool.snapshot();
+        assert_eq!((snapshot.connections_open, snapshot.queue_depth), (3, 1));
+        settle().await;
+        let (first, _first_lease) = order.try_recv().unwrap();
+        let (second, _second_lease) = order.try_recv().unwrap();
+        assert_eq!((first, second), (0, 1));
+        assert!(order.try_recv().is_err(), "the youngest waiter got a slot past the cap");
+        assert_eq!(pool.snapshot().max_connections, 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn below_a_lowered_cap_freed_slots_go_to_nobody_until_the_count_is_within_it() {
+        let pool = pool(3, 10);
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            held.push(pool.admit(false, far(), pending()).await.unwrap());
+        }
+        let mut order = queue_waiters(&pool, 2).await;
+
+        pool.set_max_connections(1);
+        for open in [2, 1] {
+            drop(held.remove(0));
+            settle().await;
+            assert!(order.try_recv().is_err(), "a slot was handed on above the cap");
+            let snapshot = pool.snapshot();
+            assert_eq!((snapshot.connections_open, snapshot.queue_depth), (open, 2));
+        }
+        // One slot left, and it is within the cap: from here on it goes to the waiters in turn.
+        drop(held.remove(0));
+        let (who, lease) = order.recv().await.unwrap();
+        assert_eq!(who, 0);
+        assert_eq!(pool.snapshot().connections_open, 1);
+        drop(lease);
+        let (who, lease) = order.recv().await.unwrap();
+        assert_eq!(who, 1);
+        drop(lease);
+        let snapshot = pool.snapshot();
+        assert_eq!((snapshot.connections_open, snapshot.queue_depth), (0, 0));
+        assert_eq!(snapshot.connections_peak, 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lowered_max_queue_keeps_the_queued_waiters_and_sheds_new_arrivals() {
+        let pool = pool(1, 3);
+        let held = pool.admit(false, far(), pending()).await.unwrap();
+        let mut order = queue_waiters(&pool, 3).await;
+
+        let mut limits = UpstreamConfig::clone(&pool.limits());
+        limits.max_queue = 1;
+        pool.set_limits(limits);
+        assert_eq!(pool.snapshot().queue_depth, 3);
+        assert_eq!(pool.snapshot().max_queue, 1);
+        let late = pool.admit(false, far(), pending()).await.map(|_| ());
+        assert_eq!(late, Err(Refused::Shed(Shed::QueueFull)));
+
+        drop(held);
+        for expected in 0..3 {
+            let (who, lease) = order.recv().await.unwrap();
+            assert_eq!(who, expected);
+            assert!(lease.is_ok(), "queued waiter {who} was refused");
+        }
+        assert_eq!(pool.snapshot().queue_depth, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retired_pool_serves_what_it_queued_and_is_drained_once_all_is_released() {
+        let pool = pool(1, 10);
+        let held = pool.admit(false, far(), pending()).await.unwrap();
+        let mut order = queue_waiters(&pool, 1).await;
+
+        pool.retire();
+        assert!(pool.snapshot().draining);
+        assert!(!pool.drained(), "drained with a slot held and a waiter queued");
+        drop(held);
+        let (_, lease) = order.recv().await.unwrap();
+        let lease = lease.unwrap();
+        assert!(!pool.drained(), "drained while a lease is held");
+        drop(lease);
+        assert!(pool.drained());
+        assert_eq!(pool.snapshot().connections_open, 0);
     }
 
     /// Polls a future once; `Some` if it finished.

@@ -1,5 +1,6 @@
 //! Properties of the pool and its admission queue: random interleavings of arrivals, releases, cancellations,
-//! timeouts, idle expiry and connection failures, each step checked against a model of what the pool must do.
+//! timeouts, idle expiry, connection failures and changes of the cap and queue bound while all that goes on, each
+//! step checked against a model of what the pool must do.
 //!
 //! loom cannot check code built on `tokio::sync`, so proptest chooses the interleavings and each is replayed
 //! deterministically on tokio's paused clock, where time moves only when the case moves it. Two levels:
@@ -48,6 +49,16 @@ fn new_pool(port: u16, limits: UpstreamConfig) -> Arc<UpstreamPool> {
         None,
         Metrics::new().upstream("properties"),
     )
+}
+
+/// The largest cap a case sets; small, so that caps cross the number of live connections often.
+const MAX_CAP: usize = 4;
+
+/// Only the queue bound changes; the cap in force stays (a reload that changed just `max_queue`).
+fn set_max_queue(pool: &Arc<UpstreamPool>, max_queue: usize) {
+    let mut limits = UpstreamConfig::clone(&pool.limits());
+    limits.max_queue = max_queue;
+    pool.set_limits(limits);
 }
 
 /// Which of the current candidates (waiters, leases, connections) an operation applies to, modulo their number.
@@ -104,6 +115,46 @@ impl From<PoolSnapshot> for PoolView {
     }
 }
 
+/// The cap the pool keeps is the one in force, except that a lowered cap lets connections that already existed
+/// finish: a count may stay above the cap in force only until it first comes down to it.
+#[derive(Debug, Clone, Copy)]
+struct Ceiling {
+    cap: usize,
+    /// The highest cap in force since the count was last at or below the cap in force.
+    bound: usize,
+    /// The highest cap ever in force; no peak may pass it.
+    highest: usize,
+}
+
+impl Ceiling {
+    fn new(cap: usize) -> Self {
+        Ceiling {
+            cap,
+            bound: cap,
+            highest: cap,
+        }
+    }
+
+    fn set_cap(&mut self, cap: usize) {
+        self.cap = cap;
+        self.bound = self.bound.max(cap);
+        self.highest = self.highest.max(cap);
+    }
+
+    fn observe(&mut self, count: usize) -> Result<(), TestCaseError> {
+        prop_assert!(
+            count <= self.bound,
+            "{} connections, above every cap in force since the count was last within the cap ({})",
+            count,
+            self.bound
+        );
+        if count <= self.cap {
+            self.bound = self.cap;
+        }
+        Ok(())
+    }
+}
+
 mod slot_level {
     //! Slots without connections: no lease here ever dials, so every grant is a slot, and the case is the only
     //! executor of the admission futures.
@@ -130,6 +181,9 @@ mod slot_level {
         Advance {
             ms: u64,
         },
+        /// A reload or the admin API changes the cap while slots are held and waiters queue.
+        SetCap(usize),
+        SetMaxQueue(usize),
     }
 
     pub(super) fn op() -> impl Strategy<Value = Op> {
@@ -142,6 +196,8 @@ mod slot_level {
             1 => which().prop_map(Op::Cancel),
             1 => which().prop_map(Op::ClientGone),
             2 => (1..150u64).prop_map(|ms| Op::Advance { ms }),
+            2 => (1..=MAX_CAP).prop_map(Op::SetCap),
+            1 => (0..4usize).prop_map(Op::SetMaxQueue),
         ]
     }
 
@@ -249,12 +305,26 @@ mod slot_level {
             }
         }
 
+        /// `open` still counts the freed slot: above the cap, handing it on would keep one slot too many.
         fn slot_freed(&mut self) {
-            match self.queue.pop_front() {
-                Some(next) => {
+            if self.open <= self.max_connections {
+                if let Some(next) = self.queue.pop_front() {
                     self.waiters.insert(next, Waiter::Granted);
+                    return;
                 }
-                None => self.open -= 1,
+            }
+            self.open -= 1;
+        }
+
+        /// A raised cap's new slots go to the oldest waiters at once; a lowered one takes effect as slots free.
+        fn set_cap(&mut self, cap: usize) {
+            let raised = cap > self.max_connections;
+            self.max_connections = cap;
+            while raised && self.open < self.max_connections {
+                let Some(next) = self.queue.pop_front() else { break };
+                self.open += 1;
+                self.connections_peak = self.connections_peak.max(self.open);
+                self.waiters.insert(next, Waiter::Granted);
             }
         }
 
@@ -317,6 +387,7 @@ mod slot_level {
         pending: Vec<Pending>,
         leases: Vec<(usize, Lease)>,
         arrivals: usize,
+        ceiling: Ceiling,
     }
 
     fn outcome(result: &Result<Lease, Refused>) -> Outcome {
@@ -413,6 +484,15 @@ mod slot_level {
                     tokio::time::advance(Duration::from_millis(ms)).await;
                     self.model.now += ms;
                 }
+                Op::SetCap(cap) => {
+                    self.pool.set_max_connections(cap);
+                    self.model.set_cap(cap);
+                    self.ceiling.set_cap(cap);
+                }
+                Op::SetMaxQueue(max_queue) => {
+                    set_max_queue(&self.pool, max_queue);
+                    self.model.max_queue = max_queue;
+                }
                 Op::Poll(_) | Op::Release(_) | Op::Cancel(_) | Op::ClientGone(_) => {}
             }
             Ok(())
@@ -424,21 +504,44 @@ mod slot_level {
             self.model.release(id);
         }
 
-        fn check(&self) -> Result<(), TestCaseError> {
+        /// `open_before`: the pool's count before the step, which may have issued slots only up to the cap.
+        fn check(&mut self, open_before: usize) -> Result<(), TestCaseError> {
             let seen = PoolView::from(self.pool.snapshot());
             prop_assert_eq!(&seen, &self.model.view());
-            prop_assert!(seen.open <= self.model.max_connections, "{} slots issued", seen.open);
+            let cap = self.model.max_connections;
+            prop_assert!(
+                seen.open <= open_before.max(cap),
+                "{} slots after a step that began with {}: one was issued at or above the cap ({})",
+                seen.open,
+                open_before,
+                cap
+            );
+            self.ceiling.observe(seen.open)?;
+            prop_assert!(seen.connections_peak <= self.ceiling.highest);
+            prop_assert!(
+                seen.queue_depth == 0 || seen.open >= cap,
+                "{} waiting with {} of {} slots issued",
+                seen.queue_depth,
+                seen.open,
+                cap
+            );
             let granted = self.model.waiters.values().filter(|w| **w == Waiter::Granted).count();
             // Every slot is accounted for exactly once: held by one lease or waiting for one waiter.
             prop_assert_eq!(seen.open, self.leases.len() + granted, "slots vs holders");
             Ok(())
         }
 
+        fn open(&self) -> usize {
+            self.pool.snapshot().connections_open
+        }
+
         /// Releases everything and lets time pass: every waiter must end, and the pool must come to rest.
         async fn drain(&mut self) -> Result<(), TestCaseError> {
             for _ in 0..1000 {
+                let open_before = self.open();
                 self.poll_all().await?;
-                self.check()?;
+                self.check(open_before)?;
+                let open_before = self.open();
                 if !self.leases.is_empty() {
                     self.release(0);
                 } else if !self.pending.is_empty() {
@@ -447,7 +550,7 @@ mod slot_level {
                 } else {
                     break;
                 }
-                self.check()?;
+                self.check(open_before)?;
             }
             prop_assert!(self.pending.is_empty(), "waiters never ended");
             let rest = PoolView::from(self.pool.snapshot());
@@ -481,12 +584,14 @@ mod slot_level {
             pending: Vec::new(),
             leases: Vec::new(),
             arrivals: 0,
+            ceiling: Ceiling::new(max_connections),
         };
         for (step, op) in ops.iter().enumerate() {
+            let open_before = driver.open();
             driver
                 .apply(op)
                 .await
-                .and_then(|()| driver.check())
+                .and_then(|()| driver.check(open_before))
                 .map_err(|e| TestCaseError::fail(format!("step {step} ({op:?}): {e}")))?;
         }
         driver.drain().await
@@ -540,6 +645,11 @@ mod connection_level {
         Advance {
             steps: u64,
         },
+        /// A reload or the admin API changes the cap with connections busy, idle and closing.
+        SetCap(usize),
+        SetMaxQueue(usize),
+        /// A reload removed the upstream: what was admitted is still served, nothing is kept.
+        Retire,
     }
 
     pub(super) fn op() -> impl Strategy<Value = Op> {
@@ -553,6 +663,10 @@ mod connection_level {
             3 => which().prop_map(Op::AckClose),
             1 => prop::bool::weighted(0.4).prop_map(Op::Failing),
             3 => prop_oneof![3 => 1..30u64, 1 => 30..150u64].prop_map(|steps| Op::Advance { steps }),
+            3 => (1..=MAX_CAP).prop_map(Op::SetCap),
+            1 => (0..4usize).prop_map(Op::SetMaxQueue),
+            // Rare, so that most cases run a good while before it: after it, nothing is kept idle.
+            1 => Just(Op::Retire),
         ]
     }
 
@@ -579,6 +693,8 @@ mod connection_level {
         failing: AtomicBool,
         /// Most connections alive at once, counted at every accept.
         peak: AtomicUsize,
+        /// The same since the harness last took it: every accept must be within the cap in force then.
+        recent_peak: AtomicUsize,
     }
 
     impl Upstream {
@@ -617,6 +733,7 @@ mod connection_level {
             });
             let alive = conns.iter().filter(|c| c.side != UpSide::Closed).count();
             self.peak.fetch_max(alive, Ordering::Relaxed);
+            self.recent_peak.fetch_max(alive, Ordering::Relaxed);
             conns.len() - 1
         }
 
@@ -881,13 +998,14 @@ mod connection_level {
         max_requests: u64,
         now: u64,
         failing: bool,
+        retired: bool,
         open: usize,
         queue: VecDeque<usize>,
         /// The queued ids that joined as retries: they are served before the others, in the order they came.
         retries: BTreeSet<usize>,
         /// Oldest first, with the time each went idle; may hold connections the upstream has since closed.
         idle: VecDeque<(usize, u64)>,
-        /// Connections an exchange gave up on (`closing_started`), not yet closed.
+        /// Connections the pool is closing, not yet closed: it counts every close it starts.
         closing: BTreeSet<usize>,
         conns: BTreeMap<usize, ConnState>,
         requests: Vec<Req>,
@@ -933,19 +1051,82 @@ mod connection_level {
             }
         }
 
+        /// `open` still counts the freed slot: above the cap, handing it on would keep one connection too many.
         fn slot_freed(&mut self) {
-            while let Some(next) = self.queue.pop_front() {
-                if self.dial(next) {
-                    return;
+            if self.open <= self.max_connections {
+                while let Some(next) = self.queue.pop_front() {
+                    if self.dial(next) {
+                        return;
+                    }
                 }
             }
             self.open -= 1;
         }
 
+        /// Connections that may carry a request: open at the upstream and not being closed by the pool, or being
+        /// dialled.
+        fn live(&self) -> usize {
+            let open = self.conns.values().filter(|c| c.up == UpSide::Open).count();
+            let dialled = self
+                .requests
+                .iter()
+                .filter(|r| **r == Req::Holding(Held::Fresh))
+                .count();
+            open + dialled
+        }
+
+        fn live_over_cap(&self) -> bool {
+            self.live() > self.max_connections
+        }
+
+        /// A connection that finished an exchange is handed on, kept idle, or closed when more live connections
+        /// exist than the cap allows, or when the pool is retired and nobody waits.
         fn put_idle(&mut self, conn: usize) {
-            match self.queue.pop_front() {
-                Some(next) => self.requests[next] = Req::Holding(Held::Conn(conn)),
-                None => self.idle.push_back((conn, self.now)),
+            if !self.live_over_cap() {
+                if let Some(next) = self.queue.pop_front() {
+                    self.requests[next] = Req::Holding(Held::Conn(conn));
+                    return;
+                }
+            }
+            if self.retired || self.live_over_cap() {
+                self.start_closing(conn);
+            } else {
+                self.idle.push_back((conn, self.now));
+            }
+        }
+
+        /// Surplus idle connections close at once, oldest first; a raised cap's new slots go to the oldest
+        /// waiters at once, each of which dials.
+        fn reconfigure(&mut self, cap: usize, max_queue: usize) {
+            let raised = cap > self.max_connections;
+            self.max_connections = cap;
+            self.max_queue = max_queue;
+            while self.live_over_cap() {
+                let Some((conn, _)) = self.idle.pop_front() else { break };
+                if self.alive(conn) {
+                    self.start_closing(conn);
+                }
+            }
+            let mut granted = Vec::new();
+            while raised && self.open < self.max_connections {
+                let Some(next) = self.queue.pop_front() else { break };
+                self.open += 1;
+                self.connections_peak = self.connections_peak.max(self.open);
+                granted.push(next);
+            }
+            for r in granted {
+                if !self.dial(r) {
+                    self.slot_freed();
+                }
+            }
+        }
+
+        fn retire(&mut self) {
+            self.retired = true;
+            for (conn, _) in std::mem::take(&mut self.idle) {
+                if self.alive(conn) {
+                    self.start_closing(conn);
+                }
             }
         }
 
@@ -970,6 +1151,7 @@ mod connection_level {
         }
 
         fn start_closing(&mut self, conn: usize) {
+            self.closing.insert(conn);
             let now = self.now;
             let state = self.conn(conn);
             state.up = UpSide::FinReceived;
@@ -1039,7 +1221,6 @@ mod connection_level {
             if reuse && !worn_out {
                 self.put_idle(conn);
             } else {
-                self.closing.insert(conn);
                 self.start_closing(conn);
             }
         }
@@ -1228,6 +1409,7 @@ mod connection_level {
         requests: Arc<Requests>,
         clients: Vec<Client>,
         model: Model,
+        ceiling: Ceiling,
     }
 
     impl Driver {
@@ -1280,14 +1462,24 @@ mod connection_level {
             }
         }
 
-        /// What holds whatever the model says: the cap, one holder per connection, every connection counted.
-        fn invariants(&self, seen: &Observed) -> Result<(), TestCaseError> {
+        /// What holds whatever the model says: the cap, one holder per connection, every connection counted,
+        /// nobody waiting for a slot that is free.
+        fn invariants(&mut self, seen: &Observed) -> Result<(), TestCaseError> {
             let violations = self.requests.violations.lock().unwrap().clone();
             prop_assert!(violations.is_empty(), "{:?}", violations);
-            let max = self.model.max_connections;
+            let cap = self.model.max_connections;
+            // A step's dials all happen after any cap change it made, so each accept is within the cap now.
+            let dialled_at = self.upstream.recent_peak.swap(0, Ordering::Relaxed);
+            prop_assert!(
+                dialled_at <= cap,
+                "the upstream accepted a connection with {} alive under a cap of {}",
+                dialled_at,
+                cap
+            );
+            let highest = self.ceiling.highest;
             let peak = self.upstream.peak.load(Ordering::Relaxed);
-            prop_assert!(peak <= max, "the upstream saw {} connections at once", peak);
-            prop_assert!(seen.pool.connections_peak <= max);
+            prop_assert!(peak <= highest, "the upstream saw {} connections at once", peak);
+            prop_assert!(seen.pool.connections_peak <= highest);
             let alive = seen.upstream.iter().filter(|side| **side != UpSide::Closed).count();
             prop_assert!(
                 alive <= seen.pool.open,
@@ -1295,6 +1487,16 @@ mod connection_level {
                 alive,
                 seen.pool.open
             );
+            self.ceiling.observe(seen.pool.open)?;
+            prop_assert!(
+                seen.pool.queue_depth == 0 || seen.pool.open >= cap,
+                "{} waiting with {} of {} connections open",
+                seen.pool.queue_depth,
+                seen.pool.open,
+                cap
+            );
+            let drained = self.model.retired && seen.pool.open == 0 && seen.pool.queue_depth == 0;
+            prop_assert_eq!(self.pool.drained(), drained, "drained");
             Ok(())
         }
 
@@ -1381,6 +1583,19 @@ mod connection_level {
                     self.upstream.failing.store(failing, Ordering::Relaxed);
                     self.model.failing = failing;
                 }
+                Op::SetCap(cap) => {
+                    self.pool.set_max_connections(cap);
+                    self.model.reconfigure(cap, self.model.max_queue);
+                    self.ceiling.set_cap(cap);
+                }
+                Op::SetMaxQueue(max_queue) => {
+                    set_max_queue(&self.pool, max_queue);
+                    self.model.reconfigure(self.model.max_connections, max_queue);
+                }
+                Op::Retire => {
+                    self.pool.retire();
+                    self.model.retire();
+                }
                 Op::Advance { steps } => {
                     // One timer instant at a time, each settled before the next, as the model fires them.
                     let target = self.model.now + steps * GRID_MS;
@@ -1420,6 +1635,12 @@ mod connection_level {
                     self.model.closed(conn);
                     self.settle().await?;
                 } else if model.open > 0 || model.requests.iter().any(|r| matches!(r, Req::Queued { .. })) {
+                    // Nothing is held or closing: whatever is left is idle, within the cap, and none of it in a
+                    // retired pool.
+                    let seen = self.observe().pool;
+                    prop_assert_eq!(seen.open, seen.idle, "open but neither idle, held nor closing");
+                    prop_assert!(seen.idle <= model.max_connections, "{} idle", seen.idle);
+                    prop_assert!(!model.retired || seen.idle == 0, "{} idle in a retired pool", seen.idle);
                     let steps = (IDLE_TIMEOUT_MS + EXPIRY_TICK_MS) / GRID_MS;
                     self.apply(&Op::Advance { steps }).await?;
                 } else {
@@ -1434,6 +1655,7 @@ mod connection_level {
             );
             prop_assert_eq!((rest.pool.open, rest.pool.in_use, rest.pool.queue_depth), (0, 0, 0));
             prop_assert!(rest.upstream.iter().all(|side| *side == UpSide::Closed));
+            prop_assert_eq!(self.pool.drained(), self.model.retired);
             Ok(())
         }
     }
@@ -1468,6 +1690,7 @@ mod connection_level {
                 max_requests,
                 now: 0,
                 failing: false,
+                retired: false,
                 open: 0,
                 queue: VecDeque::new(),
                 retries: BTreeSet::new(),
@@ -1481,6 +1704,7 @@ mod connection_level {
                 connections_peak: 0,
                 opened_total: 0,
             },
+            ceiling: Ceiling::new(max_connections),
         };
         driver.settle().await?;
         for (step, op) in ops.iter().enumerate() {
@@ -1500,7 +1724,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
     #[test]
-    fn slots_never_exceed_the_cap_and_every_waiter_is_served_in_order_or_shed_once(
+    fn slots_stay_within_a_changing_cap_and_every_waiter_is_served_in_order_or_shed_once(
         max_connections in 1..4usize,
         max_queue in 0..4usize,
         ops in prop::collection::vec(slot_level::op(), 1..60),
@@ -1514,7 +1738,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]
 
     #[test]
-    fn connections_never_exceed_the_cap_are_held_once_and_every_request_ends_once(
+    fn connections_stay_within_a_changing_cap_are_held_once_and_every_request_ends_once(
         max_connections in 1..4usize,
         max_queue in 0..4usize,
         max_requests in prop_oneof![Just(0u64), 1..4u64],
@@ -1561,6 +1785,64 @@ fn an_idle_connection_expires_once_the_runtime_clock_passes_idle_timeout() {
         },
         // Past idle_timeout and the expiry task's next look; the harness checks the upstream saw the close.
         Op::Advance { steps: 250 },
+    ];
+    paused_runtime().block_on(connection_level::run(1, 0, 0, ops)).unwrap();
+}
+
+/// Found by the connection-level property: lowering the cap counted idle entries, not live connections, so an
+/// entry whose connection the upstream had already closed stood in for a live surplus one, and the pool kept two
+/// idle connections under a cap of one.
+#[test]
+fn a_lowered_cap_closes_live_surplus_idle_connections_past_ones_the_upstream_already_closed() {
+    use connection_level::Op;
+    let arrive = Op::Arrive {
+        priority: false,
+        fresh: false,
+        patience_steps: 1,
+    };
+    let finish = Op::Finish {
+        which: Which(0),
+        reuse: true,
+    };
+    let ops = vec![
+        arrive.clone(),
+        arrive.clone(),
+        arrive,
+        finish.clone(),
+        finish.clone(),
+        finish,
+        // The oldest idle connection, first in line to be closed by a lowered cap.
+        Op::Kill(Which(0)),
+        Op::SetCap(1),
+    ];
+    paused_runtime().block_on(connection_level::run(3, 0, 0, ops)).unwrap();
+}
+
+/// Found by the connection-level property: an idle connection closed to make room for a fresh retry was not counted
+/// as closing, so under a lowered cap it passed for a live one, and the connection that then finished its exchange
+/// was closed instead of going to the waiting retry.
+#[test]
+fn a_connection_closed_for_a_fresh_retry_counts_as_closing_under_a_lowered_cap() {
+    use connection_level::Op;
+    let arrive = |fresh| Op::Arrive {
+        priority: false,
+        fresh,
+        patience_steps: 1,
+    };
+    let finish = Op::Finish {
+        which: Which(0),
+        reuse: true,
+    };
+    let ops = vec![
+        arrive(false),
+        arrive(true),
+        Op::SetCap(2),
+        // The first connection goes idle; the next fresh retry closes it to make room and waits.
+        finish.clone(),
+        arrive(true),
+        Op::SetCap(1),
+        // One live connection under a cap of one: it goes to the retry.
+        finish,
     ];
     paused_runtime().block_on(connection_level::run(1, 0, 0, ops)).unwrap();
 }
