@@ -131,11 +131,10 @@ impl UpstreamPool {
                 () = told_to_close.notified() => {}
             }
             net::close_and_wait_for_peer(&stream, close_timeout).await;
-            // Order matters: the socket is closed before the slot is given back, and the slot is given back
-            // before the connection stops counting as closing.
+            // Order matters: the socket is closed before the slot is given back (and the connection stops counting
+            // as closing in the same step).
             drop(stream);
-            drop(slot);
-            pool.closing_finished(&counted_closing);
+            UpstreamPool::connection_closed(slot, &counted_closing);
         });
         Ok(Conn {
             sender,

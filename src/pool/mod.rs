@@ -305,7 +305,24 @@ impl UpstreamPool {
 
     /// A slot was dropped: hand the right on to the oldest waiter, or lower the count.
     fn slot_freed(pool: &Arc<Self>) {
-        pool.hand_on(Grant::Dial(Slot::issued(pool.clone())), |state, grant| {
+        Self::hand_on_slot(pool, |_| {});
+    }
+
+    /// A connection's socket is closed: its slot is freed and the connection stops counting as closing in one
+    /// step under the lock. Done in two, someone in between would count it as live (no longer closing, slot still
+    /// held) or miss it (slot freed, still closing) and keep or close the wrong connection under a lowered cap.
+    pub(super) fn connection_closed(slot: Slot, closing: &AtomicU8) {
+        let Some(pool) = slot.into_count() else { return };
+        Self::hand_on_slot(&pool, |state| {
+            if closing.swap(CLOSING_DONE, Ordering::AcqRel) == CLOSING_COUNTED {
+                state.closing = state.closing.saturating_sub(1);
+            }
+        });
+    }
+
+    /// Hands a freed right on, or lowers the count; `first` runs under the lock before anything else.
+    fn hand_on_slot(pool: &Arc<Self>, first: impl FnOnce(&mut PoolState)) {
+        pool.hand_on_after(Grant::Dial(Slot::issued(pool.clone())), first, |state, grant| {
             if let Grant::Dial(slot) = grant {
                 state.open = state.open.saturating_sub(1);
                 slot.into_count();
@@ -319,10 +336,24 @@ impl UpstreamPool {
     /// it back). With nobody waiting, or when handing it on would keep more connections than the cap in force,
     /// `keep` deals with it under the same lock, so a waiter arriving meanwhile cannot be passed over and a cap
     /// lowered meanwhile cannot be missed; anything `keep` hands back is dropped after the lock is released.
-    fn hand_on(self: &Arc<Self>, mut grant: Grant, keep: impl Fn(&mut PoolState, Grant) -> Option<Grant>) {
+    fn hand_on(self: &Arc<Self>, grant: Grant, keep: impl Fn(&mut PoolState, Grant) -> Option<Grant>) {
+        self.hand_on_after(grant, |_| {}, keep);
+    }
+
+    /// [`Self::hand_on`], with `first` run under the lock before the grant is looked at.
+    fn hand_on_after(
+        self: &Arc<Self>,
+        mut grant: Grant,
+        first: impl FnOnce(&mut PoolState),
+        keep: impl Fn(&mut PoolState, Grant) -> Option<Grant>,
+    ) {
+        let mut first = Some(first);
         loop {
             let waiter = {
                 let mut state = self.lock();
+                if let Some(first) = first.take() {
+                    first(&mut state);
+                }
                 let over_cap = match &grant {
                     Grant::Idle(_) => state.live_over_cap(),
                     // The freed right's connection is gone: handing it on would make one more.
@@ -371,14 +402,6 @@ impl UpstreamPool {
     pub(crate) fn closing_started(&self, conn: &Conn) {
         conn.close_now();
         count_closing(&mut self.lock(), conn);
-    }
-
-    /// The connection's task freed its slot.
-    fn closing_finished(&self, closing: &AtomicU8) {
-        let mut state = self.lock();
-        if closing.swap(CLOSING_DONE, Ordering::AcqRel) == CLOSING_COUNTED {
-            state.closing = state.closing.saturating_sub(1);
-        }
     }
 
     pub(crate) fn lease_started(&self) {
@@ -568,7 +591,7 @@ impl PoolState {
     }
 }
 
-/// Counts `conn` as closing until its task frees its slot (see [`UpstreamPool::closing_finished`]); only under the
+/// Counts `conn` as closing until its task frees its slot (see [`UpstreamPool::connection_closed`]); only under the
 /// pool's lock, and only once per connection. A connection whose task has already freed its slot is not counted,
 /// so this is safe to call for any connection the pool drops. Uncounted, a connection on its way out would pass
 /// for a live one, and a lowered cap would close connections it should keep.
