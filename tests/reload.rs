@@ -493,3 +493,46 @@ async fn write_endpoints_off_loopback_need_the_bearer_token() {
     );
     assert!(!guarded.output().contains(token), "the token never reaches the log");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_of_cap_changes_and_reloads_under_load_loses_no_request_and_settles_at_the_last_cap() {
+    let upstream = Upstream::start().await;
+    let config = TempConfig::new(&one_upstream(&upstream.url(), 3));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let load = Load::start(proxy.listen, 24, "/delay/3");
+    load.serve_more(50).await;
+
+    // Caps from 1 to 6, through the admin API and through reloads of the file, interleaved with the traffic.
+    let mut seed = 0x5eed_u64;
+    for round in 0..40 {
+        let cap = 1 + (next_random(&mut seed) % 6) as usize;
+        if round % 3 == 0 {
+            std::fs::write(config.path(), one_upstream(&upstream.url(), cap)).unwrap();
+            let resp = proxy.admin_request(Method::POST, "/reload", "", None).await;
+            assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+        } else {
+            assert_eq!(put_cap(&proxy, "a", cap).await.status, StatusCode::OK);
+        }
+        load.serve_more(5).await;
+        assert!(
+            upstream.peak_connections() <= 6,
+            "{} connections",
+            upstream.peak_connections()
+        );
+    }
+    assert_eq!(put_cap(&proxy, "a", 2).await.status, StatusCode::OK);
+    holds_lowered_cap(&upstream, &load, 2).await;
+
+    let (served, failed) = load.finish().await;
+    assert!(
+        failed.is_empty(),
+        "{} failed of {}: {:?}",
+        failed.len(),
+        served + failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+    let a = proxy.upstream_status("a").await;
+    assert_eq!(a["max_connections"], 2);
+    assert_eq!(a["in_use"], 0);
+    assert_eq!(a["queue_depth"], 0);
+}
