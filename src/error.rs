@@ -43,6 +43,8 @@ pub enum ProxyError {
     Upstream(#[source] hyper::Error),
     #[error("upstream did not answer within {0:?}")]
     UpstreamTimeout(Duration),
+    #[error("upstream response body went on past its Content-Length")]
+    UpstreamBodyTooLong,
 }
 
 /// What the metrics call an outcome; one per way a request can end.
@@ -111,7 +113,10 @@ impl ProxyError {
             ProxyError::ClientBodyTimeout(_) | ProxyError::ClientTooSlow(_) => StatusCode::REQUEST_TIMEOUT,
             // Nobody reads it; a status is still needed for the log line.
             ProxyError::ClientGone => StatusCode::BAD_REQUEST,
-            ProxyError::Connect(_) | ProxyError::ConnectTimeout(_) | ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
+            ProxyError::Connect(_)
+            | ProxyError::ConnectTimeout(_)
+            | ProxyError::Upstream(_)
+            | ProxyError::UpstreamBodyTooLong => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -132,7 +137,7 @@ impl ProxyError {
             ProxyError::ClientGone => "request body incomplete\n",
             ProxyError::Connect(_) => "upstream connect failed\n",
             ProxyError::ConnectTimeout(_) => "upstream connect timeout\n",
-            ProxyError::Upstream(_) => "upstream error\n",
+            ProxyError::Upstream(_) | ProxyError::UpstreamBodyTooLong => "upstream error\n",
             ProxyError::UpstreamTimeout(_) => "upstream timeout\n",
         }
     }
@@ -150,7 +155,10 @@ impl ProxyError {
             ProxyError::UnsupportedTransferCoding => Outcome::NotImplemented,
             ProxyError::ClientBodyTimeout(_) | ProxyError::ClientTooSlow(_) => Outcome::ClientTimeout,
             ProxyError::ClientGone => Outcome::ClientAbort,
-            ProxyError::Connect(_) | ProxyError::ConnectTimeout(_) | ProxyError::Upstream(_) => Outcome::UpstreamError,
+            ProxyError::Connect(_)
+            | ProxyError::ConnectTimeout(_)
+            | ProxyError::Upstream(_)
+            | ProxyError::UpstreamBodyTooLong => Outcome::UpstreamError,
             ProxyError::UpstreamTimeout(_) => Outcome::UpstreamTimeout,
         }
     }
