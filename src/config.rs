@@ -265,6 +265,9 @@ pub struct Config {
     /// matches no entry is refused at the handshake.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tls_certificates: Vec<TlsCertificateConfig>,
+    /// Bytes of request and response bodies held in memory at once, over all requests and upstreams (see
+    /// `buffer_request_bytes` and `buffer_response_bytes`); a body that does not fit what is left streams.
+    pub max_buffered_bytes: u64,
     pub upstreams: BTreeMap<String, UpstreamConfig>,
     pub routes: Vec<RouteConfig>,
 }
@@ -320,6 +323,7 @@ impl Default for Config {
             tls_key: None,
             admin_token: None,
             tls_certificates: Vec::new(),
+            max_buffered_bytes: 32 * 1024 * 1024,
             upstreams: BTreeMap::new(),
             routes: Vec::new(),
         }
@@ -412,6 +416,12 @@ pub struct UpstreamConfig {
     /// host (a DNS name, or an IP address: then no SNI is sent and the certificate must name the address).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_server_name: Option<String>,
+    /// A request body of at most this many bytes is read in full before the request is admitted, so a slow
+    /// uploader never holds a slot; 0 turns it off.
+    pub buffer_request_bytes: u64,
+    /// A response body of at most this many bytes (by its Content-Length) is read in full at upstream speed and
+    /// the connection given back before the client is sent it; 0 turns it off.
+    pub buffer_response_bytes: u64,
 }
 
 impl Default for UpstreamConfig {
@@ -445,6 +455,8 @@ impl Default for UpstreamConfig {
             tls_client_cert: None,
             tls_client_key: None,
             tls_server_name: None,
+            buffer_request_bytes: 64 * 1024,
+            buffer_response_bytes: 64 * 1024,
         }
     }
 }
@@ -641,6 +653,8 @@ pub struct Overrides {
     pub request_timeout: Option<Duration>,
     pub idle_timeout: Option<Duration>,
     pub body_idle_timeout: Option<Duration>,
+    pub buffer_request_bytes: Option<u64>,
+    pub buffer_response_bytes: Option<u64>,
     pub client_idle_timeout: Option<Duration>,
     pub header_read_timeout: Option<Duration>,
     pub first_byte_timeout: Option<Duration>,
@@ -679,6 +693,8 @@ impl Overrides {
             "request_timeout" => self.request_timeout.is_some(),
             "idle_timeout" => self.idle_timeout.is_some(),
             "body_idle_timeout" => self.body_idle_timeout.is_some(),
+            "buffer_request_bytes" => self.buffer_request_bytes.is_some(),
+            "buffer_response_bytes" => self.buffer_response_bytes.is_some(),
             _ => false,
         }
     }
@@ -828,6 +844,12 @@ impl Config {
             if let Some(n) = o.max_queue {
                 upstream.max_queue = n;
             }
+            if let Some(n) = o.buffer_request_bytes {
+                upstream.buffer_request_bytes = n;
+            }
+            if let Some(n) = o.buffer_response_bytes {
+                upstream.buffer_response_bytes = n;
+            }
             let durations = [
                 (o.queue_timeout, &mut upstream.queue_timeout),
                 (o.connect_timeout, &mut upstream.connect_timeout),
@@ -855,6 +877,7 @@ impl Config {
         problems.count("max_client_connections", self.max_client_connections as u128, false);
         problems.count("max_header_bytes", self.max_header_bytes as u128, false);
         problems.count("max_concurrent_streams", u128::from(self.max_concurrent_streams), false);
+        problems.count("max_buffered_bytes", u128::from(self.max_buffered_bytes), true);
         if let Some(threads) = self.threads {
             problems.count("threads", threads as u128, false);
         }
@@ -922,6 +945,16 @@ impl Config {
                 true,
             );
             problems.count(&key("abort_drain_bytes"), u128::from(upstream.abort_drain_bytes), true);
+            problems.count(
+                &key("buffer_request_bytes"),
+                u128::from(upstream.buffer_request_bytes),
+                true,
+            );
+            problems.count(
+                &key("buffer_response_bytes"),
+                u128::from(upstream.buffer_response_bytes),
+                true,
+            );
             for (field, value, zero_allowed) in upstream.durations() {
                 problems.duration(&key(field), value, zero_allowed);
             }

@@ -47,6 +47,8 @@ pub enum ProxyError {
     Upstream(#[source] hyper::Error),
     #[error("upstream did not answer within {0:?}")]
     UpstreamTimeout(Duration),
+    #[error("upstream response body went on past its Content-Length")]
+    UpstreamBodyTooLong,
 }
 
 /// What the metrics call an outcome; one per way a request can end.
@@ -130,7 +132,8 @@ impl ProxyError {
             ProxyError::Connect(_)
             | ProxyError::ConnectTimeout(_)
             | ProxyError::UpstreamTls(_)
-            | ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
+            | ProxyError::Upstream(_)
+            | ProxyError::UpstreamBodyTooLong => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -155,7 +158,7 @@ impl ProxyError {
             ProxyError::Connect(_) => "upstream connect failed\n",
             ProxyError::ConnectTimeout(_) => "upstream connect timeout\n",
             ProxyError::UpstreamTls(_) => "upstream TLS handshake failed\n",
-            ProxyError::Upstream(_) => "upstream error\n",
+            ProxyError::Upstream(_) | ProxyError::UpstreamBodyTooLong => "upstream error\n",
             ProxyError::UpstreamTimeout(_) => "upstream timeout\n",
         }
     }
@@ -179,7 +182,8 @@ impl ProxyError {
             ProxyError::Connect(_)
             | ProxyError::ConnectTimeout(_)
             | ProxyError::UpstreamTls(_)
-            | ProxyError::Upstream(_) => Outcome::UpstreamError,
+            | ProxyError::Upstream(_)
+            | ProxyError::UpstreamBodyTooLong => Outcome::UpstreamError,
             ProxyError::UpstreamTimeout(_) => Outcome::UpstreamTimeout,
         }
     }

@@ -1,9 +1,11 @@
 //! Forwarding: the request as the upstream sees it, and the bodies relayed both ways.
 //!
 //! Owns header rewriting (hop-by-hop headers removed, `X-Forwarded-*` set, Host kept), the request body that
-//! times out when the client stops sending, and the response body that holds the lease until its last byte: it
-//! returns the connection when the body ends, and when the client leaves early it reads the rest of the response
-//! (bounded) so the connection can still be reused. It never decides admission or counts connections.
+//! times out when the client stops sending (sent from memory when it was read before admission), and the
+//! response body that holds the lease until its last byte read from the upstream: it returns the connection when
+//! the body ends, and when the client leaves early it reads the rest of the response (bounded) so the connection
+//! can still be reused. A response small enough to buffer is read in full first and relayed from memory without
+//! a lease. It never decides admission or counts connections.
 
 use std::future::Future;
 use std::io::ErrorKind;
@@ -25,6 +27,7 @@ use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
 
 use crate::access::Entry;
+use crate::buffer::{self, BufferBudget, Buffered, ReadError};
 use crate::error::{Outcome, ProxyError, ShedAdvice};
 use crate::metrics::OutcomeCounters;
 use crate::pool::{Lease, UploadProgress, UpstreamPool};
@@ -305,7 +308,13 @@ impl IdleTimer {
 
 /// The client's request body on its way upstream; fails if the client stops sending for too long.
 pub struct RequestBody {
+    /// What is still to be read from the client; `None` once all of it is read (or there was none).
     inner: Option<Incoming>,
+    /// Read before admission ([`RequestBody::buffer`]): sent before anything still in `inner`.
+    buffered: Option<Buffered>,
+    /// The body came without a length (chunked): it goes upstream chunked too, buffered or not, so buffering
+    /// never changes the framing the upstream reads.
+    chunked: bool,
     timer: IdleTimer,
     /// How far the body has gone (see [`UploadProgress`]); only requests that have a body pay for it.
     upload: Option<UploadProgress>,
@@ -327,6 +336,11 @@ pub fn client_body_failure(err: &hyper::Error) -> Option<ProxyError> {
         return Some(ProxyError::ClientBodyTimeout(stalled.1));
     }
     let failed = cause.downcast_ref::<hyper::Error>()?;
+    Some(client_body_error(failed))
+}
+
+/// What a failure reading the client's body (hyper's own error) means for the client.
+fn client_body_error(failed: &hyper::Error) -> ProxyError {
     // The client closed or reset its connection mid-body: it is gone, not malformed.
     let gone = std::error::Error::source(failed)
         .and_then(|io| io.downcast_ref::<std::io::Error>())
@@ -339,11 +353,11 @@ pub fn client_body_failure(err: &hyper::Error) -> Option<ProxyError> {
                     | ErrorKind::BrokenPipe
             )
         });
-    Some(if gone || failed.is_incomplete_message() {
+    if gone || failed.is_incomplete_message() {
         ProxyError::ClientGone
     } else {
         ProxyError::ClientBody(failed.to_string())
-    })
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -355,6 +369,8 @@ impl RequestBody {
         let upload = (!inner.is_end_stream()).then(UploadProgress::default);
         RequestBody {
             inner: Some(inner),
+            buffered: None,
+            chunked: false,
             timer: IdleTimer::new(idle_timeout),
             upload,
         }
@@ -363,9 +379,58 @@ impl RequestBody {
     pub fn empty() -> Self {
         RequestBody {
             inner: None,
+            buffered: None,
+            chunked: false,
             timer: IdleTimer::new(Duration::from_secs(1)),
             upload: None,
         }
+    }
+
+    /// Reads the body into memory, before the request is admitted, if it fits in `limit`: one with a known
+    /// length up to `limit`, or, when `unknown_length` allows, one of unknown length, read until it ends or
+    /// `limit` is reached (what was read is then sent first and the rest streams once admitted). Each wait is
+    /// bounded by `body_idle_timeout` as when the body streams, and the whole read by `within`, which bounds a
+    /// body trickled a byte at a time as `request_timeout` does once admitted. Returns whether all of it is now in
+    /// memory. Without room in `budget` nothing is read: the body streams.
+    pub async fn buffer(
+        &mut self,
+        limit: u64,
+        unknown_length: bool,
+        within: Duration,
+        budget: &Arc<BufferBudget>,
+    ) -> Result<bool, ProxyError> {
+        let Some(inner) = self.inner.as_mut() else {
+            return Ok(true);
+        };
+        if inner.is_end_stream() {
+            return Ok(true);
+        }
+        if limit == 0 {
+            return Ok(false);
+        }
+        let hint = inner.size_hint();
+        let wanted = match hint.exact() {
+            Some(length) if length <= limit => length,
+            None if unknown_length && hint.lower() <= limit => limit,
+            _ => return Ok(false),
+        };
+        let Some(reservation) = budget.reserve(wanted) else {
+            return Ok(false);
+        };
+        let filling = buffer::fill(inner, limit, self.timer.timeout, reservation);
+        let buffered = match tokio::time::timeout(within, filling).await {
+            Ok(Ok(buffered)) => buffered,
+            Err(_) => return Err(ProxyError::ClientTooSlow(within)),
+            Ok(Err(ReadError::Stalled(limit))) => return Err(ProxyError::ClientBodyTimeout(limit)),
+            Ok(Err(ReadError::Body(err))) => return Err(client_body_error(&err)),
+        };
+        let complete = buffered.is_complete();
+        if complete {
+            self.inner = None;
+        }
+        self.chunked = hint.exact().is_none();
+        self.buffered = Some(buffered);
+        Ok(complete)
     }
 
     /// How far the body has gone, for the exchange to look at later; `None` for a request without a body.
@@ -380,7 +445,25 @@ impl Body for RequestBody {
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
+        if let Some(buffered) = this.buffered.as_mut() {
+            if let Some(frame) = buffered.next_frame(None) {
+                let sent = buffered.is_empty() && this.inner.is_none();
+                if buffered.is_empty() {
+                    this.buffered = None;
+                }
+                if let Some(upload) = &this.upload {
+                    upload.polled(false, sent);
+                }
+                this.timer.progressed();
+                return Poll::Ready(Some(Ok(frame)));
+            }
+            this.buffered = None;
+        }
         let Some(inner) = this.inner.as_mut() else {
+            // Nothing was left to read from the client: what was buffered is all of the body.
+            if let Some(upload) = &this.upload {
+                upload.polled(false, true);
+            }
             return Poll::Ready(None);
         };
         let polled = Pin::new(&mut *inner).poll_frame(cx);
@@ -406,13 +489,25 @@ impl Body for RequestBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.as_ref().is_none_or(Body::is_end_stream)
+        // A buffer is dropped once handed on; until then, even an empty one (a chunked body with no data) is still
+        // to be sent, as its framing's end.
+        self.buffered.is_none() && self.inner.as_ref().is_none_or(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner
-            .as_ref()
-            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
+        let held = self.buffered.as_ref().map_or(0, Buffered::remaining);
+        let rest = match &self.inner {
+            Some(inner) => inner.size_hint(),
+            // hyper frames an upload by its length when the hint is exact and chunked otherwise.
+            None if self.chunked => SizeHint::new(),
+            None => SizeHint::with_exact(0),
+        };
+        let mut hint = SizeHint::new();
+        hint.set_lower(rest.lower().saturating_add(held));
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper.saturating_add(held));
+        }
+        hint
     }
 }
 
@@ -447,9 +542,18 @@ pub fn complete(
     }
 }
 
+/// Where a relayed response body comes from.
+enum Source {
+    /// The upstream connection, read as the client takes the body; the relay holds the lease until its end.
+    Upstream(Incoming),
+    /// A body already read in full at upstream speed; its lease was given back before the client got anything.
+    /// Boxed: the relay, one per response, stays the size it is for streamed bodies.
+    Memory(Box<Buffered>),
+}
+
 /// An upstream response in flight: its body, the lease it holds until the end, and how the end is counted.
 struct Relay {
-    inner: Option<Incoming>,
+    inner: Option<Source>,
     lease: Option<Lease>,
     completion: Option<Completion>,
     /// Cut off by the stall watchdog: the client is told by an error, not a clean end.
@@ -464,6 +568,11 @@ struct Relay {
 /// evidence of progress frequent, so a slow but steady reader is never mistaken for a stalled one.
 const WATCHED_FRAME_BYTES: usize = 16 * 1024;
 
+/// hyper takes a frame only when it can queue it for the socket, and queues a few at most. A body held in memory
+/// is handed on in pieces of this size, so that it stays counted against `max_buffered_bytes` (and its request
+/// open) until the client has taken nearly all of it, instead of vanishing into hyper's queue at once.
+const MEMORY_FRAME_BYTES: usize = 16 * 1024;
+
 impl Relay {
     fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         if self.cut_off {
@@ -472,8 +581,14 @@ impl Relay {
         if let Some(rest) = self.rest.take() {
             return Poll::Ready(Some(Ok(self.bounded(rest))));
         }
-        let Some(inner) = self.inner.as_mut() else {
-            return Poll::Ready(None);
+        let inner = match self.inner.as_mut() {
+            None => return Poll::Ready(None),
+            Some(Source::Memory(memory)) => {
+                let max = self.max_frame.map_or(MEMORY_FRAME_BYTES, std::num::NonZeroUsize::get);
+                let frame = memory.next_frame(Some(max));
+                return Poll::Ready(self.hand_on_from_memory(frame));
+            }
+            Some(Source::Upstream(inner)) => inner,
         };
         match Pin::new(&mut *inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
@@ -505,6 +620,25 @@ impl Relay {
         }
     }
 
+    /// A frame of a body held in memory is counted as handed on; the request ends when the last one is.
+    fn hand_on_from_memory(&mut self, frame: Option<Frame<Bytes>>) -> Option<Result<Frame<Bytes>, BoxError>> {
+        if let (Some(data), Some(entry)) = (
+            frame.as_ref().and_then(Frame::data_ref),
+            self.completion.as_mut().and_then(|done| done.access.as_mut()),
+        ) {
+            entry.relayed(data.len());
+        }
+        let ended = match &self.inner {
+            Some(Source::Memory(memory)) => memory.is_empty(),
+            _ => true,
+        };
+        if ended {
+            self.inner = None;
+            self.finish(Outcome::Ok, true);
+        }
+        frame.map(Ok)
+    }
+
     fn bounded(&mut self, mut data: Bytes) -> Frame<Bytes> {
         if let Some(max) = self.max_frame.map(std::num::NonZeroUsize::get) {
             if data.len() > max {
@@ -517,15 +651,25 @@ impl Relay {
     }
 
     fn is_end_stream(&self) -> bool {
-        !self.cut_off && self.rest.is_none() && self.inner.as_ref().is_none_or(Body::is_end_stream)
+        let source_ended = match &self.inner {
+            None => true,
+            Some(Source::Upstream(inner)) => inner.is_end_stream(),
+            Some(Source::Memory(memory)) => memory.is_empty(),
+        };
+        !self.cut_off && self.rest.is_none() && source_ended
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.as_ref().map_or_else(SizeHint::default, Body::size_hint)
+        match &self.inner {
+            None => SizeHint::default(),
+            Some(Source::Upstream(inner)) => inner.size_hint(),
+            Some(Source::Memory(memory)) => SizeHint::with_exact(memory.remaining()),
+        }
     }
 
+    /// Counted already: by its end, a cut-off or its client leaving.
     fn is_finished(&self) -> bool {
-        self.lease.is_none()
+        self.completion.is_none()
     }
 
     /// Ends the exchange: the lease goes back (reused or closed) and the outcome is counted, once.
@@ -553,7 +697,9 @@ impl Relay {
     /// left mid-body, and what is left is handed back for draining.
     fn abandon(&mut self) -> Option<(Incoming, Lease)> {
         // Already finished (or cut off): nothing is left to count or drain.
-        self.lease.as_ref()?;
+        if self.is_finished() {
+            return None;
+        }
         if self.is_end_stream() {
             self.finish(Outcome::Ok, true);
             return None;
@@ -562,7 +708,7 @@ impl Relay {
             done.record(Outcome::ClientAbort);
         }
         match (self.inner.take(), self.lease.take()) {
-            (Some(body), Some(lease)) => Some((body, lease)),
+            (Some(Source::Upstream(body)), Some(lease)) => Some((body, lease)),
             (_, lease) => {
                 if let Some(mut lease) = lease {
                     lease.forbid_reuse();
@@ -660,9 +806,25 @@ impl UpstreamBody {
     /// `watch`: also cut the exchange off when the client stops taking the body (HTTP/2 streams).
     pub fn new(inner: Incoming, lease: Lease, completion: Completion, watch: bool) -> Self {
         let idle_timeout = lease.pool().limits().body_idle_timeout;
+        Self::relaying(Source::Upstream(inner), Some(lease), completion, watch, idle_timeout)
+    }
+
+    /// A body already read in full: no lease is held; an HTTP/2 stream that stops taking it is still cut off
+    /// after `idle_timeout`, which gives its memory back.
+    pub fn buffered(body: Buffered, completion: Completion, watch: bool, idle_timeout: Duration) -> Self {
+        Self::relaying(Source::Memory(Box::new(body)), None, completion, watch, idle_timeout)
+    }
+
+    fn relaying(
+        inner: Source,
+        lease: Option<Lease>,
+        completion: Completion,
+        watch: bool,
+        idle_timeout: Duration,
+    ) -> Self {
         let relay = Relay {
             inner: Some(inner),
-            lease: Some(lease),
+            lease,
             completion: Some(completion),
             cut_off: false,
             max_frame: watch
@@ -866,15 +1028,20 @@ pub fn local_response(error: &ProxyError, advice: Option<&ShedAdvice>) -> Respon
     response
 }
 
-/// Turns the upstream's response head into the client's, deciding whether the connection may be reused.
-pub fn to_client(
+/// Turns the upstream's response into the client's, deciding whether the connection may be reused. A body whose
+/// Content-Length is within the upstream's `buffer_response_bytes` (and fits the global bound) is read in full
+/// first, at the upstream's speed, and the lease given back before the client is sent anything: a slow client
+/// then holds memory, never a slot. Any other body streams, holding the lease until its last byte. A failure while
+/// buffering is answered by the caller (nothing has reached the client yet), with the access entry handed back.
+pub async fn to_client(
     response: Response<Incoming>,
     mut lease: Lease,
     counters: Arc<OutcomeCounters>,
     access: Option<Box<Entry>>,
     watch: bool,
-) -> Response<ResponseBody> {
-    let (mut parts, body) = response.into_parts();
+    budget: &Arc<BufferBudget>,
+) -> Result<Response<ResponseBody>, (ProxyError, Option<Box<Entry>>)> {
+    let (mut parts, mut body) = response.into_parts();
     if !keeps_alive(parts.version, &parts.headers) {
         lease.forbid_reuse();
     }
@@ -885,10 +1052,42 @@ pub fn to_client(
         status: parts.status,
         access,
     };
-    Response::from_parts(
-        parts,
-        ResponseBody::upstream(UpstreamBody::new(body, lease, completion, watch)),
-    )
+    let limits = lease.pool().limits();
+    let (limit, idle_timeout) = (limits.buffer_response_bytes, limits.body_idle_timeout);
+    drop(limits);
+    // An empty body (HEAD, 204, 304) ends the exchange as soon as the answer is sent; unknown lengths may be
+    // streams of events, which must not wait for a buffer to fill.
+    let length = body.size_hint().exact().filter(|&length| length <= limit);
+    let reservation = match length {
+        Some(length) if !body.is_end_stream() => budget.reserve(length),
+        _ => None,
+    };
+    let Some(reservation) = reservation else {
+        return Ok(Response::from_parts(
+            parts,
+            ResponseBody::upstream(UpstreamBody::new(body, lease, completion, watch)),
+        ));
+    };
+    // One byte past the length: the read then ends at the body's end, never at the limit.
+    let read = buffer::fill(&mut body, limit.saturating_add(1), idle_timeout, reservation).await;
+    // The body first: a connection whose response is still open must not go back to the pool.
+    let complete = read.as_ref().is_ok_and(Buffered::is_complete);
+    if !complete {
+        lease.forbid_reuse();
+    }
+    drop(body);
+    drop(lease);
+    let failed = match read {
+        Ok(buffered) if buffered.is_complete() => {
+            let body = UpstreamBody::buffered(buffered, completion, watch, idle_timeout);
+            return Ok(Response::from_parts(parts, ResponseBody::upstream(body)));
+        }
+        // hyper ends a body at its Content-Length; this would be a body going on past it.
+        Ok(_) => ProxyError::UpstreamBodyTooLong,
+        Err(ReadError::Stalled(limit)) => ProxyError::UpstreamTimeout(limit),
+        Err(ReadError::Body(err)) => ProxyError::Upstream(err),
+    };
+    Err((failed, completion.access))
 }
 
 #[cfg(test)]

@@ -9,9 +9,11 @@
 //! ```text
 //! client ──► server (HTTP/1.1 + h2c, or TLS + ALPN; client deadlines) ──► proxy (the steps, in order)
 //!        ──► route (Host / path prefix → upstream) ──► forward (rewrite the head)
+//!        ──► buffer (a small request body read in full, so a slow uploader waits without a slot)
 //!        ──► pool::admit (idle connection │ free slot │ wait in the admission queue │ shed 503)
-//!        ──► pool (dial if needed, TLS for https://; never more than max_connections) ──► forward (relay bodies)
-//!        ──► end of the response body: connection back to idle (or closed), then the slot
+//!        ──► pool (dial if needed, TLS for https://; never more than max_connections) ──► forward (relay bodies;
+//!            a small response read in full at upstream speed, then sent from memory)
+//!        ──► end of the response body from the upstream: connection back to idle (or closed), then the slot
 //! metrics/admin observe from the side; they are never behind admission.
 //! ```
 //! Where a request's outcome is counted ([`forward::complete`]), [`access`] writes its access-log line when
@@ -28,6 +30,7 @@
 pub mod access;
 pub mod admin;
 pub mod admission;
+pub mod buffer;
 pub mod config;
 pub mod demo;
 pub mod error;

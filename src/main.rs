@@ -66,6 +66,12 @@ struct LayerArgs {
     /// A body (either way) that makes no progress for this long aborts the exchange.
     #[arg(long, value_parser = humantime::parse_duration)]
     body_idle_timeout: Option<Duration>,
+    /// Request bodies up to this many bytes are read before admission (0: off).
+    #[arg(long)]
+    buffer_request_bytes: Option<u64>,
+    /// Responses up to this many bytes (by Content-Length) are read at upstream speed, freeing the slot (0: off).
+    #[arg(long)]
+    buffer_response_bytes: Option<u64>,
     /// Client keep-alive connections idle between requests close after this.
     #[arg(long, value_parser = humantime::parse_duration)]
     client_idle_timeout: Option<Duration>,
@@ -102,6 +108,8 @@ impl LayerArgs {
             request_timeout: self.request_timeout.or(outer.request_timeout),
             idle_timeout: self.idle_timeout.or(outer.idle_timeout),
             body_idle_timeout: self.body_idle_timeout.or(outer.body_idle_timeout),
+            buffer_request_bytes: self.buffer_request_bytes.or(outer.buffer_request_bytes),
+            buffer_response_bytes: self.buffer_response_bytes.or(outer.buffer_response_bytes),
             client_idle_timeout: self.client_idle_timeout.or(outer.client_idle_timeout),
             header_read_timeout: self.header_read_timeout.or(outer.header_read_timeout),
             first_byte_timeout: self.first_byte_timeout.or(outer.first_byte_timeout),
@@ -130,6 +138,8 @@ impl LayerArgs {
             request_timeout: self.request_timeout,
             idle_timeout: self.idle_timeout,
             body_idle_timeout: self.body_idle_timeout,
+            buffer_request_bytes: self.buffer_request_bytes,
+            buffer_response_bytes: self.buffer_response_bytes,
             client_idle_timeout: self.client_idle_timeout,
             header_read_timeout: self.header_read_timeout,
             first_byte_timeout: self.first_byte_timeout,

@@ -55,6 +55,10 @@ pub struct Metrics {
     /// Kept per upstream name, as the families keep their metrics, so asking twice gives the same counts.
     queue_wait_buckets: Mutex<BTreeMap<String, Arc<BucketCounts>>>,
     pub client_connections: Gauge,
+    /// Request and response body bytes held in memory now (moved by [`crate::buffer::BufferBudget`]).
+    pub buffered_bytes: Gauge,
+    /// Bodies that fitted their upstream's buffer limit but streamed because `max_buffered_bytes` was reached.
+    pub buffer_fallbacks: Counter,
     client_side: Arc<OutcomeCounters>,
 }
 
@@ -81,6 +85,8 @@ impl Metrics {
         let max_connections = Family::<Labels, Gauge>::default();
         let reloads = Family::<Labels, Counter>::default();
         let client_connections = Gauge::default();
+        let buffered_bytes = Gauge::default();
+        let buffer_fallbacks = Counter::default();
         registry.register(
             "floodgate_requests",
             "Requests by how they ended (outcome) and the status class answered",
@@ -147,6 +153,16 @@ impl Metrics {
             "Open client connections",
             client_connections.clone(),
         );
+        registry.register(
+            "floodgate_buffered_bytes",
+            "Request and response body bytes held in memory (bounded by max_buffered_bytes)",
+            buffered_bytes.clone(),
+        );
+        registry.register(
+            "floodgate_buffer_fallbacks",
+            "Bodies small enough to buffer that streamed instead because max_buffered_bytes was reached",
+            buffer_fallbacks.clone(),
+        );
         let client_side = Arc::new(OutcomeCounters::new(requests.clone(), None));
         Metrics {
             registry,
@@ -164,6 +180,8 @@ impl Metrics {
             reloads,
             queue_wait_buckets: Mutex::default(),
             client_connections,
+            buffered_bytes,
+            buffer_fallbacks,
             client_side,
         }
     }

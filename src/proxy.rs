@@ -1,5 +1,5 @@
-//! The request's path through floodgate, built in one place: tunnel check → route → rewrite → admission →
-//! exchange → answer.
+//! The request's path through floodgate, built in one place: tunnel check → route → rewrite → small body read
+//! → admission → exchange → answer.
 //!
 //! Owns the order of the steps and the one place where a [`ProxyError`] becomes a response and is counted. A
 //! client that leaves while its request is at the upstream does not cancel the exchange: its remainder is
@@ -18,7 +18,8 @@ use hyper::body::{Body, Incoming};
 
 use crate::access::Entry;
 use crate::admission::{self, Patience, Place, Shed};
-use crate::config::{FairKey, UpstreamConfig, MAX_PRIORITY};
+use crate::buffer::BufferBudget;
+use crate::config::{Config, FairKey, UpstreamConfig, MAX_PRIORITY};
 use crate::error::{Outcome, ProxyError, ShedAdvice};
 use crate::forward::{self, ClientInfo, RequestBody, ResponseBody};
 use crate::metrics::{Metrics, OutcomeCounters};
@@ -36,13 +37,21 @@ pub struct Proxy {
     draining: Mutex<Vec<Arc<UpstreamPool>>>,
     /// Whether requests write an access-log line.
     access_log: bool,
+    /// The bound on body bytes held in memory, shared by every request.
+    buffers: Arc<BufferBudget>,
     shed_warned_at: AtomicU64,
     started: Instant,
 }
 
 impl Proxy {
     pub fn new(router: Router, metrics: Arc<Metrics>, trusted_proxies: Vec<ipnet::IpNet>) -> Self {
+        let buffers = BufferBudget::new(
+            Config::default().max_buffered_bytes,
+            metrics.buffered_bytes.clone(),
+            metrics.buffer_fallbacks.clone(),
+        );
         Proxy {
+            buffers,
             router: ArcSwap::from_pointee(router),
             metrics,
             trusted_proxies: ArcSwap::from_pointee(trusted_proxies),
@@ -94,16 +103,25 @@ impl Proxy {
         self
     }
 
+    /// The bound on body bytes held in memory (`max_buffered_bytes`); a reload changes it in place.
+    pub fn buffers(&self) -> &BufferBudget {
+        &self.buffers
+    }
+
     pub fn is_trusted(&self, peer: std::net::IpAddr) -> bool {
         self.trusted_proxies.load().iter().any(|net| net.contains(&peer))
     }
 
     /// Serves one request from `client`'s connection.
     pub async fn serve(self: Arc<Self>, request: Request<Incoming>, client: Arc<ClientInfo>) -> Response<ResponseBody> {
-        let has_body = !request.body().is_end_stream();
+        // A client's own deadline runs from when its request arrived, body reading included.
+        let received = tokio::time::Instant::now();
+        let mut body_unread = !request.body().is_end_stream();
         let is_http1 = request.version() <= Version::HTTP_11;
+        // The client asked to hear from us before it sends the body: that answer waits for admission.
+        let awaits_continue = request.headers().contains_key(header::EXPECT);
         let mut access = Entry::start(self.access_log, client.peer, request.method(), request.uri().path());
-        let (pool, picked, upstream_request) = match self.prepare(request, &client) {
+        let (pool, picked, mut upstream_request) = match self.prepare(request, &client) {
             Ok(prepared) => prepared,
             Err(err) => return self.refuse(err, access),
         };
@@ -111,26 +129,44 @@ impl Proxy {
             entry.routed(&pool.name);
         }
 
+        if body_unread && !awaits_continue {
+            // Read before admission, so a client that uploads slowly waits without holding a slot. Over HTTP/2 a
+            // body without a length may be a stream the client feeds as answers arrive: it is not waited for.
+            let (limit, within) = {
+                let limits = pool.limits();
+                (limits.buffer_request_bytes, limits.request_timeout)
+            };
+            // hyper drops this future when the client leaves; while its body is read, that is counted here.
+            let reading = AbortWatch::new(&pool.metrics.requests, access);
+            let body = upstream_request.body_mut();
+            let buffered = body.buffer(limit, is_http1, within, &self.buffers).await;
+            access = reading.disarm();
+            match buffered {
+                Ok(all_read) => body_unread = !all_read,
+                Err(err) => return self.answer_error(&pool, err, access),
+            }
+        }
+        // The queue's clock starts once the body is in: queue_timeout bounds the wait for a slot.
         let arrived = tokio::time::Instant::now();
         let deadline = arrived + pool.limits().queue_timeout;
         // hyper notices a vanished HTTP/1 client by itself unless a body is still unread; then we watch.
         let client_gone = async {
             match &client.http1_stream {
-                Some(stream) if has_body => net::peer_closed(stream).await,
+                Some(stream) if body_unread => net::peer_closed(stream).await,
                 _ => std::future::pending().await,
             }
         };
-        // hyper drops this future when the client leaves; while queued, that is counted here.
         let limits = pool.limits();
         let client_deadline =
             admission::client_timeout(upstream_request.headers(), &limits.deadline_header, limits.grpc_timeout)
-                .map(|timeout| arrived + timeout);
+                .map(|timeout| received + timeout);
         let place = place(&limits, &picked, upstream_request.headers(), &client);
         drop(limits);
         let patience = Patience {
             queue_timeout_at: deadline,
             client_deadline,
         };
+        // hyper drops this future when the client leaves; while queued, that is counted here.
         let queued = AbortWatch::new(&pool.metrics.requests, access);
         let admitted = pool.admit_with(false, patience, &place, client_gone).await;
         let mut access = queued.disarm();
@@ -153,7 +189,13 @@ impl Proxy {
 
         // An HTTP/2 client can stop a stream without blocking its socket; its body gets a watchdog.
         let exchange = Detachable {
-            exchange: Some(Box::pin(exchange(lease, upstream_request, access, !is_http1))),
+            exchange: Some(Box::pin(exchange(
+                lease,
+                upstream_request,
+                access,
+                !is_http1,
+                self.buffers.clone(),
+            ))),
             counters: pool.metrics.requests.clone(),
         };
         match exchange.await {
@@ -265,19 +307,20 @@ fn client_address(headers: &http::HeaderMap, client: &ClientInfo) -> String {
 type Answer = Result<Response<ResponseBody>, (ProxyError, Option<Box<Entry>>)>;
 
 /// Sends the request upstream and turns the response head into the client's.
-async fn exchange(lease: Lease, request: Request<RequestBody>, access: Option<Box<Entry>>, watch_body: bool) -> Answer {
+async fn exchange(
+    lease: Lease,
+    request: Request<RequestBody>,
+    access: Option<Box<Entry>>,
+    watch_body: bool,
+    buffers: Arc<BufferBudget>,
+) -> Answer {
     let pool = lease.pool().clone();
     let (response, lease) = match send(&pool, lease, request).await {
         Ok(sent) => sent,
         Err(err) => return Err((err, access)),
     };
-    Ok(forward::to_client(
-        response,
-        lease,
-        pool.metrics.requests.clone(),
-        access,
-        watch_body,
-    ))
+    let counters = pool.metrics.requests.clone();
+    forward::to_client(response, lease, counters, access, watch_body, &buffers).await
 }
 
 /// The exchange runs inline in the request's future. If the client goes away meanwhile (hyper drops that

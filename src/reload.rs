@@ -164,6 +164,7 @@ fn apply(state: &State, mut config: Config) -> Result<Reloaded, ReloadError> {
         .replace_router(plan.router, config.trusted_proxies.clone(), plan.retire);
     state.tls.store(tls);
     resize_client_room(state, running.max_client_connections, config.max_client_connections);
+    state.proxy.buffers().set_limit(config.max_buffered_bytes);
     state.config.store(Arc::new(config));
     Ok(reloaded)
 }

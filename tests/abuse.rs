@@ -469,7 +469,13 @@ enum Break {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn body_that_breaks_after_the_head_went_upstream_is_answered_4xx_and_its_upstream_connection_closed_not_pooled() {
     let upstream = Upstream::start().await;
-    let proxy = Proxy::for_upstream(&upstream, 1, &["--body-idle-timeout", "500ms"]).await;
+    // The streaming path: a body read before admission never gets its head upstream (tests/buffering.rs).
+    let proxy = Proxy::for_upstream(
+        &upstream,
+        1,
+        &["--body-idle-timeout", "500ms", "--buffer-request-bytes", "0"],
+    )
+    .await;
     assert_eq!(get(proxy.listen, "/warm").await.status, StatusCode::OK);
     let warm_conn = upstream.recorded_with_prefix("/warm")[0].conn_id;
     let cases = [
@@ -652,7 +658,20 @@ async fn slow_post_trickling_its_body_holds_its_slot_no_longer_than_request_time
     // Past the head, every body byte is progress to body_idle_timeout; what bounds a body trickled forever is
     // request_timeout, which runs from dispatch to the upstream's response head.
     let upstream = Upstream::start().await;
-    let proxy = Proxy::for_upstream(&upstream, 1, &["--request-timeout", "1s", "--body-idle-timeout", "5s"]).await;
+    // The streaming path; a body read before admission is bounded the same way (tests/buffering.rs).
+    let proxy = Proxy::for_upstream(
+        &upstream,
+        1,
+        &[
+            "--request-timeout",
+            "1s",
+            "--body-idle-timeout",
+            "5s",
+            "--buffer-request-bytes",
+            "0",
+        ],
+    )
+    .await;
     let mut conn = RawConn::connect(proxy.listen).await;
     conn.write(b"POST /echo/slow-post HTTP/1.1\r\nHost: client.test\r\nContent-Length: 1000\r\n\r\n")
         .await

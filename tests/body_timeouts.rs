@@ -14,7 +14,13 @@ const UP: &str = "default";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_stalling_mid_body_cuts_the_response_off_after_body_idle_timeout_and_frees_the_slot() {
     let upstream = Upstream::start().await;
-    let proxy = Proxy::for_upstream(&upstream, 1, &["--body-idle-timeout", "500ms"]).await;
+    // The streaming path: a buffered response is never sent a head before its body is in (tests/buffering.rs).
+    let proxy = Proxy::for_upstream(
+        &upstream,
+        1,
+        &["--body-idle-timeout", "500ms", "--buffer-response-bytes", "0"],
+    )
+    .await;
 
     // Head and the first 1000 of 2000 bytes, then nothing. Timed from before the request: the stall cannot
     // start earlier, so the lower bound below holds under any load.
@@ -175,7 +181,13 @@ async fn http2_client_reading_slowly_but_steadily_is_not_cut_off() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_upstream_stall_is_counted_as_an_upstream_timeout_not_a_client_abort() {
     let upstream = Upstream::start().await;
-    let proxy = Proxy::for_upstream(&upstream, 1, &["--body-idle-timeout", "300ms"]).await;
+    // The streaming path, as above.
+    let proxy = Proxy::for_upstream(
+        &upstream,
+        1,
+        &["--body-idle-timeout", "300ms", "--buffer-response-bytes", "0"],
+    )
+    .await;
     for i in 0..3 {
         let mut client = H2Conn::connect(proxy.listen).await;
         let request = Request::get(proxy.url(&format!("/stall-body/1000?{i}")))

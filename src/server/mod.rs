@@ -86,6 +86,7 @@ impl Floodgate {
         let router = Plan::new(&config, &metrics, None)?.into_router();
         let access_log = config.access_log_target() != crate::config::AccessLogTarget::Off;
         let proxy = Proxy::new(router, metrics, config.trusted_proxies.clone()).with_access_log(access_log);
+        proxy.buffers().set_limit(config.max_buffered_bytes);
         // Validation read these files already; reading them again here keeps a file changed in between from
         // slipping through, and this is the copy the listener serves.
         let tls = crate::tls::server_config(&config)?;
