@@ -230,8 +230,10 @@ fn may_write(state: &State, headers: &http::HeaderMap) -> Result<(), Response<Fu
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "))
-        .map(str::trim);
+        // The scheme is case-insensitive (RFC 9110 §11.1).
+        .and_then(|value| value.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim());
     let valid = presented.is_some_and(|presented| {
         use subtle::ConstantTimeEq;
         bool::from(presented.as_bytes().ct_eq(token.expose().as_bytes()))
@@ -284,11 +286,11 @@ async fn set_max_connections(state: &State, name: &str, request: Request<Incomin
     let parsed = std::str::from_utf8(&body)
         .ok()
         .and_then(|text| text.trim().parse::<usize>().ok())
-        .filter(|&cap| cap >= 1);
+        .filter(|&cap| (1..=crate::config::LARGEST_RUNTIME_COUNT).contains(&cap));
     let Some(cap) = parsed else {
         return text(
             StatusCode::BAD_REQUEST,
-            "the body must be a whole number of connections, at least 1\n",
+            "the body must be a whole number of connections, at least 1 (and at most 2^63 - 1)\n",
         );
     };
     let was = pool.snapshot().max_connections;
@@ -319,14 +321,15 @@ fn stats_page() -> Response<Full<Bytes>> {
 
 fn refresh_gauges(state: &State) {
     let router = state.proxy.router();
-    for pool in router.pools().values() {
-        pool.metrics.refresh(&pool.snapshot());
-    }
-    // A draining pool shares its series with a new pool of the same name; the new one is what they show.
+    // A draining pool shares its series with a new pool of the same name; the new one is what they show, so it
+    // is refreshed last.
     for pool in state.proxy.draining() {
         if !router.pools().contains_key(pool.name.as_ref()) {
             pool.metrics.refresh(&pool.snapshot());
         }
+    }
+    for pool in router.pools().values() {
+        pool.metrics.refresh(&pool.snapshot());
     }
 }
 

@@ -1006,7 +1006,7 @@ impl Body for ResponseBody {
 }
 
 /// Names why a request was shed, in the words of the metrics' outcomes (`queue_full`, `queue_timeout`,
-/// `overload`, `deadline`), for clients and load balancers that act on the reason.
+/// `overload`, `deadline`, `quota`), for clients and load balancers that act on the reason.
 pub const SHED_REASON: HeaderName = HeaderName::from_static("x-floodgate-shed-reason");
 
 /// A plain-text answer of floodgate's own; `advice` is the upstream's, for a shed request.

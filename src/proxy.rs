@@ -76,8 +76,8 @@ impl Proxy {
     ) {
         self.router.store(Arc::new(router));
         self.trusted_proxies.store(Arc::new(trusted_proxies));
+        drop(self.draining());
         let mut draining = self.draining.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        draining.retain(|pool| !pool.drained());
         for pool in retired {
             pool.retire();
             draining.push(pool);
@@ -87,7 +87,14 @@ impl Proxy {
     /// Retired pools still finishing requests; the drained ones are forgotten here.
     pub fn draining(&self) -> Vec<Arc<UpstreamPool>> {
         let mut draining = self.draining.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        draining.retain(|pool| !pool.drained());
+        draining.retain(|pool| {
+            let drained = pool.drained();
+            if drained {
+                // Its gauges show what it left (nothing open, nothing waiting), not its last busy moment.
+                pool.metrics.refresh(&pool.snapshot());
+            }
+            !drained
+        });
         draining.clone()
     }
 
@@ -160,7 +167,13 @@ impl Proxy {
         let client_deadline =
             admission::client_timeout(upstream_request.headers(), &limits.deadline_header, limits.grpc_timeout)
                 .map(|timeout| received + timeout);
-        let place = place(&limits, &picked, upstream_request.headers(), &client);
+        let place = place(
+            &limits,
+            &picked,
+            upstream_request.headers(),
+            &client,
+            &self.trusted_proxies.load(),
+        );
         drop(limits);
         let patience = Patience {
             queue_timeout_at: deadline,
@@ -265,7 +278,13 @@ impl Proxy {
 
 /// Where a request waits in its upstream's queue: its priority class (the upstream's `priority_header` when
 /// it holds 0-9, else its route's) and, with fair sharing, its client's key.
-fn place(limits: &UpstreamConfig, picked: &Picked, headers: &http::HeaderMap, client: &ClientInfo) -> Place {
+fn place(
+    limits: &UpstreamConfig,
+    picked: &Picked,
+    headers: &http::HeaderMap,
+    client: &ClientInfo,
+    trusted: &[ipnet::IpNet],
+) -> Place {
     let from_header = (!limits.priority_header.is_empty())
         .then(|| headers.get(limits.priority_header.as_str()))
         .flatten()
@@ -275,9 +294,11 @@ fn place(limits: &UpstreamConfig, picked: &Picked, headers: &http::HeaderMap, cl
     let key = match limits.fair_key() {
         None => None,
         Some(FairKey::Route) => Some(picked.label.clone()),
-        Some(FairKey::ClientIp) => Some(Arc::from(client_address(headers, client).as_str())),
+        Some(FairKey::ClientIp) => Some(Arc::from(client_address(headers, client, trusted).as_str())),
+        // An empty value is no key: it would otherwise share a lane with, and count against, nobody in particular.
         Some(FairKey::Header(name)) => headers
             .get(&name)
+            .filter(|value| !value.is_empty())
             .map(|value| Arc::from(String::from_utf8_lossy(value.as_bytes()).as_ref())),
     };
     Place {
@@ -286,18 +307,28 @@ fn place(limits: &UpstreamConfig, picked: &Picked, headers: &http::HeaderMap, cl
     }
 }
 
-/// The client's address: behind a trusted proxy, the first `X-Forwarded-For` entry (the original client, as the
-/// upstream is told); otherwise the peer's.
-fn client_address(headers: &http::HeaderMap, client: &ClientInfo) -> String {
+/// The client's address: from a trusted proxy, the last `X-Forwarded-For` entry that is not itself a trusted
+/// proxy — the address the first trusted hop saw. Entries to the left of it are whatever the client wrote, so
+/// taking the leftmost would let a client pick a fresh key, and a fresh lane, for every request.
+fn client_address(headers: &http::HeaderMap, client: &ClientInfo, trusted: &[ipnet::IpNet]) -> String {
     if client.trusted {
-        let first = headers
-            .get("x-forwarded-for")
-            .and_then(|value| value.to_str().ok())
-            .and_then(|list| list.split(',').next())
+        let untrusted = headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|list| list.split(','))
             .map(str::trim)
-            .filter(|first| !first.is_empty());
-        if let Some(first) = first {
-            return first.to_string();
+            .filter(|entry| !entry.is_empty())
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .find(|entry| {
+                entry
+                    .parse::<std::net::IpAddr>()
+                    .map_or(true, |ip| !trusted.iter().any(|net| net.contains(&ip)))
+            });
+        if let Some(address) = untrusted {
+            return address.to_string();
         }
     }
     client.peer.ip().to_string()
@@ -373,7 +404,7 @@ async fn send(
     let mut replay = if lease.reused() { replayable(&request) } else { None };
     // Every unsent attempt uses up a stale idle connection or a fresh dial, so this bound is never the limit in
     // practice; it only guarantees termination.
-    let mut attempts_left = pool.limits().max_connections + 2;
+    let mut attempts_left = pool.limits().max_connections.saturating_add(2);
     loop {
         attempts_left = attempts_left.saturating_sub(1);
         let reused = lease.reused();

@@ -46,8 +46,14 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Reuses each running pool whose upstream has the same name and address; builds the others.
-    pub fn new(config: &Config, metrics: &Metrics, running: Option<&Router>) -> Result<Plan, ConfigError> {
+    /// Reuses each running pool whose upstream has the same name and address; builds the others. `clients` are
+    /// [`upstream_clients`]' for this configuration.
+    pub fn new(
+        config: &Config,
+        metrics: &Metrics,
+        running: Option<&Router>,
+        mut clients: UpstreamClients,
+    ) -> Result<Plan, ConfigError> {
         let mut pools = BTreeMap::new();
         let mut reconfigure = Vec::new();
         for (name, upstream) in &config.upstreams {
@@ -55,14 +61,7 @@ impl Plan {
                 key: format!("upstreams.{name}.url"),
                 message,
             })?;
-            // Read here, once per pool and reload, not at every dial: the CA bundle or the system's roots, the
-            // client certificate.
-            let tls = crate::tls::upstream_client(name, upstream, &origin).map_err(|problems| {
-                problems
-                    .into_iter()
-                    .next()
-                    .unwrap_or_else(|| ConfigError::new(format!("upstreams.{name}"), "TLS settings refused"))
-            })?;
+            let tls = clients.remove(name).flatten();
             let kept = running
                 .and_then(|router| router.pools().get(name))
                 .filter(|pool| pool.origin == origin);
@@ -100,10 +99,62 @@ impl Plan {
         })
     }
 
+    /// The router for a proxy that is only starting: nothing runs yet to change. Reads the upstreams' TLS files.
+    pub fn starting(config: &Config, metrics: &Metrics) -> Result<Router, ConfigError> {
+        Ok(Plan::new(config, metrics, None, upstream_clients(config)?)?.into_router())
+    }
+
     /// The router for a proxy that is only starting: nothing runs yet to change.
     pub fn into_router(self) -> Router {
         self.router
     }
+}
+
+/// Each `https://` upstream's TLS client, by upstream name (`None` for `http://`).
+pub type UpstreamClients = BTreeMap<String, Option<UpstreamTls>>;
+
+/// Reads what each upstream's TLS client needs (the CA bundle or the system's roots, the client certificate):
+/// blocking file reads, done once per start-up or reload, never per dial.
+pub fn upstream_clients(config: &Config) -> Result<UpstreamClients, ConfigError> {
+    let mut clients = BTreeMap::new();
+    for (name, upstream) in &config.upstreams {
+        let origin = Origin::parse(&upstream.url).map_err(|message| ConfigError {
+            key: format!("upstreams.{name}.url"),
+            message,
+        })?;
+        let tls = crate::tls::upstream_client(name, upstream, &origin).map_err(|problems| {
+            problems
+                .into_iter()
+                .next()
+                .unwrap_or_else(|| ConfigError::new(format!("upstreams.{name}"), "TLS settings refused"))
+        })?;
+        clients.insert(name.clone(), tls);
+    }
+    Ok(clients)
+}
+
+/// A reloaded configuration with every file it names already read, ready to be put in force.
+struct Loaded {
+    config: Config,
+    needs_restart: Vec<String>,
+    listener_tls: Option<Arc<rustls::ServerConfig>>,
+    clients: UpstreamClients,
+}
+
+/// The blocking part of a reload: the layers, then every certificate and key they name.
+fn load(source: &ConfigSource, running: &Config) -> Result<Loaded, ConfigErrors> {
+    let mut config = source()?;
+    let mut needs_restart = Vec::new();
+    keep_restart_only(running, &mut config, &mut needs_restart);
+    // Certificates are read again even when their paths did not change: renewing them is the usual reason.
+    let listener_tls = crate::tls::server_config(&config)?;
+    let clients = upstream_clients(&config)?;
+    Ok(Loaded {
+        config,
+        needs_restart,
+        listener_tls,
+        clients,
+    })
 }
 
 /// Reads the configuration again and puts it in force, or changes nothing and says why. One at a time.
@@ -111,11 +162,14 @@ pub async fn reload(state: &State) -> Result<Reloaded, ReloadError> {
     let _one_at_a_time = state.reloading.lock().await;
     let source = state.source.clone().ok_or(ReloadError::NoSource)?;
     // Reading files is blocking work; the current-thread runtime must not stall on it.
-    let loaded = tokio::task::spawn_blocking(move || source()).await.map_err(|err| {
-        ReloadError::Invalid(ConfigError::new("configuration", format!("reading failed: {err}")).into())
-    });
+    let running = state.config.load_full();
+    let loaded = tokio::task::spawn_blocking(move || load(&source, &running))
+        .await
+        .map_err(|err| {
+            ReloadError::Invalid(ConfigError::new("configuration", format!("reading failed: {err}")).into())
+        });
     let result = match loaded {
-        Ok(Ok(config)) => apply(state, config),
+        Ok(Ok(loaded)) => apply(state, loaded),
         Ok(Err(errors)) => Err(ReloadError::Invalid(errors)),
         Err(err) => Err(err),
     };
@@ -142,13 +196,19 @@ pub async fn reload(state: &State) -> Result<Reloaded, ReloadError> {
     result
 }
 
-fn apply(state: &State, mut config: Config) -> Result<Reloaded, ReloadError> {
+fn apply(state: &State, loaded: Loaded) -> Result<Reloaded, ReloadError> {
+    let Loaded {
+        config,
+        needs_restart,
+        listener_tls: tls,
+        clients,
+    } = loaded;
     let running = state.config.load_full();
-    let mut reloaded = Reloaded::default();
-    keep_restart_only(&running, &mut config, &mut reloaded.needs_restart);
-    // Certificates are read again even when their paths did not change: renewing them is the usual reason.
-    let tls = crate::tls::server_config(&config).map_err(|problem| ReloadError::Invalid(problem.into()))?;
-    let plan = Plan::new(&config, &state.proxy.metrics, Some(&state.proxy.router()))
+    let mut reloaded = Reloaded {
+        needs_restart,
+        ..Reloaded::default()
+    };
+    let plan = Plan::new(&config, &state.proxy.metrics, Some(&state.proxy.router()), clients)
         .map_err(|problem| ReloadError::Invalid(problem.into()))?;
 
     // Nothing can fail from here on.

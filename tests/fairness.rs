@@ -225,3 +225,42 @@ fn bad_fairness_settings_stop_start_up_naming_the_key() {
     assert_eq!(status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("routes[0].priority"), "{stderr}");
 }
+
+#[tokio::test]
+async fn behind_a_trusted_proxy_the_client_is_the_address_that_proxy_saw_not_what_the_client_wrote() {
+    let upstream = Upstream::start().await;
+    let file = TempConfig::new(&format!(
+        "trusted_proxies = [\"127.0.0.4/32\"]\n{}",
+        config(&upstream.url(), "fair_key = \"client_ip\"\nfair_max_queue = 2", "")
+    ));
+    let proxy = Proxy::start(&["--config", &file.path_str()]).await;
+    let held = hold_the_slot(&proxy, &upstream).await;
+    // The load balancer (127.0.0.4) appends the address it saw; the client made up whatever came before.
+    let via_balancer = |forwarded: &str, path: &str| {
+        tokio::spawn(request(
+            proxy.listen,
+            "127.0.0.4",
+            path.to_string(),
+            vec![("x-forwarded-for", forwarded.to_string())],
+        ))
+    };
+    let mut queued = Vec::new();
+    for (depth, spoofed) in ["1.1.1.1", "2.2.2.2"].iter().enumerate() {
+        queued.push(via_balancer(
+            &format!("{spoofed}, 10.0.0.1"),
+            &format!("/greedy{depth}"),
+        ));
+        proxy.wait_queue_depth("a", depth as u64 + 1, WAIT).await;
+    }
+    let over = via_balancer("3.3.3.3, 10.0.0.1", "/greedy2").await.unwrap();
+    assert_eq!(
+        over.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "a made-up address is not a new client"
+    );
+    queued.push(via_balancer("10.0.0.2", "/other"));
+    proxy.wait_queue_depth("a", 3, WAIT).await;
+    let (order, answers) = release_and_order(&upstream, held, queued).await;
+    assert!(answers.iter().all(|r| r.status == StatusCode::OK));
+    assert_eq!(order, ["/greedy0", "/other", "/greedy1"]);
+}

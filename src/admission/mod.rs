@@ -237,6 +237,9 @@ impl<G> WaitQueue<G> {
         self.next_id = self.next_id.wrapping_add(1);
         if self.is_empty() {
             self.busy_since = Some(now);
+            // The queue had emptied: whatever CoDel episode there was has ended, and this queue starts afresh
+            // (requests served at once in between never passed through CoDel to end it).
+            self.above_target_since = None;
         }
         let waiter = Waiter {
             id,
@@ -412,6 +415,20 @@ mod tests {
         assert_eq!(q.next(t0 + ms(201)).map(|w| w.id), Some(quick.id));
         let slow = q.join(false, t0 + ms(210), None).unwrap();
         assert_eq!(q.next(t0 + ms(260)).map(|w| w.id), Some(slow.id));
+    }
+
+    #[test]
+    fn an_empty_queue_ends_a_codel_episode_so_a_later_queue_is_not_shed_without_an_interval_above_target() {
+        let mut q: WaitQueue<u32> = WaitQueue::new(policy(Discipline::Codel));
+        let t0 = Instant::now();
+        let first = q.join(false, t0, None).unwrap();
+        assert_eq!(q.next(t0 + ms(20)).map(|w| w.id), Some(first.id), "an episode begins");
+        assert!(q.next(t0 + ms(21)).is_none(), "and the queue runs dry");
+        // An hour of requests served at once, then a small queue: its first long wait starts a new episode.
+        let later = t0 + Duration::from_secs(3600);
+        let mut waiter = q.join(false, later, None).unwrap();
+        assert_eq!(q.next(later + ms(11)).map(|w| w.id), Some(waiter.id));
+        assert_eq!(answered(&mut waiter), None, "served, not shed");
     }
 
     #[test]

@@ -83,8 +83,8 @@ fn fixture() -> &'static Fixture {
 /// The proxy `server::Floodgate::bind` would build, without binding anything.
 fn proxy_for(config: &Config) -> Proxy {
     let metrics = Arc::new(Metrics::new());
-    let router = match Plan::new(config, &metrics, None) {
-        Ok(plan) => plan.into_router(),
+    let router = match Plan::starting(config, &metrics) {
+        Ok(router) => router,
         Err(problem) => panic!("the fixture's configuration is refused: {problem}"),
     };
     Proxy::new(router, metrics, config.trusted_proxies.clone())

@@ -83,7 +83,7 @@ impl Floodgate {
     /// [`Floodgate::reload_from`] source, a reload has nothing to read and is refused.
     pub async fn bind(config: Config) -> Result<Floodgate, StartError> {
         let metrics = Arc::new(Metrics::new());
-        let router = Plan::new(&config, &metrics, None)?.into_router();
+        let router = Plan::starting(&config, &metrics)?;
         let access_log = config.access_log_target() != crate::config::AccessLogTarget::Off;
         let proxy = Proxy::new(router, metrics, config.trusted_proxies.clone()).with_access_log(access_log);
         proxy.buffers().set_limit(config.max_buffered_bytes);
