@@ -17,6 +17,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 
 use crate::admission::{Discipline, QueuePolicy};
+pub use crate::pool::AdaptiveLimit;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize, Serializer};
 
@@ -401,6 +402,21 @@ pub struct UpstreamConfig {
     pub abort_drain_bytes: u64,
     #[serde(with = "humantime_serde")]
     pub abort_drain_timeout: Duration,
+    /// `off`, or `gradient`: a limit on the requests in flight at the upstream that moves between
+    /// `min_connections` and `max_connections` with the response times observed (see [`crate::pool`]).
+    pub adaptive_limit: AdaptiveLimit,
+    /// The lowest the adaptive limit goes.
+    pub min_connections: usize,
+    /// How often the adaptive limit is worked out again, from the responses since.
+    #[serde(with = "humantime_serde")]
+    pub adaptive_window: Duration,
+    /// How much slower than the baseline a window may be before the limit is cut (1.5: half as slow again).
+    pub adaptive_tolerance: f64,
+    /// How far each window moves the limit towards its new target (0 to 1).
+    pub adaptive_smoothing: f64,
+    /// How often the limit dips to measure the baseline response time again.
+    #[serde(with = "humantime_serde")]
+    pub adaptive_probe_interval: Duration,
     /// `https://` only: a PEM bundle of the CAs the upstream's certificate must chain to; without it, the
     /// system's roots.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -451,6 +467,12 @@ impl Default for UpstreamConfig {
             max_connection_lifetime: Duration::ZERO,
             abort_drain_bytes: 1024 * 1024,
             abort_drain_timeout: Duration::from_secs(5),
+            adaptive_limit: AdaptiveLimit::Off,
+            min_connections: 1,
+            adaptive_window: Duration::from_millis(100),
+            adaptive_tolerance: 1.5,
+            adaptive_smoothing: 0.2,
+            adaptive_probe_interval: Duration::from_secs(30),
             tls_ca: None,
             tls_client_cert: None,
             tls_client_key: None,
@@ -481,7 +503,7 @@ impl UpstreamConfig {
 
     /// Every duration key with its value and whether 0 is allowed (it means "none" there); validation and the
     /// config fuzz target both walk this one list.
-    pub fn durations(&self) -> [(&'static str, Duration, bool); 10] {
+    pub fn durations(&self) -> [(&'static str, Duration, bool); 12] {
         [
             ("queue_timeout", self.queue_timeout, true),
             ("codel_target", self.codel_target, false),
@@ -493,6 +515,8 @@ impl UpstreamConfig {
             ("body_idle_timeout", self.body_idle_timeout, false),
             ("max_connection_lifetime", self.max_connection_lifetime, true),
             ("abort_drain_timeout", self.abort_drain_timeout, false),
+            ("adaptive_window", self.adaptive_window, false),
+            ("adaptive_probe_interval", self.adaptive_probe_interval, false),
         ]
     }
 }
@@ -965,6 +989,16 @@ impl Config {
                 if !(400..=599).contains(&status) {
                     problems.push(key(field), "must be a 4xx or 5xx status");
                 }
+            }
+            problems.count(&key("min_connections"), upstream.min_connections as u128, false);
+            if upstream.max_connections > 0 && upstream.min_connections > upstream.max_connections {
+                problems.push(key("min_connections"), "must be at most max_connections");
+            }
+            if !(1.0..=10.0).contains(&upstream.adaptive_tolerance) {
+                problems.push(key("adaptive_tolerance"), "must be from 1.0 to 10.0");
+            }
+            if !(upstream.adaptive_smoothing > 0.0 && upstream.adaptive_smoothing <= 1.0) {
+                problems.push(key("adaptive_smoothing"), "must be above 0 and at most 1");
             }
             if let Err(message) = FairKey::parse(&upstream.fair_key) {
                 problems.push(key("fair_key"), message);

@@ -20,6 +20,7 @@ use crate::error::Outcome;
 use crate::pool::PoolSnapshot;
 
 type Labels = Vec<(&'static str, String)>;
+type FloatGauge = Gauge<f64, AtomicU64>;
 
 /// Status classes as labels; index 0 is for requests that got no status at all.
 const STATUS_CLASSES: [&str; 6] = ["none", "1xx", "2xx", "3xx", "4xx", "5xx"];
@@ -51,6 +52,9 @@ pub struct Metrics {
     response: Family<Labels, Histogram, fn() -> Histogram>,
     retries: Family<Labels, Counter>,
     max_connections: Family<Labels, Gauge>,
+    limit: Family<Labels, Gauge>,
+    adaptive_rtt: Family<Labels, FloatGauge>,
+    adaptive_gradient: Family<Labels, FloatGauge>,
     reloads: Family<Labels, Counter>,
     /// Kept per upstream name, as the families keep their metrics, so asking twice gives the same counts.
     queue_wait_buckets: Mutex<BTreeMap<String, Arc<BucketCounts>>>,
@@ -83,6 +87,9 @@ impl Metrics {
         let response = Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram as _);
         let retries = Family::<Labels, Counter>::default();
         let max_connections = Family::<Labels, Gauge>::default();
+        let limit = Family::<Labels, Gauge>::default();
+        let adaptive_rtt = Family::<Labels, FloatGauge>::default();
+        let adaptive_gradient = Family::<Labels, FloatGauge>::default();
         let reloads = Family::<Labels, Counter>::default();
         let client_connections = Gauge::default();
         let buffered_bytes = Gauge::default();
@@ -144,6 +151,22 @@ impl Metrics {
             max_connections.clone(),
         );
         registry.register(
+            "floodgate_adaptive_limit",
+            "The bound on requests in flight at the upstream in force: the adaptive limit, or the cap without one",
+            limit.clone(),
+        );
+        registry.register(
+            "floodgate_adaptive_rtt_seconds",
+            "The adaptive limit's inputs: the last window's mean response time (kind=short) and the baseline it is \
+             compared with (kind=baseline); 0 while the limit is off or has seen no window",
+            adaptive_rtt.clone(),
+        );
+        registry.register(
+            "floodgate_adaptive_gradient",
+            "The adaptive limit's last gradient: tolerance x baseline / short, from 0.5 to 1 (1: no slowdown seen)",
+            adaptive_gradient.clone(),
+        );
+        registry.register(
             "floodgate_reloads",
             "Configuration reloads by result: applied, or refused (the running configuration stayed)",
             reloads.clone(),
@@ -177,6 +200,9 @@ impl Metrics {
             response,
             retries,
             max_connections,
+            limit,
+            adaptive_rtt,
+            adaptive_gradient,
             reloads,
             queue_wait_buckets: Mutex::default(),
             client_connections,
@@ -191,6 +217,7 @@ impl Metrics {
         let labels = || vec![("upstream", name.to_string())];
         let state = |state: &str| vec![("upstream", name.to_string()), ("state", state.to_string())];
         let reason = |reason: &str| vec![("upstream", name.to_string()), ("reason", reason.to_string())];
+        let kind = |kind: &str| vec![("upstream", name.to_string()), ("kind", kind.to_string())];
         UpstreamMetrics {
             requests: Arc::new(OutcomeCounters::new(self.requests.clone(), Some(name.to_string()))),
             inflight: self.inflight.get_or_create_owned(&labels()),
@@ -214,6 +241,10 @@ impl Metrics {
             opened: self.opened.get_or_create_owned(&labels()),
             peak: self.peak.get_or_create_owned(&labels()),
             max_connections: self.max_connections.get_or_create_owned(&labels()),
+            limit: self.limit.get_or_create_owned(&labels()),
+            rtt_short: self.adaptive_rtt.get_or_create_owned(&kind("short")),
+            rtt_baseline: self.adaptive_rtt.get_or_create_owned(&kind("baseline")),
+            gradient: self.adaptive_gradient.get_or_create_owned(&labels()),
             response: self.response.get_or_create_owned(&labels()),
             retried_unsent: self.retries.get_or_create_owned(&reason("unsent")),
             replayed: self.retries.get_or_create_owned(&reason("replayed")),
@@ -373,6 +404,10 @@ pub struct UpstreamMetrics {
     pub opened: Counter,
     peak: Gauge,
     max_connections: Gauge,
+    limit: Gauge,
+    rtt_short: FloatGauge,
+    rtt_baseline: FloatGauge,
+    gradient: FloatGauge,
     response: Histogram,
     pub retried_unsent: Counter,
     pub replayed: Counter,
@@ -419,6 +454,11 @@ impl UpstreamMetrics {
         self.idle.set(gauge(snapshot.connections_idle));
         self.peak.set(gauge(snapshot.connections_peak));
         self.max_connections.set(gauge(snapshot.max_connections));
+        self.limit.set(gauge(snapshot.limit));
+        let adaptive = snapshot.adaptive.as_ref();
+        self.rtt_short.set(adaptive.map_or(0.0, |a| a.rtt_short_seconds));
+        self.rtt_baseline.set(adaptive.map_or(0.0, |a| a.rtt_baseline_seconds));
+        self.gradient.set(adaptive.map_or(1.0, |a| a.gradient));
     }
 }
 

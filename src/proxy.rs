@@ -423,6 +423,7 @@ async fn send(
             }
         };
         let dispatched = Instant::now();
+        let in_flight = pool.in_flight();
         let limit = pool.limits().request_timeout;
         let upload = request.body().upload();
         match tokio::time::timeout(limit, conn.sender.try_send_request(request)).await {
@@ -435,7 +436,9 @@ async fn send(
                 return Err(ProxyError::UpstreamTimeout(limit));
             }
             Ok(Ok(response)) => {
-                pool.metrics.responded(dispatched.elapsed());
+                let took = dispatched.elapsed();
+                pool.metrics.responded(took);
+                pool.responded(in_flight, took);
                 if let Some(upload) = upload {
                     lease.reuse_once_sent(upload);
                 }

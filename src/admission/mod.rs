@@ -171,6 +171,14 @@ pub struct WaitQueue<G> {
     above_target_since: Option<Instant>,
 }
 
+/// Which waiters [`WaitQueue::next_from`] may pick.
+#[derive(Clone, Copy)]
+enum Among {
+    Any,
+    Retries,
+    Waiting,
+}
+
 /// A place in the queue, as seen by the waiting request.
 pub struct Ticket<G> {
     pub id: u64,
@@ -257,17 +265,46 @@ impl<G> WaitQueue<G> {
         Ok(Ticket { id, answer: rx })
     }
 
+    /// Whether a retry of an admitted request is waiting.
+    pub fn has_retries(&self) -> bool {
+        !self.retries.is_empty()
+    }
+
+    /// Whether a request that is not a retry is waiting.
+    pub fn has_waiting(&self) -> bool {
+        self.waiting > 0
+    }
+
     /// The next waiter to serve at `now`. On the way, waiters whose deadline has passed are shed, and so are
     /// those CoDel gives up on.
     pub fn next(&mut self, now: Instant) -> Option<Waiter<G>> {
+        self.next_from(now, Among::Any)
+    }
+
+    /// [`Self::next`] among the retries only: what a grant the adaptive limit holds back from new requests may
+    /// still go to.
+    pub fn next_retry(&mut self, now: Instant) -> Option<Waiter<G>> {
+        self.next_from(now, Among::Retries)
+    }
+
+    /// [`Self::next`] among the requests that are not retries only.
+    pub fn next_waiting(&mut self, now: Instant) -> Option<Waiter<G>> {
+        self.next_from(now, Among::Waiting)
+    }
+
+    fn next_from(&mut self, now: Instant, among: Among) -> Option<Waiter<G>> {
         loop {
             let standing = self
                 .busy_since
                 .is_some_and(|since| now.saturating_duration_since(since) >= self.policy.interval);
             let newest = self.policy.discipline == Discipline::AdaptiveLifo && standing;
-            let waiter = match self.retries.pop_front() {
-                Some(retry) => Some(retry),
-                None => self.pop_waiting(newest),
+            let waiter = match among {
+                Among::Any => match self.retries.pop_front() {
+                    Some(retry) => Some(retry),
+                    None => self.pop_waiting(newest),
+                },
+                Among::Retries => self.retries.pop_front(),
+                Among::Waiting => self.pop_waiting(newest),
             };
             if self.is_empty() {
                 self.busy_since = None;

@@ -124,14 +124,23 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if let Held::Conn(mut conn) = std::mem::replace(&mut self.held, Held::Nothing) {
-            conn.served += 1;
-            let sent = self.upload.as_ref().is_none_or(UploadProgress::is_sent);
-            if self.reusable && sent && conn.is_usable(&self.pool.limits()) {
-                self.pool.put_idle(conn);
-            } else {
-                self.pool.closing_started(&conn);
+        match std::mem::replace(&mut self.held, Held::Nothing) {
+            Held::Conn(mut conn) => {
+                conn.served += 1;
+                let sent = self.upload.as_ref().is_none_or(UploadProgress::is_sent);
+                if self.reusable && sent && conn.is_usable(&self.pool.limits()) {
+                    self.pool.put_idle(conn);
+                } else {
+                    self.pool.lease_released(Some(&conn));
+                }
             }
+            // The lease leaves the count before its unused slot is freed, so the slot can go to a waiter the
+            // adaptive limit held back.
+            Held::Dial(slot) => {
+                self.pool.lease_released(None);
+                drop(slot);
+            }
+            Held::Nothing => self.pool.lease_released(None),
         }
         self.pool.lease_ended(self.since.elapsed());
     }

@@ -11,7 +11,14 @@
 //! once; lowering it closes surplus idle connections at once, closes busy ones as they finish instead of reusing
 //! them, and issues no slot while more connections exist than the new cap. A retired pool (its upstream removed
 //! or replaced) serves what it already admitted and closes each connection as it comes free.
+//!
+//! With an adaptive limit ([`adaptive`]) a second bound sits beside the cap, on leases rather than connections: no
+//! new request is granted a lease (an idle connection or a slot) while as many leases as the limit are out, so a
+//! request above it waits in the queue like any other. Lowering it closes nothing: a connection whose lease ends
+//! above the limit goes idle instead of to a waiter. Raising it serves waiters at once. Retries of admitted
+//! requests are bound by the cap only: their own lease has just ended, so they add nothing to what was in flight.
 
+mod adaptive;
 mod connection;
 mod lease;
 #[cfg(test)]
@@ -28,11 +35,12 @@ use arc_swap::{ArcSwap, ArcSwapOption, Guard};
 use http::HeaderValue;
 use tokio::time::Instant;
 
+pub use adaptive::{AdaptiveLimit, AdaptiveSnapshot};
 pub use connection::{Conn, UpstreamSender};
 pub use lease::{Lease, UploadProgress};
 pub use slot::Slot;
 
-use crate::admission::{Patience, Place, Shed, Ticket, WaitQueue};
+use crate::admission::{Patience, Place, Shed, Ticket, WaitQueue, Waiter};
 use crate::config::{Origin, UpstreamConfig};
 use crate::error::ShedAdvice;
 use crate::metrics::UpstreamMetrics;
@@ -70,6 +78,10 @@ struct PoolState {
     max_connections: usize,
     /// The upstream was removed or replaced: no connection is kept once it comes free.
     retired: bool,
+    /// Leases granted and not yet ended, grants on their way to a waiter included: what the adaptive limit bounds.
+    leased: usize,
+    /// The adaptive limit in force; `usize::MAX` without one.
+    limit: usize,
     /// Most recently used at the back; the front is the first to expire.
     idle: VecDeque<IdleConn>,
     queue: WaitQueue<Grant>,
@@ -81,6 +93,11 @@ pub struct PoolSnapshot {
     pub address: String,
     pub max_connections: usize,
     pub max_queue: usize,
+    /// The bound on requests in flight in force: the adaptive limit, or `max_connections` without one.
+    pub limit: usize,
+    /// The adaptive limit's estimate and inputs, when it is on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub adaptive: Option<AdaptiveSnapshot>,
     pub in_use: usize,
     pub connections_open: usize,
     pub connections_idle: usize,
@@ -112,6 +129,7 @@ pub struct UpstreamPool {
     requests_total: AtomicU64,
     /// Moving average of how long an admitted request holds its slot, in microseconds (0: none seen yet).
     hold_us: AtomicU64,
+    adaptive: adaptive::Adaptive,
 }
 
 impl UpstreamPool {
@@ -125,6 +143,7 @@ impl UpstreamPool {
     ) -> Arc<Self> {
         let authority =
             HeaderValue::from_str(&origin.authority()).unwrap_or_else(|_| HeaderValue::from_static("localhost"));
+        let adaptive = adaptive::Adaptive::new(adaptive::Params::of(&limits));
         let pool = Arc::new(UpstreamPool {
             name: Arc::from(name),
             authority,
@@ -133,6 +152,8 @@ impl UpstreamPool {
                 closing: 0,
                 max_connections: limits.max_connections,
                 retired: false,
+                leased: 0,
+                limit: adaptive.in_force(),
                 idle: VecDeque::new(),
                 queue: WaitQueue::new(limits.queue_policy()),
             }),
@@ -145,6 +166,7 @@ impl UpstreamPool {
             queue_peak: AtomicUsize::new(0),
             requests_total: AtomicU64::new(0),
             hold_us: AtomicU64::new(0),
+            adaptive,
         });
         tokio::spawn(expire_idle(Arc::downgrade(&pool)));
         pool
@@ -192,7 +214,7 @@ impl UpstreamPool {
         }
         let ticket = {
             let mut state = self.lock();
-            if let Some(grant) = self.take_now(&mut state) {
+            if let Some(grant) = self.take_now(&mut state, priority) {
                 drop(state);
                 return Ok(Lease::new(self.clone(), grant));
             }
@@ -214,6 +236,7 @@ impl UpstreamPool {
             let mut state = self.lock();
             if state.open < state.max_connections {
                 let slot = self.issue_slot(&mut state);
+                state.leased += 1;
                 drop(state);
                 return Ok(Lease::new(self.clone(), Grant::Dial(slot)));
             }
@@ -268,8 +291,27 @@ impl UpstreamPool {
         }
     }
 
-    /// The fast path, under the lock: reuse the most recent idle connection, else issue a slot if one is free.
-    fn take_now(self: &Arc<Self>, state: &mut PoolState) -> Option<Grant> {
+    /// The fast path, under the lock: reuse the most recent idle connection, else issue a slot if one is free and
+    /// nobody waits ahead. A new request takes neither while the adaptive limit's worth of leases are out; a retry
+    /// (`priority`) is held back by the cap only, and only retries wait ahead of it.
+    fn take_now(self: &Arc<Self>, state: &mut PoolState, priority: bool) -> Option<Grant> {
+        if !priority && !state.under_limit(false) {
+            return None;
+        }
+        let grant = self.take_idle(state).or_else(|| {
+            let ahead = if priority {
+                state.queue.has_retries()
+            } else {
+                !state.queue.is_empty()
+            };
+            (state.open < state.max_connections && !ahead).then(|| Grant::Dial(self.issue_slot(state)))
+        })?;
+        state.leased += 1;
+        Some(grant)
+    }
+
+    /// The most recent idle connection that is still usable; the unusable ones met on the way are closed.
+    fn take_idle(&self, state: &mut PoolState) -> Option<Grant> {
         let limits = self.limits();
         while let Some(idle) = state.idle.pop_back() {
             if idle.conn.is_usable(&limits) {
@@ -278,16 +320,14 @@ impl UpstreamPool {
             // Dropping the sender lets the connection's task close it and free its slot.
             count_closing(state, &idle.conn);
         }
-        if state.open < state.max_connections && state.queue.is_empty() {
-            return Some(Grant::Dial(self.issue_slot(state)));
-        }
         None
     }
 
-    /// A connection finished an exchange and may be reused: the oldest waiter gets it, else it goes idle. Above
-    /// a lowered cap, or in a retired pool with nobody waiting, it is closed instead.
+    /// A lease ended with a connection that may be reused: the oldest waiter gets it (and the lease's place under
+    /// the adaptive limit), else it goes idle. At or above the adaptive limit only a retry may have it. Above a
+    /// lowered cap, or in a retired pool with nobody waiting, it is closed instead.
     pub(crate) fn put_idle(self: &Arc<Self>, conn: Conn) {
-        self.hand_on(Grant::Idle(conn), |state, grant| match grant {
+        self.hand_on(Grant::Idle(conn), true, |state, grant| match grant {
             Grant::Idle(conn) if state.retired || state.live_over_cap() => {
                 count_closing(state, &conn);
                 Some(Grant::Idle(conn))
@@ -322,7 +362,7 @@ impl UpstreamPool {
 
     /// Hands a freed right on, or lowers the count; `first` runs under the lock before anything else.
     fn hand_on_slot(pool: &Arc<Self>, first: impl FnOnce(&mut PoolState)) {
-        pool.hand_on_after(Grant::Dial(Slot::issued(pool.clone())), first, |state, grant| {
+        pool.hand_on_after(Grant::Dial(Slot::issued(pool.clone())), false, first, |state, grant| {
             if let Grant::Dial(slot) = grant {
                 state.open = state.open.saturating_sub(1);
                 slot.into_count();
@@ -336,14 +376,17 @@ impl UpstreamPool {
     /// it back). With nobody waiting, or when handing it on would keep more connections than the cap in force,
     /// `keep` deals with it under the same lock, so a waiter arriving meanwhile cannot be passed over and a cap
     /// lowered meanwhile cannot be missed; anything `keep` hands back is dropped after the lock is released.
-    fn hand_on(self: &Arc<Self>, grant: Grant, keep: impl Fn(&mut PoolState, Grant) -> Option<Grant>) {
-        self.hand_on_after(grant, |_| {}, keep);
+    /// `counted`: the grant is an ending lease's, already among the leases the adaptive limit counts; handed on,
+    /// the waiter takes its place, kept, it leaves the count. An uncounted grant handed on joins the count.
+    fn hand_on(self: &Arc<Self>, grant: Grant, counted: bool, keep: impl Fn(&mut PoolState, Grant) -> Option<Grant>) {
+        self.hand_on_after(grant, counted, |_| {}, keep);
     }
 
     /// [`Self::hand_on`], with `first` run under the lock before the grant is looked at.
     fn hand_on_after(
         self: &Arc<Self>,
         mut grant: Grant,
+        mut counted: bool,
         first: impl FnOnce(&mut PoolState),
         keep: impl Fn(&mut PoolState, Grant) -> Option<Grant>,
     ) {
@@ -361,12 +404,23 @@ impl UpstreamPool {
                 };
                 let next = if over_cap {
                     None
-                } else {
+                } else if state.under_limit(counted) {
                     state.queue.next(Instant::now())
+                } else {
+                    state.queue.next_retry(Instant::now())
                 };
                 match next {
-                    Some(waiter) => waiter,
+                    Some(waiter) => {
+                        if !counted {
+                            state.leased += 1;
+                            counted = true;
+                        }
+                        waiter
+                    }
                     None => {
+                        if counted {
+                            state.leased = state.leased.saturating_sub(1);
+                        }
                         let leftover = keep(&mut state, grant);
                         drop(state);
                         drop(leftover);
@@ -388,20 +442,109 @@ impl UpstreamPool {
         Slot::issued(self.clone())
     }
 
-    /// A grant that reached a waiter which had just given up goes back where it came from.
+    /// A grant that reached a waiter which had just given up goes back where it came from; it leaves the lease
+    /// count as it goes.
     fn give_back(self: &Arc<Self>, grant: Grant) {
         match grant {
             Grant::Idle(conn) => self.put_idle(conn),
-            Grant::Dial(slot) => drop(slot),
+            Grant::Dial(slot) => {
+                let mut state = self.lock();
+                state.leased = state.leased.saturating_sub(1);
+                drop(state);
+                drop(slot);
+            }
         }
     }
 
-    /// An exchange gave up on `conn`: its task is told to close it now, and it counts as closing until that task
-    /// has freed its slot. The connection's state moves under the pool's lock on both sides, so a task that
-    /// finished first is never counted.
-    pub(crate) fn closing_started(&self, conn: &Conn) {
-        conn.close_now();
-        count_closing(&mut self.lock(), conn);
+    /// A lease ended without a connection to hand on: `closing`, if any, was given up on by the exchange (its
+    /// task is told to close it now, and it counts as closing until that task has freed its slot; the
+    /// connection's state moves under the pool's lock on both sides, so a task that finished first is never
+    /// counted). The lease leaves the count, which may let a waiter the adaptive limit held back in.
+    pub(crate) fn lease_released(self: &Arc<Self>, closing: Option<&Conn>) {
+        let mut state = self.lock();
+        if let Some(conn) = closing {
+            conn.close_now();
+            count_closing(&mut state, conn);
+        }
+        state.leased = state.leased.saturating_sub(1);
+        self.admit_admissible(state);
+    }
+
+    /// Grants, one at a time, whatever the rules allow to waiters now: each retry a free slot, then each other
+    /// waiter, while under the adaptive limit, an idle connection or a free slot. Only waiters the adaptive limit
+    /// held back, or that a raised cap or limit makes room for, can be served here; without either nothing is.
+    fn admit_admissible<'a>(self: &'a Arc<Self>, mut state: MutexGuard<'a, PoolState>) {
+        loop {
+            let Some((waiter, grant)) = self.next_admissible(&mut state) else {
+                return;
+            };
+            drop(state);
+            if let Err(grant) = waiter.grant(grant) {
+                self.give_back(grant);
+            }
+            state = self.lock();
+        }
+    }
+
+    fn next_admissible(self: &Arc<Self>, state: &mut PoolState) -> Option<(Waiter<Grant>, Grant)> {
+        let now = Instant::now();
+        if state.queue.has_retries() && state.open < state.max_connections {
+            if let Some(retry) = state.queue.next_retry(now) {
+                state.leased += 1;
+                return Some((retry, Grant::Dial(self.issue_slot(state))));
+            }
+        }
+        // A retry made to wait for a fresh connection must not be handed a long-idle one: idle connections go to
+        // the other waiters only.
+        if !state.queue.has_waiting() || !state.under_limit(false) || state.live_over_cap() {
+            return None;
+        }
+        let idle = self.take_idle(state);
+        if idle.is_none() && state.open >= state.max_connections {
+            return None;
+        }
+        let Some(waiter) = state.queue.next_waiting(now) else {
+            // Every one of them was shed on the way (deadline, CoDel): the connection goes back as it was.
+            if let Some(Grant::Idle(conn)) = idle {
+                state.idle.push_back(IdleConn {
+                    conn,
+                    since: Instant::now(),
+                });
+            }
+            return None;
+        };
+        state.leased += 1;
+        let grant = idle.unwrap_or_else(|| Grant::Dial(self.issue_slot(state)));
+        Some((waiter, grant))
+    }
+
+    /// Puts a new adaptive limit in force; raised, it serves the waiters it makes room for at once. Lowered, it
+    /// closes nothing: leases end as they do, and their connections go idle until the count is below it.
+    fn set_adaptive_limit(self: &Arc<Self>, limit: usize) {
+        let mut state = self.lock();
+        let raised = limit > state.limit;
+        state.limit = limit;
+        if raised {
+            self.admit_admissible(state);
+        }
+    }
+
+    /// Leases counted against the adaptive limit (grants on their way to a waiter included).
+    #[cfg(test)]
+    fn leased(&self) -> usize {
+        self.lock().leased
+    }
+
+    /// Requests holding a lease now.
+    pub fn in_flight(&self) -> usize {
+        self.in_use.load(Ordering::Relaxed)
+    }
+
+    /// A response head arrived `took` after its request was dispatched with `in_flight` requests in flight: the
+    /// adaptive limit's input. Lock-free unless it closes the limit's window.
+    pub fn responded(self: &Arc<Self>, in_flight: usize, took: Duration) {
+        self.adaptive
+            .observe(in_flight, took, |limit| self.set_adaptive_limit(limit));
     }
 
     pub(crate) fn lease_started(&self) {
@@ -424,7 +567,7 @@ impl UpstreamPool {
     pub fn shed_advice(&self) -> ShedAdvice {
         let (queued, cap) = {
             let state = self.lock();
-            (state.queue.len(), state.max_connections.max(1))
+            (state.queue.len(), state.max_connections.min(state.limit).max(1))
         };
         let hold = Duration::from_micros(self.hold_us.load(Ordering::Relaxed));
         let drain = hold.mul_f64((queued + 1) as f64 / cap as f64);
@@ -441,7 +584,8 @@ impl UpstreamPool {
     }
 
     pub fn snapshot(&self) -> PoolSnapshot {
-        let (open, idle, queue_depth, max_connections, draining) = {
+        let adaptive = self.adaptive.snapshot();
+        let (open, idle, queue_depth, max_connections, limit, draining) = {
             let state = self.lock();
             let idle = state.idle.iter().filter(|i| !i.conn.is_closed()).count();
             (
@@ -449,6 +593,7 @@ impl UpstreamPool {
                 idle,
                 state.queue.len(),
                 state.max_connections,
+                state.limit.min(state.max_connections),
                 state.retired,
             )
         };
@@ -456,6 +601,8 @@ impl UpstreamPool {
             address: self.origin.authority(),
             max_connections,
             max_queue: self.limits().max_queue,
+            limit,
+            adaptive,
             in_use: self.in_use.load(Ordering::Relaxed),
             connections_open: open,
             connections_idle: idle,
@@ -507,7 +654,9 @@ impl UpstreamPool {
     }
 
     /// Reads, changes and stores the limits under the pool's lock, so a reload and an admin call that race
-    /// cannot leave the cap in force and the stored limits disagreeing.
+    /// cannot leave the cap in force and the stored limits disagreeing. The adaptive limit then takes its
+    /// settings from the limits stored by then (turned on, it starts from `min_connections`; turned off, nothing
+    /// but the cap bounds the leases, and waiters it held back are served at once).
     fn change_limits(self: &Arc<Self>, change: impl FnOnce(&UpstreamConfig) -> UpstreamConfig) {
         let (raised, surplus_idle) = {
             let mut state = self.lock();
@@ -528,23 +677,13 @@ impl UpstreamPool {
         };
         // Dropped outside the lock: each connection's task closes it and frees its slot.
         drop(surplus_idle);
+        // The estimate's lock before the pool's, as when a window closes.
+        let params = adaptive::Params::of(&self.limits());
+        self.adaptive
+            .reconfigure(params, |limit| self.set_adaptive_limit(limit));
         if raised {
-            self.admit_waiters();
-        }
-    }
-
-    /// Hands each slot below a raised cap to a waiter: a slot issued and dropped at once goes to the oldest
-    /// waiter through [`Self::slot_freed`], exactly as a freed one does.
-    fn admit_waiters(self: &Arc<Self>) {
-        loop {
-            let slot = {
-                let mut state = self.lock();
-                if state.open >= state.max_connections || state.queue.is_empty() {
-                    return;
-                }
-                self.issue_slot(&mut state)
-            };
-            drop(slot);
+            // A raised cap's slots go to the oldest waiters, as freed ones do.
+            self.admit_admissible(self.lock());
         }
     }
 
@@ -585,6 +724,12 @@ impl UpstreamPool {
 }
 
 impl PoolState {
+    /// Whether one more lease is within the adaptive limit; `counted`: the lease to be granted is an ending one's,
+    /// already counted.
+    fn under_limit(&self, counted: bool) -> bool {
+        self.leased.saturating_sub(usize::from(counted)) < self.limit
+    }
+
     /// More live connections, not counting those already on their way out, than the cap in force.
     fn live_over_cap(&self) -> bool {
         self.open.saturating_sub(self.closing) > self.max_connections

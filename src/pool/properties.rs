@@ -184,6 +184,8 @@ mod slot_level {
         /// A reload or the admin API changes the cap while slots are held and waiters queue.
         SetCap(usize),
         SetMaxQueue(usize),
+        /// The adaptive limit moves (`None`: turned off) while leases are held and waiters queue.
+        SetLimit(Option<usize>),
     }
 
     pub(super) fn op() -> impl Strategy<Value = Op> {
@@ -198,6 +200,7 @@ mod slot_level {
             2 => (1..150u64).prop_map(|ms| Op::Advance { ms }),
             2 => (1..=MAX_CAP).prop_map(Op::SetCap),
             1 => (0..4usize).prop_map(Op::SetMaxQueue),
+            2 => prop::option::weighted(0.85, 1..=MAX_CAP).prop_map(Op::SetLimit),
         ]
     }
 
@@ -222,6 +225,10 @@ mod slot_level {
     struct Model {
         max_connections: usize,
         max_queue: usize,
+        /// The adaptive limit in force; `usize::MAX` when off.
+        limit: usize,
+        /// Leases held plus grants waiting for their waiter: what the limit bounds.
+        leased: usize,
         now: u64,
         open: usize,
         queue: VecDeque<usize>,
@@ -237,9 +244,42 @@ mod slot_level {
     impl Model {
         fn issue(&mut self, id: usize) -> Option<Outcome> {
             self.open += 1;
+            self.leased += 1;
             self.connections_peak = self.connections_peak.max(self.open);
             self.leases.insert(id);
             Some(Outcome::Served)
+        }
+
+        fn retry_queued(&self) -> bool {
+            self.queue.iter().any(|queued| self.retries.contains(queued))
+        }
+
+        /// Hands a waiter a grant: `issued` a new slot, else one being handed on.
+        fn grant(&mut self, id: usize, issued: bool) {
+            if issued {
+                self.open += 1;
+                self.connections_peak = self.connections_peak.max(self.open);
+            }
+            self.leased += 1;
+            self.queue.retain(|&queued| queued != id);
+            self.waiters.insert(id, Waiter::Granted);
+        }
+
+        /// Whatever the rules allow now: each retry a free slot, then, under the limit, each other waiter one.
+        fn admit_admissible(&mut self) {
+            while self.open < self.max_connections {
+                let next = match self.queue.front() {
+                    Some(&first) if self.retries.contains(&first) => first,
+                    _ if self.leased < self.limit => {
+                        let Some(&first) = self.queue.iter().find(|q| !self.retries.contains(q)) else {
+                            break;
+                        };
+                        first
+                    }
+                    _ => break,
+                };
+                self.grant(next, true);
+            }
         }
 
         fn join(&mut self, id: usize, front: bool, deadline: u64) -> Option<Outcome> {
@@ -271,7 +311,14 @@ mod slot_level {
             if !priority {
                 self.requests_total += 1;
             }
-            if self.open < self.max_connections && self.queue.is_empty() {
+            // A retry is held back by the cap and by retries ahead of it; a new request also by anyone waiting and
+            // by the adaptive limit.
+            let free = if priority {
+                !self.retry_queued()
+            } else {
+                self.queue.is_empty() && self.leased < self.limit
+            };
+            if self.open < self.max_connections && free {
                 return self.issue(id);
             }
             if !priority && self.queue.len() >= self.max_queue {
@@ -305,11 +352,16 @@ mod slot_level {
             }
         }
 
-        /// `open` still counts the freed slot: above the cap, handing it on would keep one slot too many.
+        /// `open` still counts the freed slot: above the cap, handing it on would keep one slot too many. At or
+        /// above the adaptive limit only a retry may have it.
         fn slot_freed(&mut self) {
             if self.open <= self.max_connections {
-                if let Some(next) = self.queue.pop_front() {
-                    self.waiters.insert(next, Waiter::Granted);
+                let next = match self.queue.front() {
+                    Some(&first) if self.retries.contains(&first) || self.leased < self.limit => Some(first),
+                    _ => None,
+                };
+                if let Some(next) = next {
+                    self.grant(next, false);
                     return;
                 }
             }
@@ -320,11 +372,17 @@ mod slot_level {
         fn set_cap(&mut self, cap: usize) {
             let raised = cap > self.max_connections;
             self.max_connections = cap;
-            while raised && self.open < self.max_connections {
-                let Some(next) = self.queue.pop_front() else { break };
-                self.open += 1;
-                self.connections_peak = self.connections_peak.max(self.open);
-                self.waiters.insert(next, Waiter::Granted);
+            if raised {
+                self.admit_admissible();
+            }
+        }
+
+        /// A raised limit lets the waiters it held back in at once; a lowered one takes effect as leases end.
+        fn set_limit(&mut self, limit: usize) {
+            let raised = limit > self.limit;
+            self.limit = limit;
+            if raised {
+                self.admit_admissible();
             }
         }
 
@@ -332,6 +390,7 @@ mod slot_level {
             match self.waiters.get(&id).copied() {
                 Some(Waiter::Granted) => {
                     self.waiters.remove(&id);
+                    self.leased -= 1;
                     self.slot_freed();
                 }
                 Some(Waiter::Queued { .. }) => self.leave_queue(id),
@@ -345,8 +404,11 @@ mod slot_level {
             }
         }
 
+        /// The lease leaves the count first (which may let a waiter the limit held back in), then its slot frees.
         fn release(&mut self, id: usize) {
             self.leases.remove(&id);
+            self.leased -= 1;
+            self.admit_admissible();
             self.slot_freed();
         }
 
@@ -493,6 +555,11 @@ mod slot_level {
                     set_max_queue(&self.pool, max_queue);
                     self.model.max_queue = max_queue;
                 }
+                Op::SetLimit(limit) => {
+                    let limit = limit.unwrap_or(usize::MAX);
+                    self.pool.set_adaptive_limit(limit);
+                    self.model.set_limit(limit);
+                }
                 Op::Poll(_) | Op::Release(_) | Op::Cancel(_) | Op::ClientGone(_) => {}
             }
             Ok(())
@@ -506,8 +573,31 @@ mod slot_level {
 
         /// `open_before`: the pool's count before the step, which may have issued slots only up to the cap.
         fn check(&mut self, open_before: usize) -> Result<(), TestCaseError> {
-            let seen = PoolView::from(self.pool.snapshot());
+            let snapshot = self.pool.snapshot();
+            prop_assert_eq!(snapshot.limit, self.model.limit.min(self.model.max_connections));
+            let seen = PoolView::from(snapshot);
             prop_assert_eq!(&seen, &self.model.view());
+            let leased = self.pool.leased();
+            prop_assert_eq!(leased, self.model.leased, "leases counted against the limit");
+            // Nobody waits whom the rules would serve: a retry only for the cap, any other request also for the
+            // adaptive limit.
+            let open = seen.open;
+            let cap_full = open >= self.model.max_connections;
+            prop_assert!(
+                cap_full || !self.model.retry_queued(),
+                "a retry waits with {} of {} slots issued",
+                open,
+                self.model.max_connections
+            );
+            prop_assert!(
+                seen.queue_depth == 0 || cap_full || leased >= self.model.limit,
+                "{} waiting with {} of {} slots issued and {} leases under a limit of {}",
+                seen.queue_depth,
+                open,
+                self.model.max_connections,
+                leased,
+                self.model.limit
+            );
             let cap = self.model.max_connections;
             prop_assert!(
                 seen.open <= open_before.max(cap),
@@ -518,13 +608,6 @@ mod slot_level {
             );
             self.ceiling.observe(seen.open)?;
             prop_assert!(seen.connections_peak <= self.ceiling.highest);
-            prop_assert!(
-                seen.queue_depth == 0 || seen.open >= cap,
-                "{} waiting with {} of {} slots issued",
-                seen.queue_depth,
-                seen.open,
-                cap
-            );
             let granted = self.model.waiters.values().filter(|w| **w == Waiter::Granted).count();
             // Every slot is accounted for exactly once: held by one lease or waiting for one waiter.
             prop_assert_eq!(seen.open, self.leases.len() + granted, "slots vs holders");
@@ -571,6 +654,8 @@ mod slot_level {
             model: Model {
                 max_connections,
                 max_queue,
+                limit: usize::MAX,
+                leased: 0,
                 now: 0,
                 open: 0,
                 queue: VecDeque::new(),

@@ -421,8 +421,12 @@ pub struct UpstreamOptions {
 /// Paths (the first segment that is a known command counts, so `/a/stall`
 /// and `/stall` are the same):
 /// `/delay/{ms}`, `/status/{code}`, `/bytes/{n}`, `/echo`, `/echo-stream`,
-/// `/headers`, `/close`, `/stall`, `/stall-body/{n}`, `/drop`; anything else:
-/// 200 `ok`.
+/// `/headers`, `/close`, `/stall`, `/stall-body/{n}`, `/drop`, `/knee/{k}/{ms}`;
+/// anything else: 200 `ok`.
+///
+/// `/knee/{k}/{ms}` is an upstream with a knee at concurrency `k`: it answers
+/// after `ms` while at most `k` requests are in flight on it (counted at the
+/// request's arrival, all paths), and after `ms × in_flight / k` above that.
 ///
 /// `/stall-body/{n}` answers 200 with `Content-Length: 2n`, sends `n` pattern
 /// bytes and then stalls mid-body until [`Upstream::release_stalled`] (then
@@ -460,6 +464,7 @@ const COMMANDS: &[&str] = &[
     "cut",
     "reset",
     "reset-body",
+    "knee",
 ];
 
 /// Every socket on the port sets SO_REUSEPORT so that a bound, non-listening placeholder can hold the port while
@@ -606,6 +611,12 @@ impl Upstream {
 
     pub fn peak_inflight(&self) -> usize {
         self.shared.inflight_peak.load(Ordering::SeqCst)
+    }
+
+    /// Starts the peak of in-flight requests again from the number in flight now.
+    pub fn reset_peak_inflight(&self) {
+        let now = self.shared.inflight_now.load(Ordering::SeqCst);
+        self.shared.inflight_peak.store(now, Ordering::SeqCst);
     }
 
     /// Requests received (including rejected ones).
@@ -981,6 +992,14 @@ async fn route(
         .position(|s| COMMANDS.contains(s))
         .map(|p| (segments[p], segments.get(p + 1).copied()));
     match command {
+        Some(("knee", Some(knee))) => {
+            let knee: u64 = knee.parse().unwrap_or(1).max(1);
+            let ms = segments.iter().skip_while(|s| **s != "knee").nth(2);
+            let ms: u64 = ms.and_then(|s| s.parse().ok()).unwrap_or(10);
+            let in_flight = shared.inflight_now.load(Ordering::SeqCst) as u64;
+            tokio::time::sleep(Duration::from_millis(ms * in_flight.max(knee) / knee)).await;
+            text_response(StatusCode::OK, "ok")
+        }
         Some(("delay", Some(ms))) => {
             let ms: u64 = ms.parse().unwrap_or(0);
             tokio::time::sleep(Duration::from_millis(ms)).await;
