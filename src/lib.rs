@@ -2,15 +2,18 @@
 //!
 //! A reverse proxy for services whose cost follows the concurrency their clients drive at them (a stock Ktor
 //! service spends a thread, and its memory, per concurrent connection). floodgate holds a bounded pool of
-//! keep-alive connections to each upstream, admits requests through a bounded FIFO queue, sheds what cannot be
-//! served in time (503 + `Retry-After`), and shows what it does on an admin listener.
+//! keep-alive connections to each upstream, admits requests through a bounded queue ([`admission`]: its
+//! discipline, client deadlines, fair lanes, priority classes), sheds what cannot be served in time with a status
+//! that says why, and shows what it does on an admin listener. [`reload`] puts a new configuration in force
+//! without dropping a request.
 //!
 //! A request's path, one module per step:
 //! ```text
 //! client ──► server (HTTP/1.1 + h2c, or TLS + ALPN; client deadlines) ──► proxy (the steps, in order)
 //!        ──► route (Host / path prefix → upstream) ──► forward (rewrite the head)
 //!        ──► buffer (a small request body read in full, so a slow uploader waits without a slot)
-//!        ──► pool::admit (idle connection │ free slot │ wait in the admission queue │ shed 503)
+//!        ──► pool::admit (idle connection │ free slot under the cap and the adaptive limit │ wait in the
+//!            admission queue │ shed 503/429/504)
 //!        ──► pool (dial if needed, TLS for https://; never more than max_connections) ──► forward (relay bodies;
 //!            a small response read in full at upstream speed, then sent from memory)
 //!        ──► end of the response body from the upstream: connection back to idle (or closed), then the slot
