@@ -1067,7 +1067,7 @@ const LONGEST_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 /// The largest integer TOML can state, so that `floodgate check` can always print what it accepted.
 const LARGEST_COUNT: u128 = i64::MAX as u128;
 
-/// [`LARGEST_COUNT`] for a count set at runtime (the admin API's cap), which `check` must be able to print too.
+/// `LARGEST_COUNT` for a count set at runtime (the admin API's cap), which `check` must be able to print too.
 pub const LARGEST_RUNTIME_COUNT: usize = i64::MAX as usize;
 
 #[derive(Default)]

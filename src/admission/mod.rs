@@ -2,7 +2,7 @@
 //! shedding decisions.
 //!
 //! Owns the waiter lists and the order they are served in: retries of admitted requests first, then priority
-//! classes highest first, within a class the clients' [lanes] in deficit round robin (one shared lane without
+//! classes highest first, within a class the clients' lanes in deficit round robin (one shared lane without
 //! fairness), and within a lane the upstream's discipline (FIFO; adaptive LIFO, newest first once a queue has
 //! stood for a CoDel interval; CoDel, FIFO that sheds long waiters once every request for an interval has waited
 //! past the target), skipping requests whose client deadline has passed. It decides every shed reason but the queue timeout's moment, which the

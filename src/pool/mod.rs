@@ -12,7 +12,7 @@
 //! them, and issues no slot while more connections exist than the new cap. A retired pool (its upstream removed
 //! or replaced) serves what it already admitted and closes each connection as it comes free.
 //!
-//! With an adaptive limit ([`adaptive`]) a second bound sits beside the cap, on leases rather than connections: no
+//! With an adaptive limit (`adaptive`) a second bound sits beside the cap, on leases rather than connections: no
 //! new request is granted a lease (an idle connection or a slot) while as many leases as the limit are out, so a
 //! request above it waits in the queue like any other. Lowering it closes nothing: a connection whose lease ends
 //! above the limit goes idle instead of to a waiter. Raising it serves waiters at once. Retries of admitted
@@ -638,7 +638,7 @@ impl UpstreamPool {
     }
 
     /// Puts new limits in force. A raised cap issues its new slots to waiters now; a lowered one closes surplus
-    /// idle connections now (oldest first) and the surplus busy ones as they finish (see [`Self::hand_on`]).
+    /// idle connections now (oldest first) and the surplus busy ones as they finish (see `hand_on`).
     /// Requests already queued keep their place under a lowered `max_queue`; `queue_timeout` applies to
     /// arrivals from now on.
     pub fn set_limits(self: &Arc<Self>, limits: UpstreamConfig) {
