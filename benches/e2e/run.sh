@@ -11,9 +11,10 @@ Usage: benches/e2e/run.sh [options]
 
 Runs every subject the same way against a counting upstream (examples/bench_upstream.rs, or the JVM one in
 benches/e2e/jvm/) and writes one JSON line per run, then regenerates docs/benchmarks.md (tables) and
-docs/benchmarks.png (plot) from them, and docs/overload.md when overload-control scenarios ran. Installs missing tools (apt-get: haproxy, nginx-light, wrk, curl, python3,
-nghttp2-client, a JDK, python3-matplotlib; cargo install: oha), builds floodgate and its tools in release, uses
-free loopback ports, and stops every process it started, by PID, on exit, failure or Ctrl-C.
+docs/benchmarks.png (plot) from them, and docs/overload.md when overload-control scenarios ran. Installs missing
+tools (apt-get: haproxy, nginx-light, wrk, curl, python3, nghttp2-client, a JDK, python3-matplotlib; cargo
+install: oha), builds floodgate and its tools in release, uses free loopback ports, and stops every process it
+started, by PID, on exit, failure or Ctrl-C.
 
 Scenarios (-x), each in benches/e2e/scenarios/NAME.sh:
   closed    wrk closed loop, every subject, clients (-c) x service times (-s), cap N
@@ -33,7 +34,8 @@ Overload-control scenarios (not in the default -x; their report is docs/overload
   Reserved, to be added as scenarios/NAME.sh + section_NAME.py each (contract in scenarios/README.md):
   adaptive      the adaptive limit settling near the upstream's knee
   slow-readers  slow readers with and without response buffering
-  Their settings are environment variables named after them (overload_factors="2" ...; see each file's head).
+  Their cap, queue, timeouts and subjects are their own settings, not -n/-q/-T/-S: environment variables named
+  after them (overload_factors="2" ...; see each file's head). They run in the shared layout only.
 
 Subjects: direct (no proxy), floodgate-1, floodgate-2 (--threads 1/2), haproxy-1, haproxy-2 (nbthread 1/2),
 nginx-1, nginx-2 (worker_processes 1/2). Each run starts a fresh upstream and a fresh subject.
@@ -44,7 +46,7 @@ Options:
   -q Q         queue bound (floodgate --max-queue; HAProxy: 503 when the backend queue holds Q;
                nginx OSS has no queue)                                          [1024]
   -T D         queue timeout, seconds (floodgate --queue-timeout, HAProxy timeout queue)   [2]
-  -x "S ..."   scenarios to run, in this order                                  [all of them]
+  -x "S ..."   scenarios to run, in this order                                  [the first seven above]
   -L "L ..."   CPU layouts: shared (no pinning), pinned (load generator on the upper half of
                the CPUs, proxy and upstream on the lower half)                  ["shared pinned"]
   -P "S ..."   the scenarios (of -x) that also run in the pinned layout; the pinned closed loop
