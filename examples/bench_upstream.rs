@@ -24,6 +24,12 @@
 //! the next millisecond tick: a "2 ms" service would really be 2-3 ms, and N / service time would not be the
 //! bound it claims. `service_p50_us`/`service_p99_us` report what the handlers really took.
 //!
+//! Two options shape the upstream for the overload-control scenarios (`benches/e2e/scenarios/README.md`):
+//! `--knee K` makes it a server that does K requests' work at a time: a request that starts with n requests in
+//! flight (itself included) takes the service time x max(1, n / K), so past K in flight latency rises in
+//! proportion and throughput stays at K / service time (what an adaptive concurrency limit should settle near);
+//! `--body-bytes B` answers every request with a body of B bytes instead of `ok\n` (for slow readers).
+//!
 //! The hand-off gap: on each connection, the time from one handler returning its response to the next handler
 //! starting on the same connection — the idle time a proxy in front leaves on a connection it holds, which at a
 //! fixed service time is what separates its throughput from N / service time. Reported as `gap_p50_us` and
@@ -121,6 +127,34 @@ struct Args {
     /// Runtime worker threads.
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// Requests served at full speed at once; past it each request's service time grows with the requests in
+    /// flight (service time x in flight / knee). 0: no knee, every request takes the service time.
+    #[arg(long, default_value_t = 0)]
+    knee: u64,
+    /// Response body size in bytes (0: the default body, "ok" and a newline).
+    #[arg(long, default_value_t = 0)]
+    body_bytes: usize,
+}
+
+/// What every request is answered with, and how its service time is worked out.
+#[derive(Clone)]
+struct Service {
+    delay: Duration,
+    knee: u64,
+    body: Bytes,
+    timer: PreciseTimer,
+}
+
+impl Service {
+    /// The service time of a request that starts with `inflight` requests in flight, itself included.
+    fn time(&self, inflight: u64) -> Duration {
+        if self.knee == 0 || inflight <= self.knee {
+            return self.delay;
+        }
+        // u32 is plenty: in flight is bounded by the connections a proxy opens.
+        let factor = u32::try_from(inflight).unwrap_or(u32::MAX);
+        self.delay * factor / u32::try_from(self.knee).unwrap_or(u32::MAX)
+    }
 }
 
 /// A gauge that remembers its highest value since the last reset.
@@ -131,9 +165,11 @@ struct PeakGauge {
 }
 
 impl PeakGauge {
-    fn up(&self) {
+    /// Counts one more; returns the count with it.
+    fn up(&self) -> u64 {
         let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
         self.peak.fetch_max(now, Ordering::SeqCst);
+        now
     }
 
     fn down(&self) {
@@ -237,11 +273,11 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
 
 async fn serve(
     counters: Arc<Counters>,
-    delay: Duration,
-    timer: &PreciseTimer,
+    service: &Service,
     last_answer: &Mutex<Option<Instant>>,
 ) -> Response<Full<Bytes>> {
-    counters.inflight.up();
+    let inflight = counters.inflight.up();
+    let delay = service.time(inflight);
     let _inflight = InflightGuard(&counters);
     let start = Instant::now();
     if let Some(answered) = *last_answer.lock().unwrap_or_else(PoisonError::into_inner) {
@@ -249,7 +285,7 @@ async fn serve(
         let _ = counters.gaps.lock().unwrap_or_else(PoisonError::into_inner).record(gap);
     }
     if !delay.is_zero() {
-        timer.sleep(delay).await;
+        service.timer.sleep(delay).await;
     }
     counters.served.fetch_add(1, Ordering::SeqCst);
     let answered = Instant::now();
@@ -260,7 +296,7 @@ async fn serve(
         .unwrap_or_else(PoisonError::into_inner)
         .record(took);
     *last_answer.lock().unwrap_or_else(PoisonError::into_inner) = Some(answered);
-    text(StatusCode::OK, "ok\n")
+    text(StatusCode::OK, service.body.clone())
 }
 
 fn control(counters: &Counters, req: &Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
@@ -271,15 +307,15 @@ fn control(counters: &Counters, req: &Request<hyper::body::Incoming>) -> Respons
     }
 }
 
-async fn serve_data_connection(stream: TcpStream, counters: Arc<Counters>, delay: Duration, timer: PreciseTimer) {
+async fn serve_data_connection(stream: TcpStream, counters: Arc<Counters>, service: Service) {
     let _conn = ConnGuard(counters.clone());
     // HTTP/1.1 serves one request at a time per connection, so this is never contended.
     let last_answer = Arc::new(Mutex::new(None));
     let svc = service_fn(move |_req: Request<hyper::body::Incoming>| {
         let counters = counters.clone();
         let last_answer = last_answer.clone();
-        let timer = timer.clone();
-        async move { Ok::<_, Infallible>(serve(counters, delay, &timer, &last_answer).await) }
+        let service = service.clone();
+        async move { Ok::<_, Infallible>(serve(counters, &service, &last_answer).await) }
     });
     // Errors here are the client's doing (reset, garbage); the connection is over either way.
     let _ = hyper::server::conn::http1::Builder::new()
@@ -297,18 +333,18 @@ async fn serve_control_connection(stream: TcpStream, counters: Arc<Counters>) {
         .await;
 }
 
-/// `service`: the data listener's service time and timer; None for the control listener.
-async fn accept_loop(listener: TcpListener, counters: Arc<Counters>, service: Option<(Duration, PreciseTimer)>) {
+/// `service`: the data listener's; None for the control listener.
+async fn accept_loop(listener: TcpListener, counters: Arc<Counters>, service: Option<Service>) {
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
                 let _ = stream.set_nodelay(true);
                 match &service {
-                    Some((delay, timer)) => {
+                    Some(service) => {
                         // Counted here, before the task is spawned, so no accepted connection is ever missed.
                         counters.conns.up();
                         counters.accepted.fetch_add(1, Ordering::SeqCst);
-                        tokio::spawn(serve_data_connection(stream, counters.clone(), *delay, timer.clone()));
+                        tokio::spawn(serve_data_connection(stream, counters.clone(), service.clone()));
                     }
                     None => {
                         tokio::spawn(serve_control_connection(stream, counters.clone()));
@@ -339,15 +375,25 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let data = TcpListener::bind(args.listen).await?;
     let ctl = TcpListener::bind(args.control).await?;
     println!(
-        "bench_upstream ready listen={} control={} delay_ms={}",
+        "bench_upstream ready listen={} control={} delay_ms={} knee={} body_bytes={}",
         data.local_addr()?,
         ctl.local_addr()?,
-        args.delay_ms
+        args.delay_ms,
+        args.knee,
+        args.body_bytes
     );
     let counters = Arc::new(Counters::default());
-    let delay = Duration::from_millis(args.delay_ms);
-    let timer = PreciseTimer::start()?;
-    tokio::spawn(accept_loop(data, counters.clone(), Some((delay, timer))));
+    let service = Service {
+        delay: Duration::from_millis(args.delay_ms),
+        knee: args.knee,
+        body: if args.body_bytes == 0 {
+            Bytes::from_static(b"ok\n")
+        } else {
+            Bytes::from(vec![b'x'; args.body_bytes])
+        },
+        timer: PreciseTimer::start()?,
+    };
+    tokio::spawn(accept_loop(data, counters.clone(), Some(service)));
     tokio::spawn(accept_loop(ctl, counters.clone(), None));
     shutdown_signal().await?;
     println!("{}", counters.snapshot());

@@ -55,6 +55,14 @@ apt_need=() # apt packages to install
 want_tool() { # COMMAND PACKAGE
   command -v "$1" >/dev/null 2>&1 || [[ -x /usr/sbin/$1 ]] || apt_need+=("$2")
 }
+want_oha() { # oha is not in Debian's apt: cargo install (into ~/.cargo/bin) when it is missing
+  command -v oha >/dev/null 2>&1 && return 0
+  [[ -x $HOME/.cargo/bin/oha ]] && { PATH="$PATH:$HOME/.cargo/bin"; return 0; }
+  ((install)) || die "missing: oha (cargo install oha --locked), and -I given"
+  log "installing oha with 'cargo install oha --locked' (not in apt; about 10 minutes on 2 CPUs)"
+  cargo install oha --locked --quiet || die "cargo install oha failed"
+  PATH="$PATH:$HOME/.cargo/bin"
+}
 install_tools() {
   ((${#apt_need[@]})) || return 0
   ((install)) || die "missing: ${apt_need[*]} (and -I given)"
@@ -212,12 +220,15 @@ EOF
 
 # --- upstreams -------------------------------------------------------------------------------------------------------
 # Starts the upstream of kind $upstream_kind (bench: examples/bench_upstream.rs; jvm: benches/e2e/jvm/) with service
-# time DELAY_MS; sets up_addr, up_ctl (its control listener: GET /stats, POST /reset) and up_pid.
+# time DELAY_MS; sets up_addr, up_ctl (its control listener: GET /stats, POST /reset) and up_pid. upstream_args (an
+# array, empty by default; a scenario sets it `local`) goes on bench_upstream's command line: --knee K,
+# --body-bytes B.
+upstream_args=()
 start_upstream() { # DELAY_MS RUN_DIR
   local delay=$1 dir=$2 line
   case ${upstream_kind:-bench} in
     bench)
-      "${pin_serve[@]}" "$upstream_bin" --delay-ms "$delay" --threads "$upstream_threads" \
+      "${pin_serve[@]}" "$upstream_bin" --delay-ms "$delay" --threads "$upstream_threads" "${upstream_args[@]}" \
         >"$dir/upstream.out" 2>"$dir/upstream.err" &
       ;;
     jvm)
@@ -233,7 +244,10 @@ start_upstream() { # DELAY_MS RUN_DIR
 
 # --- subjects --------------------------------------------------------------------------------------------------------
 # Starts SUBJECT in front of UPSTREAM_ADDR; sets subject_port, subject_pids (the proxy's process tree) and, for
-# floodgate, admin_addr.
+# floodgate, admin_addr. floodgate_env (an array of NAME=VALUE, empty by default; a scenario sets it `local`) is
+# floodgate's environment on top of ours: settings that have no flag, for the one upstream --upstream makes
+# (named "default"), e.g. FLOODGATE__UPSTREAMS__DEFAULT__QUEUE_DISCIPLINE=codel.
+floodgate_env=()
 start_subject() { # SUBJECT UPSTREAM_ADDR RUN_DIR
   local subject=$1 up=$2 dir=$3 pid line threads=${1##*-}
   subject_pids=() admin_addr=""
@@ -243,7 +257,7 @@ start_subject() { # SUBJECT UPSTREAM_ADDR RUN_DIR
       return 0
       ;;
     floodgate-*)
-      "${pin_serve[@]}" "$floodgate_bin" --listen 127.0.0.1:0 --admin 127.0.0.1:0 --upstream "http://$up" \
+      "${pin_serve[@]}" env "${floodgate_env[@]}" "$floodgate_bin" --listen 127.0.0.1:0 --admin 127.0.0.1:0 --upstream "http://$up" \
         --max-connections "$cap" --max-queue "$queue" --queue-timeout "${queue_timeout}s" --threads "$threads" \
         >"$dir/proxy.out" 2>"$dir/proxy.err" &
       pid=$!; pids+=("$pid")
@@ -340,6 +354,34 @@ EOF
   local stopping=("${subject_pids[@]}" "$up_pid")
   stop_pid "${stopping[@]}"
   forget_pids "${stopping[@]}"
+}
+
+# floodgate's requests by outcome from its /metrics (floodgate_requests_total summed over status and upstream), as
+# one JSON object ({"ok": n, "shed_deadline": n, ...}); {} when there is no admin address (not floodgate) or it
+# does not answer. Read before and after a measured load, the difference is the window's.
+floodgate_outcomes() { # ADMIN_ADDR (may be empty)
+  local text
+  [[ -n $1 ]] && text=$(curl -fsS "http://$1/metrics" 2>/dev/null) || { echo "{}"; return 0; }
+  python3 -c '
+import json, re, sys
+out = {}
+for line in sys.stdin:
+    m = re.match(r"floodgate_requests_total\{([^}]*)\} (\S+)", line)
+    if m:
+        o = re.search(r"outcome=\"([^\"]*)\"", m.group(1))
+        if o:
+            out[o.group(1)] = out.get(o.group(1), 0) + int(float(m.group(2)))
+print(json.dumps(out))' <<<"$text"
+}
+
+# Reads a load.json on stdin, writes it with "outcomes": AFTER - BEFORE (two floodgate_outcomes objects).
+merge_outcomes() { # BEFORE_JSON AFTER_JSON
+  python3 -c '
+import json, sys
+load = json.load(sys.stdin)
+before, after = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+load["outcomes"] = {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
+json.dump(load, sys.stdout)' "$1" "$2"
 }
 
 # --- load generators -------------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Turns one oha run (JSON summary + the SQLite file of --db-url) into the load.json shape of lib.sh's run_case.
 
-Usage: oha_to_load.py OHA_JSON OHA_DB RATE SECONDS > load.json
+Usage: oha_to_load.py OHA_JSON OHA_DB RATE SECONDS [WITHIN_MS] > load.json
 
 oha's JSON has status counts, errors and percentiles of every response together (with --stats-success-breakdown,
 split only into 2xx and not 2xx). Its SQLite file holds every response with its status and its latency (corrected
@@ -17,6 +17,10 @@ CPU is measured over the same stretch) divides by the same responses. window_us 
 requests the schedule made that oha never sent or finished: above 0 the generator ran short of connections and
 stopped being open-loop at the end. The schedule is RATE x SECONDS requests, less those of its last 2 ms: oha drops
 a tick that fires after the deadline, and tokio's timer fires up to about a millisecond late.
+
+With WITHIN_MS (the overload scenarios: the client's deadline), "within" counts, per status code, the responses
+whose latency was at most that many milliseconds, e.g. {"200": 1990, "504": 0}: the served requests that came in
+time for a client that gives up then.
 """
 
 import json
@@ -56,10 +60,11 @@ def error_kind(message):
 
 
 def main():
-    if len(sys.argv) != 5:
+    if len(sys.argv) not in (5, 6):
         print(__doc__, file=sys.stderr)
         sys.exit(2)
     js_path, db_path, rate, secs = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+    within_s = float(sys.argv[5]) / 1000 if len(sys.argv) == 6 else None
     with open(js_path) as f:
         summary = json.load(f)
     codes = {str(k): int(v) for k, v in summary.get("statusCodeDistribution", {}).items()}
@@ -92,6 +97,9 @@ def main():
         for status, d in rows:
             by.setdefault(str(status), []).append(d)
         out["by_status"] = {k: stats_us(v) for k, v in sorted(by.items())}
+        if within_s is not None:
+            out["within_ms"] = within_s * 1000
+            out["within"] = {k: sum(1 for d in v if d <= within_s) for k, v in sorted(by.items())}
         out["latency_source"] = "oha --db-url, per response"
     else:
         # No per-response file: oha's own percentiles of every response, nothing per status.

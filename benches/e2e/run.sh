@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end benchmark: the upstream directly, floodgate, HAProxy and nginx at the same connection cap, under the
-# same loads, with the upstream's own exact counts. See -h, and docs/benchmarks.md for results. The shared machinery
-# is in lib.sh; each scenario (a kind of load) is one file in scenarios/.
+# same loads, with the upstream's own exact counts; and floodgate's overload control (queue disciplines, fair
+# sharing) measured against itself. See -h, and docs/benchmarks.md and docs/overload.md for results. The shared
+# machinery is in lib.sh; each scenario (a kind of load) is one file in scenarios/ and one section_<name>.py.
 set -euo pipefail
 
 usage() {
@@ -10,9 +11,10 @@ Usage: benches/e2e/run.sh [options]
 
 Runs every subject the same way against a counting upstream (examples/bench_upstream.rs, or the JVM one in
 benches/e2e/jvm/) and writes one JSON line per run, then regenerates docs/benchmarks.md (tables) and
-docs/benchmarks.png (plot) from them. Installs missing tools (apt-get: haproxy, nginx-light, wrk, curl, python3,
-nghttp2-client, a JDK, python3-matplotlib; cargo install: oha), builds floodgate and its tools in release, uses
-free loopback ports, and stops every process it started, by PID, on exit, failure or Ctrl-C.
+docs/benchmarks.png (plot) from them, and docs/overload.md when overload-control scenarios ran. Installs missing
+tools (apt-get: haproxy, nginx-light, wrk, curl, python3, nghttp2-client, a JDK, python3-matplotlib; cargo
+install: oha), builds floodgate and its tools in release, uses free loopback ports, and stops every process it
+started, by PID, on exit, failure or Ctrl-C.
 
 Scenarios (-x), each in benches/e2e/scenarios/NAME.sh:
   closed    wrk closed loop, every subject, clients (-c) x service times (-s), cap N
@@ -23,6 +25,18 @@ Scenarios (-x), each in benches/e2e/scenarios/NAME.sh:
   idle      8,000 clients (idle_clients) make one request each, then stay connected: proxy RSS with them vs before
   jvm       wrk closed loop, 50 ms, thread-per-connection JVM upstream (jvm/), 200-8,000 clients: its threads, RSS
 
+Overload-control scenarios (not in the default -x; their report is docs/overload.md, option -O):
+  overload  oha open loop at 0.8x, 1x, 1.2x and 2x of N / service time (8 / 20 ms), clients sending
+            X-Request-Timeout: 500; floodgate with queue_discipline fifo, adaptive-lifo and codel, and HAProxy
+            (FIFO with timeout queue) as a reference: goodput, served p50/p99, share in the deadline, sheds by reason
+  fairness  a greedy client (wrk, 100 connections, X-Api-Key: greedy) and a polite one (oha, 20 req/s open loop,
+            X-Api-Key: polite) together at N = 4, 20 ms; fair_key off, header:x-api-key, and with fair_max_queue
+  Reserved, to be added as scenarios/NAME.sh + section_NAME.py each (contract in scenarios/README.md):
+  adaptive      the adaptive limit settling near the upstream's knee
+  slow-readers  slow readers with and without response buffering
+  Their cap, queue, timeouts and subjects are their own settings, not -n/-q/-T/-S: environment variables named
+  after them (overload_factors="2" ...; see each file's head). They run in the shared layout only.
+
 Subjects: direct (no proxy), floodgate-1, floodgate-2 (--threads 1/2), haproxy-1, haproxy-2 (nbthread 1/2),
 nginx-1, nginx-2 (worker_processes 1/2). Each run starts a fresh upstream and a fresh subject.
 
@@ -32,7 +46,7 @@ Options:
   -q Q         queue bound (floodgate --max-queue; HAProxy: 503 when the backend queue holds Q;
                nginx OSS has no queue)                                          [1024]
   -T D         queue timeout, seconds (floodgate --queue-timeout, HAProxy timeout queue)   [2]
-  -x "S ..."   scenarios to run, in this order                                  [all of them]
+  -x "S ..."   scenarios to run, in this order                                  [the first seven above]
   -L "L ..."   CPU layouts: shared (no pinning), pinned (load generator on the upper half of
                the CPUs, proxy and upstream on the lower half)                  ["shared pinned"]
   -P "S ..."   the scenarios (of -x) that also run in the pinned layout; the pinned closed loop
@@ -46,14 +60,17 @@ Options:
   -t THREADS   wrk threads                                                      [2]
   -u THREADS   upstream runtime threads                                         [1]
   -o DIR       results directory                                                [target/e2e-results/<date>]
-  -D FILE      Markdown report to regenerate ("-": none)                        [docs/benchmarks.md]
+  -D FILE      Markdown report of the benchmark scenarios ("-": none)            [docs/benchmarks.md]
+  -O FILE      Markdown report of the overload-control scenarios ("-": none)     [docs/overload.md]
   -I           do not install anything (fail if a tool is missing)
   -B           do not build (use the binaries already in the cargo target dir)
   -h           this help
 
 Environment: CARGO_TARGET_DIR is honoured for the build and the binaries.
 Example (a short run): benches/e2e/run.sh -d 5 -r 1 -c 200
+Overload control only: benches/e2e/run.sh -x "overload fairness" -d 6 -r 3
 Report only, from an earlier results directory: python3 benches/e2e/report.py DIR docs/benchmarks.md
+  (python3 benches/e2e/report.py --kind overload DIR docs/overload.md for the overload-control scenarios)
 EOF
 }
 
@@ -66,9 +83,10 @@ cap=8 queue=1024 queue_timeout=2 closed_clients="200 1000" closed_delays="0 2 20
 scenarios="closed capacity open single h2 idle jvm" layouts="shared pinned"
 pinned_scenarios="closed capacity single"
 subjects="direct floodgate-1 floodgate-2 haproxy-1 haproxy-2 nginx-1 nginx-2"
-wrk_threads=2 upstream_threads=1 out="" doc="$repo/docs/benchmarks.md" install=1 build=1
+wrk_threads=2 upstream_threads=1 out="" doc="$repo/docs/benchmarks.md" doc_overload="$repo/docs/overload.md"
+install=1 build=1
 
-while getopts "n:q:T:x:L:P:c:s:d:w:r:S:t:u:o:D:IBh" opt; do
+while getopts "n:q:T:x:L:P:c:s:d:w:r:S:t:u:o:D:O:IBh" opt; do
   case $opt in
     n) cap=$OPTARG ;;
     q) queue=$OPTARG ;;
@@ -86,6 +104,7 @@ while getopts "n:q:T:x:L:P:c:s:d:w:r:S:t:u:o:D:IBh" opt; do
     u) upstream_threads=$OPTARG ;;
     o) out=$OPTARG ;;
     D) doc=$OPTARG ;;
+    O) doc_overload=$OPTARG ;;
     I) install=0 ;;
     B) build=0 ;;
     h) usage; exit 0 ;;
@@ -113,6 +132,9 @@ done
 # shellcheck source=lib.sh
 source "$here/lib.sh"
 cargo_examples=(bench_upstream) # scenarios add the examples they need when sourced
+# The report a scenario's results go to: "benchmarks" (docs/benchmarks.md, -D) unless its file sets
+# scenario_doc[NAME]=overload (docs/overload.md, -O). report.py picks sections by their DOC the same way.
+declare -A scenario_doc=()
 
 want_tool wrk wrk
 want_tool curl curl
@@ -124,9 +146,12 @@ for s in $scenarios; do
   source "$here/scenarios/$s.sh"
   if declare -F "tools_$s" >/dev/null; then "tools_$s"; fi
 done
+kinds=" "
+for s in $scenarios; do kinds+="${scenario_doc[$s]:-benchmarks} "; done
 # The plot needs matplotlib: use a python3 that has it, else Debian's (python3-matplotlib installs for /usr/bin/python3).
+# Only docs/benchmarks.md has a plot.
 report_python=python3
-if ! python3 -c 'import matplotlib' 2>/dev/null; then
+if [[ $kinds == *" benchmarks "* ]] && ! python3 -c 'import matplotlib' 2>/dev/null; then
   if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
     report_python=/usr/bin/python3
   elif [[ $doc != "-" ]] && ((install)) && command -v apt-get >/dev/null 2>&1; then
@@ -172,8 +197,12 @@ E2E_V_haproxy=$(ver haproxy -v) E2E_V_nginx=$(ver nginx -v) E2E_V_wrk=$(ver wrk 
 E2E_V_oha=$(ver oha --version) E2E_V_h2load=$(ver h2load --version) E2E_V_java=$(ver java -version)
 export E2E_GIT E2E_CPU E2E_OS E2E_MEM ${!E2E_V_*}
 # Every setting, by name, for the report (a scenario's own settings are globals named after it: closed_clients...).
+scenario_vars=()
+for s in $scenarios; do
+  mapfile -t -O "${#scenario_vars[@]}" scenario_vars < <(compgen -v "${s//-/_}_" || true)
+done
 for v in cap queue queue_timeout duration warmup reps wrk_threads upstream_threads scenarios layouts pinned_scenarios subjects \
-  ${!closed_*} ${!capacity_*} ${!open_*} ${!single_*} ${!h2_*} ${!idle_*} ${!jvm_*}; do
+  ${!closed_*} "${scenario_vars[@]}"; do
   export "E2E_S_$v=${!v}"
 done
 python3 - <<'PY'
@@ -217,8 +246,12 @@ for ((rep = 1; rep <= reps; rep++)); do
   done
 done
 
-if [[ $doc != "-" ]]; then
+if [[ $doc != "-" && $kinds == *" benchmarks "* ]]; then
   "$report_python" "$here/report.py" "$out" "$doc"
   log "wrote $doc"
+fi
+if [[ $doc_overload != "-" && $kinds == *" overload "* ]]; then
+  python3 "$here/report.py" --kind overload "$out" "$doc_overload"
+  log "wrote $doc_overload"
 fi
 log "done: $results"

@@ -24,14 +24,7 @@
 # never sent: not 0 means the generator fell behind.
 : "${open_cost_worst_ms:=50}" "${open_conns_max:=1000}"
 
-tools_open() {
-  command -v oha >/dev/null 2>&1 && return 0
-  [[ -x $HOME/.cargo/bin/oha ]] && { PATH="$PATH:$HOME/.cargo/bin"; return 0; }
-  ((install)) || die "missing: oha (cargo install oha --locked), and -I given"
-  log "installing oha with 'cargo install oha --locked' (not in apt; about 10 minutes on 2 CPUs)"
-  cargo install oha --locked --quiet || die "cargo install oha failed"
-  PATH="$PATH:$HOME/.cargo/bin"
-}
+tools_open() { want_oha; }
 
 open_conns() { # RATE WORST_MS: connections for oha, see above
   awk -v r="$1" -v w="$2" -v m="$open_conns_max" \
