@@ -160,7 +160,7 @@ fn load(source: &ConfigSource, running: &Config) -> Result<Loaded, ConfigErrors>
 /// Reads the configuration again and puts it in force, or changes nothing and says why. One at a time.
 pub async fn reload(state: &State) -> Result<Reloaded, ReloadError> {
     let _one_at_a_time = state.reloading.lock().await;
-    let source = state.source.clone().ok_or(ReloadError::NoSource)?;
+    let source = state.source.get().cloned().ok_or(ReloadError::NoSource)?;
     // Reading files is blocking work; the current-thread runtime must not stall on it.
     let running = state.config.load_full();
     let loaded = tokio::task::spawn_blocking(move || load(&source, &running))

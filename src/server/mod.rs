@@ -50,7 +50,8 @@ pub struct State {
     pub(crate) tls: ArcSwapOption<rustls::ServerConfig>,
     /// Bounds open client connections at `max_client_connections`.
     pub(crate) client_room: Arc<Semaphore>,
-    pub(crate) source: Option<ConfigSource>,
+    /// Set once, by [`Floodgate::reload_from`], whether or not a [`Reloader`] was taken before.
+    pub(crate) source: std::sync::OnceLock<ConfigSource>,
     pub(crate) reloading: tokio::sync::Mutex<()>,
 }
 
@@ -101,17 +102,16 @@ impl Floodgate {
                 client_room: Arc::new(Semaphore::new(config.max_client_connections)),
                 config: ArcSwap::from_pointee(config),
                 tls: ArcSwapOption::new(tls),
-                source: None,
+                source: std::sync::OnceLock::new(),
                 reloading: tokio::sync::Mutex::new(()),
             }),
         })
     }
 
     /// Where a reload reads the configuration from: the same layers as the one given to [`Floodgate::bind`].
-    pub fn reload_from(mut self, source: ConfigSource) -> Floodgate {
-        if let Some(state) = Arc::get_mut(&mut self.state) {
-            state.source = Some(source);
-        }
+    pub fn reload_from(self, source: ConfigSource) -> Floodgate {
+        // Only the first source counts: the layers a process was started with do not change.
+        let _ = self.state.source.set(source);
         self
     }
 
