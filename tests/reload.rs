@@ -143,8 +143,18 @@ async fn the_admin_api_moves_the_cap_both_ways_under_load_without_a_failed_reque
     );
 
     // Lowered: busy connections finish, the surplus closes, and no dial happens above the new cap.
+    let accepted = upstream.accepted();
     let resp = put_cap(&proxy, "a", 3).await;
     assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+    wait_until_sync("the upstream down to 3 connections", WAIT, || {
+        assert_eq!(
+            upstream.accepted(),
+            accepted,
+            "a connection was dialled while above the new cap"
+        );
+        upstream.connections() <= 3
+    })
+    .await;
     holds_lowered_cap(&upstream, &load, 3).await;
     assert!(upstream.peak_connections() <= 3);
 
