@@ -128,6 +128,23 @@ impl Patience {
     }
 }
 
+/// The time, read from the clock at most once and only when asked for: serving FIFO waiters without deadlines
+/// needs none, and on some machines a clock read costs as much as the rest of a hand-off.
+#[derive(Debug, Default)]
+pub struct Now(Option<Instant>);
+
+impl Now {
+    pub fn get(&mut self) -> Instant {
+        *self.0.get_or_insert_with(Instant::now)
+    }
+}
+
+impl From<Instant> for Now {
+    fn from(at: Instant) -> Self {
+        Now(Some(at))
+    }
+}
+
 /// A request waiting for a grant `G`; it leaves the queue by being granted, by being shed, or by removing
 /// itself.
 pub struct Waiter<G> {
@@ -161,8 +178,6 @@ pub struct WaitQueue<G> {
     /// By priority class; the highest class with anyone waiting is served first.
     classes: BTreeMap<u8, lanes::Lanes<Waiter<G>>>,
     waiting: usize,
-    /// The lane of requests without a key.
-    shared: Arc<str>,
     next_id: u64,
     policy: QueuePolicy,
     /// Since when the queue has been non-empty: adaptive LIFO's test for a standing queue.
@@ -191,7 +206,6 @@ impl<G> WaitQueue<G> {
             retries: VecDeque::new(),
             classes: BTreeMap::new(),
             waiting: 0,
-            shared: Arc::from(""),
             next_id: 0,
             policy,
             busy_since: None,
@@ -232,10 +246,14 @@ impl<G> WaitQueue<G> {
         if !priority && self.len() >= self.policy.max_queue {
             return Err(Shed::QueueFull);
         }
-        let key = place.key.clone().unwrap_or_else(|| self.shared.clone());
+        let key = place.key.as_ref();
         let per_key_max = self.policy.per_key_max;
-        if !priority && place.key.is_some() && per_key_max > 0 {
-            let queued = self.classes.values().map(|lanes| lanes.len_of(&key)).sum::<usize>();
+        if let (false, Some(key), 1..) = (priority, key, per_key_max) {
+            let queued = self
+                .classes
+                .values()
+                .map(|lanes| lanes.len_of(Some(key)))
+                .sum::<usize>();
             if queued >= per_key_max {
                 return Err(Shed::Quota);
             }
@@ -258,8 +276,11 @@ impl<G> WaitQueue<G> {
         if priority {
             self.retries.push_back(waiter);
         } else {
-            let weight = self.policy.weights.get(key.as_ref()).copied().unwrap_or(1);
-            self.classes.entry(place.class).or_default().push(&key, weight, waiter);
+            let weight = key
+                .and_then(|key| self.policy.weights.get(key.as_ref()))
+                .copied()
+                .unwrap_or(1);
+            self.classes.entry(place.class).or_default().push(key, weight, waiter);
             self.waiting += 1;
         }
         Ok(Ticket { id, answer: rx })
@@ -277,27 +298,28 @@ impl<G> WaitQueue<G> {
 
     /// The next waiter to serve at `now`. On the way, waiters whose deadline has passed are shed, and so are
     /// those CoDel gives up on.
-    pub fn next(&mut self, now: Instant) -> Option<Waiter<G>> {
-        self.next_from(now, Among::Any)
+    pub fn next(&mut self, now: impl Into<Now>) -> Option<Waiter<G>> {
+        self.next_from(now.into(), Among::Any)
     }
 
     /// [`Self::next`] among the retries only: what a grant the adaptive limit holds back from new requests may
     /// still go to.
-    pub fn next_retry(&mut self, now: Instant) -> Option<Waiter<G>> {
-        self.next_from(now, Among::Retries)
+    pub fn next_retry(&mut self, now: impl Into<Now>) -> Option<Waiter<G>> {
+        self.next_from(now.into(), Among::Retries)
     }
 
     /// [`Self::next`] among the requests that are not retries only.
-    pub fn next_waiting(&mut self, now: Instant) -> Option<Waiter<G>> {
-        self.next_from(now, Among::Waiting)
+    pub fn next_waiting(&mut self, now: impl Into<Now>) -> Option<Waiter<G>> {
+        self.next_from(now.into(), Among::Waiting)
     }
 
-    fn next_from(&mut self, now: Instant, among: Among) -> Option<Waiter<G>> {
+    fn next_from(&mut self, mut now: Now, among: Among) -> Option<Waiter<G>> {
         loop {
-            let standing = self
-                .busy_since
-                .is_some_and(|since| now.saturating_duration_since(since) >= self.policy.interval);
-            let newest = self.policy.discipline == Discipline::AdaptiveLifo && standing;
+            let interval = self.policy.interval;
+            let newest = self.policy.discipline == Discipline::AdaptiveLifo
+                && self
+                    .busy_since
+                    .is_some_and(|since| now.get().saturating_duration_since(since) >= interval);
             let waiter = match among {
                 Among::Any => match self.retries.pop_front() {
                     Some(retry) => Some(retry),
@@ -310,11 +332,11 @@ impl<G> WaitQueue<G> {
                 self.busy_since = None;
             }
             let waiter = waiter?;
-            if waiter.deadline.is_some_and(|deadline| deadline <= now) {
+            if waiter.deadline.is_some_and(|deadline| deadline <= now.get()) {
                 waiter.shed(Shed::Deadline);
                 continue;
             }
-            if self.policy.discipline == Discipline::Codel && self.codel_drops(&waiter, now) {
+            if self.policy.discipline == Discipline::Codel && self.codel_drops(&waiter, now.get()) {
                 waiter.shed(Shed::Overload);
                 continue;
             }

@@ -58,8 +58,6 @@ pub struct Lease {
     reusable: bool,
     /// The request body, if it had one: the connection is reusable only once it is all sent.
     upload: Option<UploadProgress>,
-    /// When the request was admitted: how long leases are held is the pool's measure of its pace.
-    since: tokio::time::Instant,
     pool: Arc<UpstreamPool>,
 }
 
@@ -75,7 +73,6 @@ impl Lease {
             reused,
             reusable: true,
             upload: None,
-            since: tokio::time::Instant::now(),
             pool,
         }
     }
@@ -142,6 +139,6 @@ impl Drop for Lease {
             }
             Held::Nothing => self.pool.lease_released(None),
         }
-        self.pool.lease_ended(self.since.elapsed());
+        self.pool.lease_ended();
     }
 }

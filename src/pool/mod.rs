@@ -40,7 +40,7 @@ pub use connection::{Conn, UpstreamSender};
 pub use lease::{Lease, UploadProgress};
 pub use slot::Slot;
 
-use crate::admission::{Patience, Place, Shed, Ticket, WaitQueue, Waiter};
+use crate::admission::{Now, Patience, Place, Shed, Ticket, WaitQueue, Waiter};
 use crate::config::{Origin, UpstreamConfig};
 use crate::error::ShedAdvice;
 use crate::metrics::UpstreamMetrics;
@@ -208,8 +208,11 @@ impl UpstreamPool {
         if !priority {
             self.requests_total.fetch_add(1, Ordering::Relaxed);
         }
-        let now = Instant::now();
-        if patience.client_deadline.is_some_and(|deadline| deadline <= now) {
+        // The clock is read only when there is a deadline to check or a queue to join: not on the fast path.
+        if patience
+            .client_deadline
+            .is_some_and(|deadline| deadline <= Instant::now())
+        {
             return Err(Refused::Shed(Shed::Deadline));
         }
         let ticket = {
@@ -218,6 +221,7 @@ impl UpstreamPool {
                 drop(state);
                 return Ok(Lease::new(self.clone(), grant));
             }
+            let now = Instant::now();
             let ticket = state
                 .queue
                 .join_at(priority, now, patience.client_deadline, place)
@@ -405,9 +409,9 @@ impl UpstreamPool {
                 let next = if over_cap {
                     None
                 } else if state.under_limit(counted) {
-                    state.queue.next(Instant::now())
+                    state.queue.next(Now::default())
                 } else {
-                    state.queue.next_retry(Instant::now())
+                    state.queue.next_retry(Now::default())
                 };
                 match next {
                     Some(waiter) => {
@@ -487,9 +491,8 @@ impl UpstreamPool {
     }
 
     fn next_admissible(self: &Arc<Self>, state: &mut PoolState) -> Option<(Waiter<Grant>, Grant)> {
-        let now = Instant::now();
         if state.queue.has_retries() && state.open < state.max_connections {
-            if let Some(retry) = state.queue.next_retry(now) {
+            if let Some(retry) = state.queue.next_retry(Now::default()) {
                 state.leased += 1;
                 return Some((retry, Grant::Dial(self.issue_slot(state))));
             }
@@ -503,7 +506,7 @@ impl UpstreamPool {
         if idle.is_none() && state.open >= state.max_connections {
             return None;
         }
-        let Some(waiter) = state.queue.next_waiting(now) else {
+        let Some(waiter) = state.queue.next_waiting(Now::default()) else {
             // Every one of them was shed on the way (deadline, CoDel): the connection goes back as it was.
             if let Some(Grant::Idle(conn)) = idle {
                 state.idle.push_back(IdleConn {
@@ -543,6 +546,7 @@ impl UpstreamPool {
     /// A response head arrived `took` after its request was dispatched with `in_flight` requests in flight: the
     /// adaptive limit's input. Lock-free unless it closes the limit's window.
     pub fn responded(self: &Arc<Self>, in_flight: usize, took: Duration) {
+        self.paced(took);
         self.adaptive
             .observe(in_flight, took, |limit| self.set_adaptive_limit(limit));
     }
@@ -551,11 +555,16 @@ impl UpstreamPool {
         self.in_use.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn lease_ended(&self, held: Duration) {
+    pub(crate) fn lease_ended(&self) {
         self.in_use.fetch_sub(1, Ordering::Relaxed);
-        // An average over roughly the last eight leases; a lost update between two racing leases only makes the
-        // estimate a little older.
-        let sample = u64::try_from(held.as_micros()).unwrap_or(u64::MAX);
+    }
+
+    /// The pace at which the queue drains, from the upstream's response times: for the small and buffered
+    /// responses that dominate, the time to the response head is most of the time a request holds its slot, and
+    /// it is measured anyway (no clock read of its own on the request path). An average over roughly the last
+    /// eight; a lost update between two racing responses only makes the estimate a little older.
+    fn paced(&self, took: Duration) {
+        let sample = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
         let old = self.hold_us.load(Ordering::Relaxed);
         let new = if old == 0 { sample } else { old - old / 8 + sample / 8 };
         self.hold_us.store(new.max(1), Ordering::Relaxed);
