@@ -18,6 +18,9 @@ def row(run):
     samples = load.get("samples") or []
     late = [s[1] for s in samples if s[0] >= half and s[1] is not None]
     in_use = [s[2] for s in samples if s[0] >= half and s[2] is not None]
+    lm = med(late)
+    reached = next((s[0] for s in samples if s[1] is not None and lm is not None and s[1] >= lm - 1), None)
+    first = samples[0][1] if samples else None
     errors = sum(load.get(k, 0) for k in ("err_connect", "err_read", "err_write", "err_timeout"))
     return {
         "config": run["config"],
@@ -31,7 +34,9 @@ def row(run):
         "peak": up["peak_inflight"],
         "svc_p50": up["service_p50_us"] / 1000 if up.get("service_p50_us") is not None else None,
         "svc_p99": up["service_p99_us"] / 1000 if up.get("service_p99_us") is not None else None,
-        "limit_med": med(late),
+        "limit_med": lm,
+        "limit_first": first,
+        "reached_s": reached,
         "limit_min": min(late) if late else None,
         "limit_max": max(late) if late else None,
         "in_use_med": med(in_use),
@@ -92,7 +97,9 @@ def render(runs, meta):
         "starts from `min_connections` at the warm-up.",
         "",
         "Columns: **limit** the adaptive limit read from `/status` over the second half of the measured window, "
-        "median of the runs' medians [lowest-highest reading]; **limit / K** that median over the knee; **upstream "
+        "median of the runs' medians [lowest-highest reading]; **limit at start, settled after** its first reading "
+        "(the measured window starts about 1.5 s after floodgate did: the warm-up and a pause) and the seconds into "
+        "the window when it first came within 1 of that median (medians over runs); **limit / K** that median over the knee; **upstream "
         "peak in flight** the upstream's own count (highest over runs); **upstream service p50 / p99** what its "
         "handlers took (the knee's slowdown), medians over runs; **2xx/s** median [min-max]; **client p50 / p99** "
         "wrk's; **vs static** this row's median over the static-cap floodgate run's.",
@@ -100,7 +107,7 @@ def render(runs, meta):
     ]
     gs = groups(runs)
     static = dict(gs).get("static")
-    head = ["configuration", "runs", "limit (last half)", "limit / K", "upstream peak in flight",
+    head = ["configuration", "runs", "limit (last half)", "limit at start, settled after", "limit / K", "upstream peak in flight",
             "upstream service p50 / p99 ms", "2xx/s", "not 2xx", "client p50 / p99 ms",
             "vs static: peak", "vs static: service p99", "vs static: 2xx/s", "vs static: client p50",
             "vs static: client p99"]
@@ -109,6 +116,7 @@ def render(runs, meta):
         lm = med([x["limit_med"] for x in rows if x["limit_med"] is not None])
         table.append([
             describe(c, rows), len(rows), limit_text(rows) if c == "adaptive" else "-",
+            f"{fmt(m(rows, 'limit_first'))}, {fmt(m(rows, 'reached_s'), 1)} s" if c == "adaptive" else "-",
             ratio(lm, knee) if c == "adaptive" else "-",
             max(x["peak"] for x in rows),
             f"{fmt(m(rows, 'svc_p50'), 1)} / {fmt(m(rows, 'svc_p99'), 1)}",
@@ -155,7 +163,7 @@ def headline(runs, meta):
     text = (
         f"**Adaptive limit**, an upstream with its knee at K = {knee} ({s['delay_ms']} ms, slower in proportion "
         f"past it) behind a cap of {s['static_cap']}, {s['clients']} closed-loop clients: the limit settled at "
-        f"{limit_text(ad)} over the second half of the window ({ratio(lm, knee)} K); the upstream's peak in flight "
+        f"{limit_text(ad)} over the second half of the window ({ratio(lm, knee)} K; from {fmt(m(ad, 'limit_first'))} at the window's start, within 1 of it after {fmt(m(ad, 'reached_s'), 1)} s); the upstream's peak in flight "
         f"{fmt(m(ad, 'peak'))} against {fmt(m(st, 'peak'))} with the static cap "
         f"({ratio(m(ad, 'peak'), m(st, 'peak'))}), its service p99 {fmt(m(ad, 'svc_p99'), 1)} against "
         f"{fmt(m(st, 'svc_p99'), 1)} ms ({ratio(m(ad, 'svc_p99'), m(st, 'svc_p99'))}), at "

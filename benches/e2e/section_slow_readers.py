@@ -91,7 +91,8 @@ def render(runs, meta):
         "(median over runs); **in use** its median while they ran; **upstream peak** the upstream's own peak "
         "requests in flight / connections; **buffered** `floodgate_buffered_bytes` median / highest reading "
         "during the load, MiB; **fallbacks** `floodgate_buffer_fallbacks_total`; **RSS** floodgate's VmHWM; "
-        "**fast 2xx/s** median [min-max]; **not 2xx/s** the fast clients' other answers and socket errors; "
+        "**fast 2xx/s** median [min-max]; **not 2xx/s** the fast clients' other answers and socket errors; **fast "
+        "p50 / p99** wrk's, over all its answers (where it got only 503s, theirs: the queue timeout); "
         "**on / off** the ratio of the buffered run's median to the unbuffered one's at the same M.",
         "",
     ]
