@@ -19,8 +19,10 @@ def row(run):
     late = [s[1] for s in samples if s[0] >= half and s[1] is not None]
     in_use = [s[2] for s in samples if s[0] >= half and s[2] is not None]
     lm = med(late)
-    reached = next((s[0] for s in samples if s[1] is not None and lm is not None and s[1] >= lm - 1), None)
-    first = samples[0][1] if samples else None
+    # The climb: over the warm-up when it was sampled (the scenario's own, long enough to settle), else the window.
+    climb = load.get("warmup_samples") or samples
+    reached = next((s[0] for s in climb if s[1] is not None and lm is not None and s[1] >= lm - 1), None)
+    first = climb[0][1] if climb else None
     errors = sum(load.get(k, 0) for k in ("err_connect", "err_read", "err_write", "err_timeout"))
     return {
         "config": run["config"],
@@ -98,8 +100,9 @@ def render(runs, meta):
         "",
         "Columns: **limit** the adaptive limit read from `/status` over the second half of the measured window, "
         "median of the runs' medians [lowest-highest reading]; **limit at start, settled after** its first reading "
-        "(the measured window starts about 1.5 s after floodgate did: the warm-up and a pause) and the seconds into "
-        "the window when it first came within 1 of that median (medians over runs); **limit / K** that median over the knee; **upstream "
+        "under load and the seconds of load after which it first came within 1 of that median (medians over runs; "
+        f"read over the warm-up, which runs the same load for {s.get('warmup_s', '-')} s so that the measured window "
+        "sees the settled limit); **limit / K** that median over the knee; **upstream "
         "peak in flight** the upstream's own count (highest over runs); **upstream service p50 / p99** what its "
         "handlers took (the knee's slowdown), medians over runs; **2xx/s** median [min-max]; **client p50 / p99** "
         "wrk's; **vs static** this row's median over the static-cap floodgate run's.",
@@ -143,9 +146,8 @@ def render(runs, meta):
         "for whatever else it serves. HAProxy at `maxconn` K is what a cap tuned by hand to the knee gives; the "
         "adaptive limit gets near it without anyone knowing K.",
         "",
-        "**What limits it.** One upstream whose slowdown is exactly proportional past the knee, a short window "
-        "(the limit climbs from `min_connections` during the warm-up and the first half, so only the second half "
-        "is reported), and no probe (`adaptive_probe_interval` is 30 s, longer than a run). Load generator, proxy "
+        "**What limits it.** One upstream whose slowdown is exactly proportional past the knee, short windows, "
+        "and no probe (`adaptive_probe_interval` is 30 s, longer than a run). Load generator, proxy "
         "and upstream share 2 CPUs; the sampler adds a `/status` and a `/metrics` request every "
         f"{s['sample_s']} s.",
     ]
@@ -163,7 +165,9 @@ def headline(runs, meta):
     text = (
         f"**Adaptive limit**, an upstream with its knee at K = {knee} ({s['delay_ms']} ms, slower in proportion "
         f"past it) behind a cap of {s['static_cap']}, {s['clients']} closed-loop clients: the limit settled at "
-        f"{limit_text(ad)} over the second half of the window ({ratio(lm, knee)} K; from {fmt(m(ad, 'limit_first'))} at the window's start, within 1 of it after {fmt(m(ad, 'reached_s'), 1)} s); the upstream's peak in flight "
+        f"{limit_text(ad)} over the second half of the window ({ratio(lm, knee)} K; from "
+        f"{fmt(m(ad, 'limit_first'))} under the first load, within 1 of it after {fmt(m(ad, 'reached_s'), 1)} s); "
+        "the upstream's peak in flight "
         f"{fmt(m(ad, 'peak'))} against {fmt(m(st, 'peak'))} with the static cap "
         f"({ratio(m(ad, 'peak'), m(st, 'peak'))}), its service p99 {fmt(m(ad, 'svc_p99'), 1)} against "
         f"{fmt(m(st, 'svc_p99'), 1)} ms ({ratio(m(ad, 'svc_p99'), m(st, 'svc_p99'))}), at "
