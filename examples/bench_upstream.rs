@@ -28,7 +28,9 @@
 //! `--knee K` makes it a server that does K requests' work at a time: a request that starts with n requests in
 //! flight (itself included) takes the service time x max(1, n / K), so past K in flight latency rises in
 //! proportion and throughput stays at K / service time (what an adaptive concurrency limit should settle near);
-//! `--body-bytes B` answers every request with a body of B bytes instead of `ok\n` (for slow readers).
+//! `--body-bytes B` answers every request with a body of B bytes instead of `ok\n` (for slow readers); a request
+//! whose query has `bytes=N` gets the first min(N, B) of them instead (the slow-readers scenario's fast clients ask
+//! for a small body from the same upstream).
 //!
 //! The hand-off gap: on each connection, the time from one handler returning its response to the next handler
 //! starting on the same connection — the idle time a proxy in front leaves on a connection it holds, which at a
@@ -131,7 +133,8 @@ struct Args {
     /// flight (service time x in flight / knee). 0: no knee, every request takes the service time.
     #[arg(long, default_value_t = 0)]
     knee: u64,
-    /// Response body size in bytes (0: the default body, "ok" and a newline).
+    /// Response body size in bytes (0: the default body, "ok" and a newline). A request with `bytes=N` in its
+    /// query gets the first min(N, B) bytes.
     #[arg(long, default_value_t = 0)]
     body_bytes: usize,
 }
@@ -275,6 +278,7 @@ async fn serve(
     counters: Arc<Counters>,
     service: &Service,
     last_answer: &Mutex<Option<Instant>>,
+    body_len: Option<usize>,
 ) -> Response<Full<Bytes>> {
     let inflight = counters.inflight.up();
     let delay = service.time(inflight);
@@ -296,7 +300,19 @@ async fn serve(
         .unwrap_or_else(PoisonError::into_inner)
         .record(took);
     *last_answer.lock().unwrap_or_else(PoisonError::into_inner) = Some(answered);
-    text(StatusCode::OK, service.body.clone())
+    match body_len {
+        Some(n) if n < service.body.len() => text(StatusCode::OK, service.body.slice(..n)),
+        _ => text(StatusCode::OK, service.body.clone()),
+    }
+}
+
+/// `bytes=N` from a request's query, if there is one.
+fn body_len(req: &Request<hyper::body::Incoming>) -> Option<usize> {
+    req.uri()
+        .query()?
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("bytes="))
+        .and_then(|n| n.parse().ok())
 }
 
 fn control(counters: &Counters, req: &Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
@@ -311,11 +327,12 @@ async fn serve_data_connection(stream: TcpStream, counters: Arc<Counters>, servi
     let _conn = ConnGuard(counters.clone());
     // HTTP/1.1 serves one request at a time per connection, so this is never contended.
     let last_answer = Arc::new(Mutex::new(None));
-    let svc = service_fn(move |_req: Request<hyper::body::Incoming>| {
+    let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
         let counters = counters.clone();
         let last_answer = last_answer.clone();
         let service = service.clone();
-        async move { Ok::<_, Infallible>(serve(counters, &service, &last_answer).await) }
+        let len = body_len(&req);
+        async move { Ok::<_, Infallible>(serve(counters, &service, &last_answer, len).await) }
     });
     // Errors here are the client's doing (reset, garbage); the connection is over either way.
     let _ = hyper::server::conn::http1::Builder::new()

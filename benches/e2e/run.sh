@@ -31,9 +31,11 @@ Overload-control scenarios (not in the default -x; their report is docs/overload
             (FIFO with timeout queue) as a reference: goodput, served p50/p99, share in the deadline, sheds by reason
   fairness  a greedy client (wrk, 100 connections, X-Api-Key: greedy) and a polite one (oha, 20 req/s open loop,
             X-Api-Key: polite) together at N = 4, 20 ms; fair_key off, header:x-api-key, and with fair_max_queue
-  Reserved, to be added as scenarios/NAME.sh + section_NAME.py each (contract in scenarios/README.md):
-  adaptive      the adaptive limit settling near the upstream's knee
-  slow-readers  slow readers with and without response buffering
+  adaptive  wrk closed loop (64 clients) against an upstream with a knee at K = 4 (20 ms, slower in proportion past
+            it), cap 16: floodgate's adaptive_limit off and gradient (limit sampled from /status), HAProxy at
+            maxconn 4 and 16 as references: the limit against K, upstream peak in flight and service p99, goodput
+  slow-readers  M (4, 16) clients reading a 4 MiB body at 64 bytes/s beside a wrk closed loop on a 1 KiB body,
+            N = 8, 10 ms: response buffering off and on: the fast clients' goodput and p50/p99, slots held, memory
   Their cap, queue, timeouts and subjects are their own settings, not -n/-q/-T/-S: environment variables named
   after them (overload_factors="2" ...; see each file's head). They run in the shared layout only.
 
@@ -68,9 +70,10 @@ Options:
 
 Environment: CARGO_TARGET_DIR is honoured for the build and the binaries.
 Example (a short run): benches/e2e/run.sh -d 5 -r 1 -c 200
-Overload control only: benches/e2e/run.sh -x "overload fairness" -d 6 -r 3
+Overload control only: benches/e2e/run.sh -x "overload fairness adaptive slow-readers" -L shared -d 8 -r 3
 Report only, from an earlier results directory: python3 benches/e2e/report.py DIR docs/benchmarks.md
-  (python3 benches/e2e/report.py --kind overload DIR docs/overload.md for the overload-control scenarios)
+  (python3 benches/e2e/report.py --kind overload DIR docs/overload.md for the overload-control scenarios;
+  --also DIR2 adds the scenarios of another run that DIR lacks, each scenario from one run)
 EOF
 }
 

@@ -1,0 +1,168 @@
+"""Section of docs/overload.md for the "slow-readers" scenario (slow readers beside fast clients, response buffering
+off and on); see report_common for the contract, scenarios/slow-readers.sh for what a run is."""
+
+from report_common import fmt, markdown_table, med, spread
+
+TITLE = "Slow readers: response buffering off and on"
+DOC = "overload"
+
+ORDER = ["off", "on"]
+MIB = 1024 * 1024
+
+
+def row(run):
+    load, up = run["load"], run["upstream"]
+    secs = max(load["duration_us"], 1) / 1e6
+    codes = {int(k): v for k, v in load["codes"].items()}
+    ok = sum(v for k, v in codes.items() if 200 <= k < 300)
+    samples = load.get("samples") or []
+    errors = sum(load.get(k, 0) for k in ("err_connect", "err_read", "err_write", "err_timeout"))
+    buffered = [s[3] for s in samples if s[3] is not None]
+    fallbacks = [s[4] for s in samples if len(s) > 4 and s[4] is not None]
+    return {
+        "config": run["config"],
+        "m": run["slow_readers"],
+        "buffer": run["buffer_response_bytes"],
+        "max_buffered": run.get("max_buffered_bytes"),
+        "ok_rate": ok / secs,
+        "other_rate": (sum(v for k, v in codes.items() if not 200 <= k < 300) + errors) / secs,
+        "other_codes": sorted(k for k in codes if not 200 <= k < 300),
+        "p50": load["p50_us"] / 1000,
+        "p99": load["p99_us"] / 1000,
+        "held_before": load.get("held_before"),
+        "in_use_med": med([s[1] for s in samples if s[1] is not None]),
+        "peak_inflight": up["peak_inflight"],
+        "peak_conns": up["peak_conns"],
+        "buffered_med": med(buffered) / MIB if buffered else None,
+        "buffered_max": max(buffered) / MIB if buffered else None,
+        "fallbacks": max(fallbacks) if fallbacks else None,
+        "rss": run["proxy_hwm_kb"] / 1024,
+        "slow_read": (load.get("slow") or {}).get("bytes_read"),
+    }
+
+
+def groups(runs):
+    rows = [row(r) for r in runs]
+    out = []
+    for mm in sorted({x["m"] for x in rows}):
+        names = [c for c in ORDER if any(x["config"] == c and x["m"] == mm for x in rows)]
+        names += sorted({x["config"] for x in rows if x["m"] == mm} - set(names))
+        out += [(mm, c, [x for x in rows if x["m"] == mm and x["config"] == c]) for c in names]
+    return out
+
+
+def m(rows, key):
+    return med([x[key] for x in rows])
+
+
+def ratio(a, b):
+    if a is None or b is None or b == 0:
+        return "-"
+    return f"{a / b:.2f}x"
+
+
+def describe(rows):
+    x = rows[0]
+    if not x["buffer"]:
+        return "off (`buffer_response_bytes = 0`)"
+    return f"on (`buffer_response_bytes = {x['buffer']}`, `max_buffered_bytes = {x['max_buffered']}`)"
+
+
+def render(runs, meta):
+    s = runs[0]
+    cap, delay = s["cap"], s["delay_ms"]
+    lines = [
+        f"One upstream at {delay} ms behind a cap of N = {cap} (capacity {fmt(cap * 1000 / delay)} req/s), "
+        f"answering `GET /` with {fmt(s['body_bytes'] / MIB, 0)} MiB and `GET /?bytes={s['fast_bytes']}` with "
+        f"{s['fast_bytes']} bytes (`bench_upstream --body-bytes {s['body_bytes']}`). Per run, M slow readers "
+        f"(`benches/e2e/slow_readers.py`: SO_RCVBUF {s['rcvbuf']} bytes, one `GET /` each, then at most "
+        f"{s['read_rate']} bytes a second; a finished or refused answer is followed by the next request) connect "
+        f"first; one second later a fast closed loop (wrk, {s['clients']} connections, the small body) runs the "
+        "measured seconds beside them. floodgate (`--threads 1`, queue bound "
+        f"{s['queue']}, queue timeout {s['queue_timeout_s']} s) with response buffering off and on, in turn.",
+        "",
+        "Why 4 MiB rather than a body within the default 64 KiB limit: on loopback Linux grows the proxy's send "
+        "buffer towards a client that reads nothing up to `net.ipv4.tcp_wmem`'s maximum (4 MiB on this machine), "
+        "so a smaller body leaves the proxy at once, buffering or not (by hand: 64 KiB, 256 KiB and 1 MiB bodies "
+        "to 4 such readers held no slot with buffering off, `/status` `in_use` 0). A slow reader holds a slot only "
+        "with a body larger than what the kernel takes; here the limit is raised above the body for the *on* run.",
+        "",
+        "Columns: **slots held by slow readers** `/status` `in_use` read just before the fast clients start "
+        "(median over runs); **in use** its median while they ran; **upstream peak** the upstream's own peak "
+        "requests in flight / connections; **buffered** `floodgate_buffered_bytes` median / highest reading "
+        "during the load, MiB; **fallbacks** `floodgate_buffer_fallbacks_total`; **RSS** floodgate's VmHWM; "
+        "**fast 2xx/s** median [min-max]; **not 2xx/s** the fast clients' other answers and socket errors; **fast "
+        "p50 / p99** wrk's, over all its answers (where it got only 503s, theirs: the queue timeout); "
+        "**on / off** the ratio of the buffered run's median to the unbuffered one's at the same M.",
+        "",
+    ]
+    gs = groups(runs)
+    by = {(mm, c): rows for mm, c, rows in gs}
+    head = ["M slow readers", "buffering", "runs", "slots held by slow readers", "in use (median)",
+            "upstream peak in flight / conns", "buffered MiB (median / max)", "fallbacks", "floodgate RSS MB",
+            "fast 2xx/s", "fast not 2xx/s", "fast p50 / p99 ms", "on / off: 2xx/s", "on / off: p50",
+            "on / off: p99"]
+    table = []
+    for mm, c, rows in gs:
+        off = by.get((mm, "off"))
+        is_on = c == "on" and off
+        table.append([
+            mm, describe(rows), len(rows), fmt(m(rows, "held_before")), fmt(m(rows, "in_use_med")),
+            f"{max(x['peak_inflight'] for x in rows)} / {max(x['peak_conns'] for x in rows)}",
+            f"{fmt(m(rows, 'buffered_med'), 1)} / {fmt(max((x['buffered_max'] or 0) for x in rows), 1)}",
+            fmt(m(rows, "fallbacks")), fmt(m(rows, "rss"), 1),
+            spread([x["ok_rate"] for x in rows]),
+            fmt(m(rows, "other_rate")) + (
+                f" ({', '.join(map(str, sorted({k for x in rows for k in x['other_codes']})))})"
+                if any(x["other_codes"] for x in rows) else ""),
+            f"{fmt(m(rows, 'p50'), 1)} / {fmt(m(rows, 'p99'), 1)}",
+            ratio(m(rows, "ok_rate"), m(off, "ok_rate")) if is_on else "-",
+            ratio(m(rows, "p50"), m(off, "p50")) if is_on else "-",
+            ratio(m(rows, "p99"), m(off, "p99")) if is_on else "-",
+        ])
+    lines += markdown_table(head, table)
+    lines += [
+        "",
+        "**What this shows.** Without buffering a slow reader's request keeps its upstream slot until the proxy "
+        "has passed the body's last byte on, which a client reading a few bytes a second does not take within the "
+        "run: M readers hold min(M, N) slots and the fast clients share what is left (none at M >= N: they wait "
+        "in the queue until its timeout). With buffering the body is read from the upstream at its own speed, the "
+        "slot goes back at once and the reader is fed from memory; the fast clients get the whole cap, and the "
+        "price is the buffered bytes in floodgate's memory (bounded by `max_buffered_bytes`; a body that does not "
+        "fit streams and holds its slot as before, counted as a fallback).",
+        "",
+        "**What limits it.** The readers here never finish within a run; real slow clients do, and hold a slot "
+        "(without buffering) for as long as their body takes to cross their link, so the share they take is "
+        "their number times that time. On this stand the kernel's send buffer already takes bodies below about "
+        "4 MiB, so the default 64 KiB limit changes nothing here; how far the send buffer grows towards a slow "
+        "client on a real network, and so which bodies buffering decides for there, was not measured. Buffering "
+        "costs memory in proportion: the *on* rows' RSS. Load generators, proxy and upstream share 2 CPUs.",
+    ]
+    return lines
+
+
+def headline(runs, meta):
+    gs = groups(runs)
+    by = {(mm, c): rows for mm, c, rows in gs}
+    parts = []
+    for mm in sorted({mm for mm, _, _ in gs}):
+        off, on = by.get((mm, "off")), by.get((mm, "on"))
+        if not off or not on:
+            continue
+        parts.append(
+            f"with {mm} slow readers the fast clients got {fmt(m(off, 'ok_rate'))} 2xx/s without buffering and "
+            f"{fmt(m(on, 'ok_rate'))} with it ("
+            + (ratio(m(on, 'ok_rate'), m(off, 'ok_rate')) if m(off, 'ok_rate') else "none at all without: every "
+               "fast request waited out the queue timeout") + "), p50 "
+            f"{fmt(m(off, 'p50'), 1)} vs {fmt(m(on, 'p50'), 1)} ms ({ratio(m(on, 'p50'), m(off, 'p50'))}), p99 "
+            f"{fmt(m(off, 'p99'), 1)} vs {fmt(m(on, 'p99'), 1)} ms ({ratio(m(on, 'p99'), m(off, 'p99'))}); the "
+            f"slow readers held {fmt(m(off, 'held_before'))} vs {fmt(m(on, 'held_before'))} slots, floodgate "
+            f"buffered {fmt(m(on, 'buffered_med'), 1)} MiB (RSS {fmt(m(on, 'rss'), 1)} vs {fmt(m(off, 'rss'), 1)} MB)")
+    if not parts:
+        return []
+    s = runs[0]
+    return [
+        f"**Slow readers**, a {fmt(s['body_bytes'] / MIB, 0)} MiB body read at {s['read_rate']} bytes/s beside "
+        f"a fast closed loop ({s['clients']} connections) at N = {s['cap']}, {s['delay_ms']} ms: "
+        + "; ".join(parts) + "."
+    ]
