@@ -147,6 +147,25 @@ def compare(ours, theirs, higher_is_better, band):
     return "tie" if worse < band else "gap"
 
 
+def ordered_groups(rows, key, order):
+    """[(name, [rows])] by row[key]: the names of `order` that occur, in that order, then any others sorted."""
+    names = [n for n in order if any(x[key] == n for x in rows)]
+    names += sorted({x[key] for x in rows} - set(names))
+    return [(n, [x for x in rows if x[key] == n]) for n in names]
+
+
+def med_of(rows, key):
+    """The median of one column over a group's rows (None values left out)."""
+    return med([x[key] for x in rows])
+
+
+def times(a, b):
+    """a / b as "1.23x", or "-" when either is missing."""
+    if a is None or b is None or b == 0:
+        return "-"
+    return f"{a / b:.2f}x"
+
+
 def ratio(a, b, digits=2):
     if a is None or b is None or b == 0:
         return "-"

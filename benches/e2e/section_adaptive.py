@@ -1,7 +1,7 @@
 """Section of docs/overload.md for the "adaptive" scenario (floodgate's adaptive concurrency limit against a static
 cap above the upstream's knee); see report_common for the contract, scenarios/adaptive.sh for what a run is."""
 
-from report_common import fmt, markdown_table, med, spread
+from report_common import fmt, markdown_table, med, spread, med_of, times, ordered_groups
 
 TITLE = "Adaptive limit: settling near the upstream's knee"
 DOC = "overload"
@@ -47,22 +47,6 @@ def row(run):
     }
 
 
-def groups(runs):
-    rows = [row(r) for r in runs]
-    names = [c for c in ORDER if any(x["config"] == c for x in rows)]
-    names += sorted({x["config"] for x in rows} - set(names))
-    return [(c, [x for x in rows if x["config"] == c]) for c in names]
-
-
-def m(rows, key):
-    return med([x[key] for x in rows])
-
-
-def ratio(a, b):
-    if a is None or b is None or b == 0:
-        return "-"
-    return f"{a / b:.2f}x"
-
 
 def describe(c, rows):
     x = rows[0]
@@ -81,6 +65,10 @@ def limit_text(rows):
     lo = min(x["limit_min"] for x in rows if x["limit_min"] is not None)
     hi = max(x["limit_max"] for x in rows if x["limit_max"] is not None)
     return f"{fmt(med(meds), 1)} [{fmt(lo)}-{fmt(hi)}]"
+
+
+def groups(runs):
+    return ordered_groups([row(r) for r in runs], "config", ORDER)
 
 
 def render(runs, meta):
@@ -119,17 +107,17 @@ def render(runs, meta):
         lm = med([x["limit_med"] for x in rows if x["limit_med"] is not None])
         table.append([
             describe(c, rows), len(rows), limit_text(rows) if c == "adaptive" else "-",
-            f"{fmt(m(rows, 'limit_first'))}, {fmt(m(rows, 'reached_s'), 1)} s" if c == "adaptive" else "-",
-            ratio(lm, knee) if c == "adaptive" else "-",
+            f"{fmt(med_of(rows, 'limit_first'))}, {fmt(med_of(rows, 'reached_s'), 1)} s" if c == "adaptive" else "-",
+            times(lm, knee) if c == "adaptive" else "-",
             max(x["peak"] for x in rows),
-            f"{fmt(m(rows, 'svc_p50'), 1)} / {fmt(m(rows, 'svc_p99'), 1)}",
-            spread([x["ok_rate"] for x in rows]), fmt(m(rows, "other")),
-            f"{fmt(m(rows, 'p50'), 1)} / {fmt(m(rows, 'p99'), 1)}",
-            ratio(m(rows, "peak"), m(static, "peak")) if static else "-",
-            ratio(m(rows, "svc_p99"), m(static, "svc_p99")) if static else "-",
-            ratio(m(rows, "ok_rate"), m(static, "ok_rate")) if static else "-",
-            ratio(m(rows, "p50"), m(static, "p50")) if static else "-",
-            ratio(m(rows, "p99"), m(static, "p99")) if static else "-",
+            f"{fmt(med_of(rows, 'svc_p50'), 1)} / {fmt(med_of(rows, 'svc_p99'), 1)}",
+            spread([x["ok_rate"] for x in rows]), fmt(med_of(rows, "other")),
+            f"{fmt(med_of(rows, 'p50'), 1)} / {fmt(med_of(rows, 'p99'), 1)}",
+            times(med_of(rows, "peak"), med_of(static, "peak")) if static else "-",
+            times(med_of(rows, "svc_p99"), med_of(static, "svc_p99")) if static else "-",
+            times(med_of(rows, "ok_rate"), med_of(static, "ok_rate")) if static else "-",
+            times(med_of(rows, "p50"), med_of(static, "p50")) if static else "-",
+            times(med_of(rows, "p99"), med_of(static, "p99")) if static else "-",
         ])
     lines += markdown_table(head, table)
     lines += [
@@ -165,17 +153,17 @@ def headline(runs, meta):
     text = (
         f"**Adaptive limit**, an upstream with its knee at K = {knee} ({s['delay_ms']} ms, slower in proportion "
         f"past it) behind a cap of {s['static_cap']}, {s['clients']} closed-loop clients: the limit settled at "
-        f"{limit_text(ad)} over the second half of the window ({ratio(lm, knee)} K; from "
-        f"{fmt(m(ad, 'limit_first'))} under the first load, within 1 of it after {fmt(m(ad, 'reached_s'), 1)} s); "
+        f"{limit_text(ad)} over the second half of the window ({times(lm, knee)} K; from "
+        f"{fmt(med_of(ad, 'limit_first'))} under the first load, within 1 of it after {fmt(med_of(ad, 'reached_s'), 1)} s); "
         "the upstream's peak in flight "
-        f"{fmt(m(ad, 'peak'))} against {fmt(m(st, 'peak'))} with the static cap "
-        f"({ratio(m(ad, 'peak'), m(st, 'peak'))}), its service p99 {fmt(m(ad, 'svc_p99'), 1)} against "
-        f"{fmt(m(st, 'svc_p99'), 1)} ms ({ratio(m(ad, 'svc_p99'), m(st, 'svc_p99'))}), at "
-        f"{ratio(m(ad, 'ok_rate'), m(st, 'ok_rate'))} the goodput; client p50 "
-        f"{ratio(m(ad, 'p50'), m(st, 'p50'))}, p99 {ratio(m(ad, 'p99'), m(st, 'p99'))} of the static cap's."
+        f"{fmt(med_of(ad, 'peak'))} against {fmt(med_of(st, 'peak'))} with the static cap "
+        f"({times(med_of(ad, 'peak'), med_of(st, 'peak'))}), its service p99 {fmt(med_of(ad, 'svc_p99'), 1)} against "
+        f"{fmt(med_of(st, 'svc_p99'), 1)} ms ({times(med_of(ad, 'svc_p99'), med_of(st, 'svc_p99'))}), at "
+        f"{times(med_of(ad, 'ok_rate'), med_of(st, 'ok_rate'))} the goodput; client p50 "
+        f"{times(med_of(ad, 'p50'), med_of(st, 'p50'))}, p99 {times(med_of(ad, 'p99'), med_of(st, 'p99'))} of the static cap's."
     )
     hk = gs.get("haproxy-knee")
     if hk:
         text += (f" HAProxy with `maxconn {hk[0]['cap']}` set to the knee by hand: upstream service p99 "
-                 f"{fmt(m(hk, 'svc_p99'), 1)} ms, goodput {ratio(m(hk, 'ok_rate'), m(st, 'ok_rate'))}.")
+                 f"{fmt(med_of(hk, 'svc_p99'), 1)} ms, goodput {times(med_of(hk, 'ok_rate'), med_of(st, 'ok_rate'))}.")
     return [text]

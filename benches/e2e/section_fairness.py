@@ -1,7 +1,7 @@
 """Section of docs/overload.md for the "fairness" scenario (a greedy and a polite client, fair sharing off and on);
 see report_common for the contract, scenarios/fairness.sh for what a run is."""
 
-from report_common import fmt, markdown_table, med, spread
+from report_common import fmt, markdown_table, med, spread, med_of, times, ordered_groups
 
 TITLE = "Fair sharing: a greedy client beside a polite one"
 DOC = "overload"
@@ -44,22 +44,6 @@ def row(run):
     }
 
 
-def groups(runs):
-    rows = [row(r) for r in runs]
-    names = [c for c in ORDER if any(x["config"] == c for x in rows)]
-    names += sorted({x["config"] for x in rows} - set(names))
-    return [(c, [x for x in rows if x["config"] == c]) for c in names]
-
-
-def m(rows, key):
-    return med([x[key] for x in rows])
-
-
-def ratio(a, b):
-    if a is None or b is None or b == 0:
-        return "-"
-    return f"{a / b:.2f}x"
-
 
 def pct(v):
     return f"{fmt(100 * v, 1)} %" if v is not None else "-"
@@ -73,6 +57,10 @@ def describe(rows):
     if x["fair_max_queue"]:
         text += f', `fair_max_queue = {x["fair_max_queue"]}`'
     return text
+
+
+def groups(runs):
+    return ordered_groups([row(r) for r in runs], "config", ORDER)
 
 
 def render(runs, meta):
@@ -105,17 +93,17 @@ def render(runs, meta):
     table = []
     for c, rows in gs:
         table.append([
-            describe(rows), len(rows), fmt(rows[0]["polite_offered"]), pct(m(rows, "polite_ok_share")),
-            pct(m(rows, "polite_in_time_share")),
-            f"{fmt(m(rows, 'polite_p50'), 1)} / {fmt(m(rows, 'polite_p99'), 1)}",
+            describe(rows), len(rows), fmt(rows[0]["polite_offered"]), pct(med_of(rows, "polite_ok_share")),
+            pct(med_of(rows, "polite_in_time_share")),
+            f"{fmt(med_of(rows, 'polite_p50'), 1)} / {fmt(med_of(rows, 'polite_p99'), 1)}",
             spread([x["greedy_ok_rate"] for x in rows]),
-            fmt(m(rows, "greedy_other_rate")) + (
+            fmt(med_of(rows, "greedy_other_rate")) + (
                 f" ({', '.join(map(str, sorted({k for x in rows for k in x['greedy_other_codes']})))})"
                 if any(x["greedy_other_codes"] for x in rows) else ""),
-            fmt(m(rows, "proxy_cores"), 2), max(x["peak"] for x in rows),
-            ratio(m(rows, "polite_p50"), m(off, "polite_p50")) if off else "-",
-            ratio(m(rows, "polite_p99"), m(off, "polite_p99")) if off else "-",
-            ratio(m(rows, "greedy_ok_rate"), m(off, "greedy_ok_rate")) if off else "-",
+            fmt(med_of(rows, "proxy_cores"), 2), max(x["peak"] for x in rows),
+            times(med_of(rows, "polite_p50"), med_of(off, "polite_p50")) if off else "-",
+            times(med_of(rows, "polite_p99"), med_of(off, "polite_p99")) if off else "-",
+            times(med_of(rows, "greedy_ok_rate"), med_of(off, "greedy_ok_rate")) if off else "-",
         ])
     lines += markdown_table(head, table)
     lines += [
@@ -144,18 +132,18 @@ def headline(runs, meta):
     s = runs[0]
     text = (
         f"**Fair sharing**, a greedy client ({s['greedy_conns']} connections, closed loop) beside a polite one "
-        f"({s['polite_rate']} req/s) at N = {s['cap']}: the polite client's p50 {fmt(m(off, 'polite_p50'))} ms "
-        f"without fair sharing, {fmt(m(fair, 'polite_p50'))} ms with `fair_key` "
-        f"({ratio(m(fair, 'polite_p50'), m(off, 'polite_p50'))}); p99 {fmt(m(off, 'polite_p99'))} vs "
-        f"{fmt(m(fair, 'polite_p99'))} ms ({ratio(m(fair, 'polite_p99'), m(off, 'polite_p99'))}); answered 2xx "
-        f"within {s['polite_slo_ms']} ms {pct(m(off, 'polite_in_time_share'))} vs "
-        f"{pct(m(fair, 'polite_in_time_share'))}; the greedy client's 2xx/s "
-        f"{ratio(m(fair, 'greedy_ok_rate'), m(off, 'greedy_ok_rate'))} of what it got without."
+        f"({s['polite_rate']} req/s) at N = {s['cap']}: the polite client's p50 {fmt(med_of(off, 'polite_p50'))} ms "
+        f"without fair sharing, {fmt(med_of(fair, 'polite_p50'))} ms with `fair_key` "
+        f"({times(med_of(fair, 'polite_p50'), med_of(off, 'polite_p50'))}); p99 {fmt(med_of(off, 'polite_p99'))} vs "
+        f"{fmt(med_of(fair, 'polite_p99'))} ms ({times(med_of(fair, 'polite_p99'), med_of(off, 'polite_p99'))}); answered 2xx "
+        f"within {s['polite_slo_ms']} ms {pct(med_of(off, 'polite_in_time_share'))} vs "
+        f"{pct(med_of(fair, 'polite_in_time_share'))}; the greedy client's 2xx/s "
+        f"{times(med_of(fair, 'greedy_ok_rate'), med_of(off, 'greedy_ok_rate'))} of what it got without."
     )
     q = gs.get("quota")
     if q:
         text += (
             f" With `fair_max_queue = {q[0]['fair_max_queue']}` the greedy client got "
-            f"{fmt(m(q, 'greedy_other_rate'))} 429/s and floodgate used {fmt(m(q, 'proxy_cores'), 2)} cores "
-            f"(without: {fmt(m(fair, 'proxy_cores'), 2)}); the polite p99 was {fmt(m(q, 'polite_p99'))} ms.")
+            f"{fmt(med_of(q, 'greedy_other_rate'))} 429/s and floodgate used {fmt(med_of(q, 'proxy_cores'), 2)} cores "
+            f"(without: {fmt(med_of(fair, 'proxy_cores'), 2)}); the polite p99 was {fmt(med_of(q, 'polite_p99'))} ms.")
     return [text]

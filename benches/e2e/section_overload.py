@@ -1,7 +1,7 @@
 """Section of docs/overload.md for the "overload" scenario (queue disciplines under open-loop overload, clients with
 a deadline); see report_common for the contract, scenarios/overload.sh for what a run is."""
 
-from report_common import fmt, markdown_table, med, spread
+from report_common import fmt, markdown_table, med, spread, med_of, times, ordered_groups
 
 TITLE = "Queue disciplines at overload: FIFO, adaptive LIFO, CoDel"
 DOC = "overload"
@@ -58,20 +58,12 @@ def factors(runs):
 
 def groups(runs, factor):
     """[(discipline, [rows])] at one factor: floodgate's disciplines in ORDER, then the reference subjects."""
-    rows = [row(r) for r in runs if r["factor"] == factor]
-    names = [d for d in ORDER if any(x["discipline"] == d for x in rows)]
-    names += sorted({x["discipline"] for x in rows} - set(names))
-    return [(d, [x for x in rows if x["discipline"] == d]) for d in names]
+    return ordered_groups([row(r) for r in runs if r["factor"] == factor], "discipline", ORDER)
 
 
 def pct(v):
     return f"{100 * v:.1f} %" if v is not None else "-"
 
-
-def ratio(a, b):
-    if a is None or b is None or b == 0:
-        return "-"
-    return f"{a / b:.2f}x"
 
 
 def shed_text(rows):
@@ -83,9 +75,6 @@ def shed_text(rows):
             parts.append(f"{k.replace('shed_', '')} {share:.1f} %")
     return ", ".join(parts) or "0"
 
-
-def m(rows, key):
-    return med([x[key] for x in rows])
 
 
 def render(runs, meta):
@@ -127,14 +116,14 @@ def render(runs, meta):
         for d, rows in gs:
             table.append([
                 LABEL.get(d, d), len(rows), fmt(rate), spread([x["ok_rate"] for x in rows]),
-                " / ".join(fmt(m(rows, k), 1) for k in ("p50", "p99", "p999")),
-                f"{fmt(100 * (m(rows, 'in_time_share') or 0), 1)} %",
-                f"{fmt(100 * (m(rows, 'in_time_of_offered') or 0), 1)} %",
-                fmt(m(rows, "in_time_rate")), shed_text(rows),
-                f"{fmt(m(rows, 'errors'))}, {fmt(max(x['unsent'] for x in rows))}",
+                " / ".join(fmt(med_of(rows, k), 1) for k in ("p50", "p99", "p999")),
+                f"{fmt(100 * (med_of(rows, 'in_time_share') or 0), 1)} %",
+                f"{fmt(100 * (med_of(rows, 'in_time_of_offered') or 0), 1)} %",
+                fmt(med_of(rows, "in_time_rate")), shed_text(rows),
+                f"{fmt(med_of(rows, 'errors'))}, {fmt(max(x['unsent'] for x in rows))}",
                 max(x["peak"] for x in rows),
-                ratio(m(rows, "p99"), m(fifo, "p99")) if fifo else "-",
-                ratio(m(rows, "in_time_rate"), m(fifo, "in_time_rate")) if fifo else "-",
+                times(med_of(rows, "p99"), med_of(fifo, "p99")) if fifo else "-",
+                times(med_of(rows, "in_time_rate"), med_of(fifo, "in_time_rate")) if fifo else "-",
             ])
         lines += markdown_table(head, table)
     lines += [
@@ -176,29 +165,29 @@ def headline(runs, meta):
         if not rows:
             continue
         parts.append(
-            f"{LABEL[d]} {fmt(m(rows, 'p99'))} ms ({ratio(m(rows, 'p99'), m(fifo, 'p99'))}), "
-            f"{fmt(100 * m(rows, 'in_time_of_offered'))} % of offered in time "
-            f"({ratio(m(rows, 'in_time_rate'), m(fifo, 'in_time_rate'))} FIFO's in-time goodput)")
+            f"{LABEL[d]} {fmt(med_of(rows, 'p99'))} ms ({times(med_of(rows, 'p99'), med_of(fifo, 'p99'))}), "
+            f"{fmt(100 * med_of(rows, 'in_time_of_offered'))} % of offered in time "
+            f"({times(med_of(rows, 'in_time_rate'), med_of(fifo, 'in_time_rate'))} FIFO's in-time goodput)")
     ref = ""
     if "haproxy" in gs:
         h = gs["haproxy"]
-        ref = (f"; HAProxy's FIFO with `timeout queue`, which reads no deadline: p99 {fmt(m(h, 'p99'))} ms, "
-               f"{fmt(100 * m(h, 'in_time_of_offered'))} % in time")
+        ref = (f"; HAProxy's FIFO with `timeout queue`, which reads no deadline: p99 {fmt(med_of(h, 'p99'))} ms, "
+               f"{fmt(100 * med_of(h, 'in_time_of_offered'))} % in time")
     low = []
     for f in [f for f in factors(runs) if f < top]:
         g = dict(groups(runs, f))
         if "fifo" not in g:
             continue
-        low.append(f"at {f:g}x FIFO's p99 {fmt(m(g['fifo'], 'p99'))} ms, {pct(m(g['fifo'], 'in_time_of_offered'))} "
+        low.append(f"at {f:g}x FIFO's p99 {fmt(med_of(g['fifo'], 'p99'))} ms, {pct(med_of(g['fifo'], 'in_time_of_offered'))} "
                    "of offered in time; " + ", ".join(
-                       f"{LABEL[d]} {ratio(m(g[d], 'p99'), m(g['fifo'], 'p99'))} that p99, "
-                       f"{pct(m(g[d], 'in_time_of_offered'))} in time" for d in ORDER[1:] if d in g))
+                       f"{LABEL[d]} {times(med_of(g[d], 'p99'), med_of(g['fifo'], 'p99'))} that p99, "
+                       f"{pct(med_of(g[d], 'in_time_of_offered'))} in time" for d in ORDER[1:] if d in g))
     lines = [
         f"**Disciplines at {top:g}x overload** ({fmt(sample['rate'])} req/s offered to {fmt(sample['capacity'])}/s "
         f"of capacity, clients with a {sample.get('deadline_ms')} ms deadline): served p99 FIFO "
-        f"{fmt(m(fifo, 'p99'))} ms with {fmt(100 * m(fifo, 'in_time_of_offered'))} % of offered requests answered "
+        f"{fmt(med_of(fifo, 'p99'))} ms with {fmt(100 * med_of(fifo, 'in_time_of_offered'))} % of offered requests answered "
         f"in time; " + "; ".join(parts) + ref + ". Served 2xx/s: " + ", ".join(
-            f"{LABEL.get(d, d)} {fmt(m(rs, 'ok_rate'))}" for d, rs in gs.items()) + "."
+            f"{LABEL.get(d, d)} {fmt(med_of(rs, 'ok_rate'))}" for d, rs in gs.items()) + "."
     ]
     if low:
         lines.append("**At less overload** (the same run; what a proxy really serves is 95-97 % of N / service time in "

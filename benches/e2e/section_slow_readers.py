@@ -1,7 +1,7 @@
 """Section of docs/overload.md for the "slow-readers" scenario (slow readers beside fast clients, response buffering
 off and on); see report_common for the contract, scenarios/slow-readers.sh for what a run is."""
 
-from report_common import fmt, markdown_table, med, spread
+from report_common import fmt, markdown_table, med, spread, med_of, times
 
 TITLE = "Slow readers: response buffering off and on"
 DOC = "overload"
@@ -51,14 +51,6 @@ def groups(runs):
     return out
 
 
-def m(rows, key):
-    return med([x[key] for x in rows])
-
-
-def ratio(a, b):
-    if a is None or b is None or b == 0:
-        return "-"
-    return f"{a / b:.2f}x"
 
 
 def describe(rows):
@@ -107,18 +99,18 @@ def render(runs, meta):
         off = by.get((mm, "off"))
         is_on = c == "on" and off
         table.append([
-            mm, describe(rows), len(rows), fmt(m(rows, "held_before")), fmt(m(rows, "in_use_med")),
+            mm, describe(rows), len(rows), fmt(med_of(rows, "held_before")), fmt(med_of(rows, "in_use_med")),
             f"{max(x['peak_inflight'] for x in rows)} / {max(x['peak_conns'] for x in rows)}",
-            f"{fmt(m(rows, 'buffered_med'), 1)} / {fmt(max((x['buffered_max'] or 0) for x in rows), 1)}",
-            fmt(m(rows, "fallbacks")), fmt(m(rows, "rss"), 1),
+            f"{fmt(med_of(rows, 'buffered_med'), 1)} / {fmt(max((x['buffered_max'] or 0) for x in rows), 1)}",
+            fmt(med_of(rows, "fallbacks")), fmt(med_of(rows, "rss"), 1),
             spread([x["ok_rate"] for x in rows]),
-            fmt(m(rows, "other_rate")) + (
+            fmt(med_of(rows, "other_rate")) + (
                 f" ({', '.join(map(str, sorted({k for x in rows for k in x['other_codes']})))})"
                 if any(x["other_codes"] for x in rows) else ""),
-            f"{fmt(m(rows, 'p50'), 1)} / {fmt(m(rows, 'p99'), 1)}",
-            ratio(m(rows, "ok_rate"), m(off, "ok_rate")) if is_on else "-",
-            ratio(m(rows, "p50"), m(off, "p50")) if is_on else "-",
-            ratio(m(rows, "p99"), m(off, "p99")) if is_on else "-",
+            f"{fmt(med_of(rows, 'p50'), 1)} / {fmt(med_of(rows, 'p99'), 1)}",
+            times(med_of(rows, "ok_rate"), med_of(off, "ok_rate")) if is_on else "-",
+            times(med_of(rows, "p50"), med_of(off, "p50")) if is_on else "-",
+            times(med_of(rows, "p99"), med_of(off, "p99")) if is_on else "-",
         ])
     lines += markdown_table(head, table)
     lines += [
@@ -150,14 +142,14 @@ def headline(runs, meta):
         if not off or not on:
             continue
         parts.append(
-            f"with {mm} slow readers the fast clients got {fmt(m(off, 'ok_rate'))} 2xx/s without buffering and "
-            f"{fmt(m(on, 'ok_rate'))} with it ("
-            + (ratio(m(on, 'ok_rate'), m(off, 'ok_rate')) if m(off, 'ok_rate') else "none at all without: every "
+            f"with {mm} slow readers the fast clients got {fmt(med_of(off, 'ok_rate'))} 2xx/s without buffering and "
+            f"{fmt(med_of(on, 'ok_rate'))} with it ("
+            + (times(med_of(on, 'ok_rate'), med_of(off, 'ok_rate')) if med_of(off, 'ok_rate') else "none at all without: every "
                "fast request waited out the queue timeout") + "), p50 "
-            f"{fmt(m(off, 'p50'), 1)} vs {fmt(m(on, 'p50'), 1)} ms ({ratio(m(on, 'p50'), m(off, 'p50'))}), p99 "
-            f"{fmt(m(off, 'p99'), 1)} vs {fmt(m(on, 'p99'), 1)} ms ({ratio(m(on, 'p99'), m(off, 'p99'))}); the "
-            f"slow readers held {fmt(m(off, 'held_before'))} vs {fmt(m(on, 'held_before'))} slots, floodgate "
-            f"buffered {fmt(m(on, 'buffered_med'), 1)} MiB (RSS {fmt(m(on, 'rss'), 1)} vs {fmt(m(off, 'rss'), 1)} MB)")
+            f"{fmt(med_of(off, 'p50'), 1)} vs {fmt(med_of(on, 'p50'), 1)} ms ({times(med_of(on, 'p50'), med_of(off, 'p50'))}), p99 "
+            f"{fmt(med_of(off, 'p99'), 1)} vs {fmt(med_of(on, 'p99'), 1)} ms ({times(med_of(on, 'p99'), med_of(off, 'p99'))}); the "
+            f"slow readers held {fmt(med_of(off, 'held_before'))} vs {fmt(med_of(on, 'held_before'))} slots, floodgate "
+            f"buffered {fmt(med_of(on, 'buffered_med'), 1)} MiB (RSS {fmt(med_of(on, 'rss'), 1)} vs {fmt(med_of(off, 'rss'), 1)} MB)")
     if not parts:
         return []
     s = runs[0]
