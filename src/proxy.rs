@@ -394,7 +394,9 @@ impl Drop for Detachable {
 /// The sending loop, with the retry rules: a request the upstream never received is retried on another
 /// connection; one that may have reached it is retried once, on a fresh connection, only if it is a GET or HEAD
 /// without a body and the connection was a reused one (the upstream closed it while idle). A failed lease is
-/// given up before the retry is admitted, so its slot can serve the retry.
+/// given up before the retry is admitted, so its slot can serve the retry. A fresh dial that fails is retried too
+/// when the upstream has other endpoints: nothing was sent, and the failed endpoint now ranks below the others
+/// (or, after `eject_after` failures, is ejected and the retry waits for a slot the others can take).
 async fn send(
     pool: &Arc<UpstreamPool>,
     mut lease: Lease,
@@ -405,6 +407,7 @@ async fn send(
     // Every unsent attempt uses up a stale idle connection or a fresh dial, so this bound is never the limit in
     // practice; it only guarantees termination.
     let mut attempts_left = pool.limits().max_connections.saturating_add(2);
+    let several_endpoints = pool.endpoints().len() > 1;
     loop {
         attempts_left = attempts_left.saturating_sub(1);
         let reused = lease.reused();
@@ -415,6 +418,12 @@ async fn send(
                 drop(lease);
                 if reused && attempts_left > 0 {
                     // A stale idle connection: nothing was sent on it.
+                    pool.metrics.retried_unsent.inc();
+                    lease = readmit(pool, false).await?;
+                    continue;
+                }
+                if !reused && several_endpoints && attempts_left > 0 {
+                    // A failed dial: nothing was sent, and another endpoint may take it.
                     pool.metrics.retried_unsent.inc();
                     lease = readmit(pool, false).await?;
                     continue;

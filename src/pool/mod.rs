@@ -7,6 +7,15 @@
 //! idle connections and freed slots go to the oldest waiter first, so the queue is FIFO. This module never builds
 //! requests or answers: that is `forward`'s job.
 //!
+//! An upstream may have several endpoints (instances of one service), each with its own cap. A slot stays the
+//! upstream-wide right; the endpoint is chosen under the lock when the slot is used to dial (one with room under
+//! its own cap, not ejected, fewest failed dials in a row, fewest requests in flight, fewest connections), and the
+//! slot carries it until it is freed, which lowers that endpoint's count in the same step as the pool's. The cap
+//! in force is the lower of the configured one and the sum of the caps of the endpoints not ejected (of all of
+//! them when every one is), so no slot is issued that no endpoint could take: each endpoint's count stays within
+//! its cap, and the pool's within the upstream's. Consecutive failed dials eject an endpoint for a backoff that
+//! doubles with each repeated ejection; ejections begin and end like a lowered and a raised cap.
+//!
 //! The cap can change while the pool runs (a reload, the admin API). Raising it issues the new slots to waiters at
 //! once; lowering it closes surplus idle connections at once, closes busy ones as they finish instead of reusing
 //! them, and issues no slot while more connections exist than the new cap. A retired pool (its upstream removed
@@ -74,8 +83,12 @@ struct PoolState {
     /// Connections on their way out that still hold their slot: each will free it soon. Every close the pool
     /// starts is counted (see [`count_closing`]): `open - closing` is what a changed cap is held against.
     closing: usize,
-    /// The cap in force; the configured one until a reload or the admin API changes it.
+    /// The cap in force: the configured one, or less while endpoints are ejected (see [`PoolState::effective_cap`]).
     max_connections: usize,
+    /// The configured cap; a reload or the admin API changes it.
+    configured: usize,
+    /// Per endpoint, in the order of [`UpstreamPool::endpoints`].
+    endpoints: Vec<EndpointState>,
     /// The upstream was removed or replaced: no connection is kept once it comes free.
     retired: bool,
     /// Leases granted and not yet ended, grants on their way to a waiter included: what the adaptive limit bounds.
@@ -85,6 +98,34 @@ struct PoolState {
     /// Most recently used at the back; the front is the first to expire.
     idle: VecDeque<IdleConn>,
     queue: WaitQueue<Grant>,
+}
+
+/// What the pool knows of one endpoint; only under the pool's lock.
+struct EndpointState {
+    /// Its own cap; `usize::MAX` for the one endpoint of an upstream given by `url` (the upstream's cap bounds it).
+    cap: usize,
+    /// Connections to it, from the moment a slot chose it to dial until their sockets are closed.
+    open: usize,
+    /// Dials that failed in a row.
+    failures: u32,
+    /// Ejections without a successful dial between them: the next one lasts `eject_backoff` x 2^this.
+    ejections: u32,
+    ejected: bool,
+    /// Back from an ejection: the next failed dial ejects it again at once.
+    probation: bool,
+}
+
+/// One endpoint in a [`PoolSnapshot`].
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct EndpointSnapshot {
+    pub address: String,
+    /// Its own cap; `None` for an upstream given by one `url` (the upstream's cap is its bound).
+    pub max_connections: Option<usize>,
+    pub connections_open: usize,
+    /// Its connections that are not idle: dialling, busy or closing.
+    pub in_flight: usize,
+    pub ejected: bool,
+    pub failed_dials: u32,
 }
 
 /// A snapshot for `/status` and the gauges.
@@ -108,12 +149,16 @@ pub struct PoolSnapshot {
     pub requests_total: u64,
     /// Removed or replaced by a reload, finishing what it had admitted.
     pub draining: bool,
+    pub endpoints: Vec<EndpointSnapshot>,
 }
 
 /// One upstream's pool, admission queue and counters.
 pub struct UpstreamPool {
     pub name: Arc<str>,
+    /// The first endpoint's origin: the scheme every endpoint shares, and the default Host header.
     pub origin: Origin,
+    /// Every endpoint with its own cap, as configured; a changed list makes a new pool.
+    endpoints: Vec<(Origin, usize)>,
     /// Host header for requests that arrived without one (HTTP/1.0).
     pub authority: HeaderValue,
     /// Everything but the cap is read from here at the moment it applies; the cap lives under the lock.
@@ -141,6 +186,37 @@ impl UpstreamPool {
         tls: Option<UpstreamTls>,
         metrics: UpstreamMetrics,
     ) -> Arc<Self> {
+        Self::with_endpoints(name, vec![(origin, usize::MAX)], limits, tls, metrics)
+    }
+
+    /// A pool over several endpoints, each with its own cap (see [`UpstreamConfig::endpoint_list`]); they share
+    /// `tls` and the first one's origin is the pool's. An empty list is one endpoint nobody can dial.
+    pub fn with_endpoints(
+        name: &str,
+        endpoints: Vec<(Origin, usize)>,
+        limits: UpstreamConfig,
+        tls: Option<UpstreamTls>,
+        metrics: UpstreamMetrics,
+    ) -> Arc<Self> {
+        let origin = endpoints.first().map_or_else(
+            || Origin {
+                scheme: crate::config::Scheme::Http,
+                host: "0.0.0.0".into(),
+                port: 9,
+            },
+            |(origin, _)| origin.clone(),
+        );
+        let endpoint_states: Vec<EndpointState> = endpoints
+            .iter()
+            .map(|(_, cap)| EndpointState {
+                cap: *cap,
+                open: 0,
+                failures: 0,
+                ejections: 0,
+                ejected: false,
+                probation: false,
+            })
+            .collect();
         let authority =
             HeaderValue::from_str(&origin.authority()).unwrap_or_else(|_| HeaderValue::from_static("localhost"));
         let adaptive = adaptive::Adaptive::new(adaptive::Params::of(&limits));
@@ -150,7 +226,9 @@ impl UpstreamPool {
             state: Mutex::new(PoolState {
                 open: 0,
                 closing: 0,
-                max_connections: limits.max_connections,
+                max_connections: 0,
+                configured: limits.max_connections,
+                endpoints: endpoint_states,
                 retired: false,
                 leased: 0,
                 limit: adaptive.in_force(),
@@ -158,6 +236,7 @@ impl UpstreamPool {
                 queue: WaitQueue::new(limits.queue_policy()),
             }),
             origin,
+            endpoints,
             limits: ArcSwap::from_pointee(limits),
             metrics,
             tls: ArcSwapOption::new(tls.map(Arc::new)),
@@ -168,8 +247,17 @@ impl UpstreamPool {
             hold_us: AtomicU64::new(0),
             adaptive,
         });
+        {
+            let mut state = pool.lock();
+            state.max_connections = state.effective_cap();
+        }
         tokio::spawn(expire_idle(Arc::downgrade(&pool)));
         pool
+    }
+
+    /// The endpoints with their own caps, as configured.
+    pub fn endpoints(&self) -> &[(Origin, usize)] {
+        &self.endpoints
     }
 
     /// The limits in force (timeouts, queue bounds, connection lifetime); cheap enough for every request.
@@ -310,9 +398,33 @@ impl UpstreamPool {
         Some(grant)
     }
 
-    /// The most recent idle connection that is still usable; the unusable ones met on the way are closed.
+    /// The most recent idle connection that is still usable; the unusable ones met on the way are closed. With
+    /// several endpoints, the most recent one to the endpoint with the fewest requests in flight (not ejected
+    /// first), all idle connections looked at.
     fn take_idle(&self, state: &mut PoolState) -> Option<Grant> {
         let limits = self.limits();
+        if state.endpoints.len() > 1 {
+            for idle in std::mem::take(&mut state.idle) {
+                if idle.conn.is_usable(&limits) {
+                    state.idle.push_back(idle);
+                } else {
+                    count_closing(state, &idle.conn);
+                }
+            }
+            let busy = state.busy();
+            let rank = |endpoint: usize| {
+                let ejected = state.endpoints.get(endpoint).is_some_and(|e| e.ejected);
+                (ejected, busy.get(endpoint).copied().unwrap_or(usize::MAX))
+            };
+            let best = state
+                .idle
+                .iter()
+                .enumerate()
+                .rev()
+                .min_by_key(|(_, idle)| rank(idle.conn.endpoint))
+                .map(|(at, _)| at)?;
+            return state.idle.remove(best).map(|idle| Grant::Idle(idle.conn));
+        }
         while let Some(idle) = state.idle.pop_back() {
             if idle.conn.is_usable(&limits) {
                 return Some(Grant::Idle(idle.conn));
@@ -343,20 +455,23 @@ impl UpstreamPool {
         });
     }
 
-    /// A slot was dropped: hand the right on to the oldest waiter, or lower the count.
-    fn slot_freed(pool: &Arc<Self>) {
-        Self::hand_on_slot(pool, |_| {});
+    /// A slot was dropped: hand the right on to the oldest waiter, or lower the count. The endpoint it dialled,
+    /// if any, loses the connection in the same step.
+    fn slot_freed(pool: &Arc<Self>, endpoint: Option<usize>) {
+        Self::hand_on_slot(pool, |state| state.endpoint_closed(endpoint));
     }
 
     /// A connection's socket is closed: its slot is freed and the connection stops counting as closing in one
     /// step under the lock. Done in two, someone in between would count it as live (no longer closing, slot still
     /// held) or miss it (slot freed, still closing) and keep or close the wrong connection under a lowered cap.
     pub(super) fn connection_closed(slot: Slot, closing: &AtomicU8) {
+        let endpoint = slot.endpoint;
         let Some(pool) = slot.into_count() else { return };
         Self::hand_on_slot(&pool, |state| {
             if closing.swap(CLOSING_DONE, Ordering::AcqRel) == CLOSING_COUNTED {
                 state.closing = state.closing.saturating_sub(1);
             }
+            state.endpoint_closed(endpoint);
         });
     }
 
@@ -440,6 +555,93 @@ impl UpstreamPool {
         state.open += 1;
         self.connections_peak.fetch_max(state.open, Ordering::Relaxed);
         Slot::issued(self.clone())
+    }
+
+    /// Chooses the endpoint `slot` dials, under the lock, and counts the connection there: one with room under its
+    /// own cap; among those, not ejected, then the fewest failed dials in a row, the fewest requests in flight,
+    /// the fewest connections. An ejected endpoint only when no other has room. `None`: none has room, which
+    /// cannot happen while the slot is counted (the pool's count never exceeds the sum of the endpoints' caps, and
+    /// this slot is in the one but not yet in the other), and is a failed dial rather than a panic all the same.
+    pub(super) fn choose_endpoint(&self, slot: &mut Slot) -> Option<usize> {
+        if slot.endpoint.is_some() {
+            return slot.endpoint;
+        }
+        let mut state = self.lock();
+        let busy = state.busy();
+        let chosen = state
+            .endpoints
+            .iter()
+            .enumerate()
+            .filter(|(_, endpoint)| endpoint.open < endpoint.cap)
+            .min_by_key(|(at, endpoint)| {
+                let in_flight = busy.get(*at).copied().unwrap_or(usize::MAX);
+                (endpoint.ejected, endpoint.failures, in_flight, endpoint.open)
+            })
+            .map(|(at, _)| at)?;
+        let endpoint = state.endpoints.get_mut(chosen)?;
+        endpoint.open += 1;
+        slot.endpoint = Some(chosen);
+        Some(chosen)
+    }
+
+    /// The outcome of a dial to `endpoint`. A success ends its run of failures (and of ejections); a failure that
+    /// makes `eject_after` in a row (or the first after an ejection) ejects it, if the upstream has other
+    /// endpoints, for `eject_backoff` doubled per ejection in a row, at most `eject_backoff_max`.
+    pub(super) fn dialled(self: &Arc<Self>, endpoint: usize, succeeded: bool) {
+        let limits = self.limits();
+        let mut state = self.lock();
+        let several = state.endpoints.len() > 1;
+        let Some(health) = state.endpoints.get_mut(endpoint) else {
+            return;
+        };
+        if succeeded {
+            health.failures = 0;
+            health.ejections = 0;
+            health.probation = false;
+            return;
+        }
+        health.failures = health.failures.saturating_add(1);
+        let due = limits.eject_after > 0 && (health.failures >= limits.eject_after || health.probation);
+        if !several || health.ejected || !due {
+            return;
+        }
+        health.ejected = true;
+        health.probation = false;
+        let backoff = limits
+            .eject_backoff
+            .saturating_mul(1u32 << health.ejections.min(16))
+            .min(limits.eject_backoff_max);
+        health.ejections = health.ejections.saturating_add(1);
+        let address = self
+            .endpoints
+            .get(endpoint)
+            .map(|(origin, _)| origin.authority())
+            .unwrap_or_default();
+        tracing::warn!(upstream = %self.name, endpoint = %address, ?backoff, "endpoint ejected after failed dials");
+        tokio::spawn(end_ejection(Arc::downgrade(self), endpoint, backoff));
+        self.apply_cap(state);
+    }
+
+    /// Puts the cap the configured one and the endpoints' health allow in force, as a changed cap is: raised, its
+    /// new slots go to the oldest waiters at once; lowered, surplus idle connections close now (oldest first) and
+    /// busy ones as they come free.
+    fn apply_cap<'a>(self: &'a Arc<Self>, mut state: MutexGuard<'a, PoolState>) {
+        let cap = state.effective_cap();
+        let raised = cap > state.max_connections;
+        state.max_connections = cap;
+        let mut evicted = Vec::new();
+        while state.live_over_cap() {
+            let Some(idle) = state.idle.pop_front() else { break };
+            count_closing(&mut state, &idle.conn);
+            evicted.push(idle);
+        }
+        if raised {
+            self.admit_admissible(state);
+        } else {
+            drop(state);
+        }
+        // Dropped outside the lock: each connection's task closes it and frees its slot.
+        drop(evicted);
     }
 
     /// A grant that reached a waiter which had just given up goes back where it came from; it leaves the lease
@@ -585,9 +787,24 @@ impl UpstreamPool {
 
     pub fn snapshot(&self) -> PoolSnapshot {
         let adaptive = self.adaptive.snapshot();
-        let (open, idle, queue_depth, max_connections, limit, draining) = {
+        let (open, idle, queue_depth, max_connections, limit, draining, endpoints) = {
             let state = self.lock();
             let idle = state.idle.iter().filter(|i| !i.conn.is_closed()).count();
+            let busy = state.busy();
+            let endpoints = self
+                .endpoints
+                .iter()
+                .zip(&state.endpoints)
+                .zip(busy)
+                .map(|(((origin, _), endpoint), in_flight)| EndpointSnapshot {
+                    address: origin.authority(),
+                    max_connections: (endpoint.cap != usize::MAX).then_some(endpoint.cap),
+                    connections_open: endpoint.open,
+                    in_flight,
+                    ejected: endpoint.ejected,
+                    failed_dials: endpoint.failures,
+                })
+                .collect();
             (
                 state.open,
                 idle,
@@ -595,6 +812,7 @@ impl UpstreamPool {
                 state.max_connections,
                 state.limit.min(state.max_connections),
                 state.retired,
+                endpoints,
             )
         };
         PoolSnapshot {
@@ -612,6 +830,7 @@ impl UpstreamPool {
             queue_peak: self.queue_peak.load(Ordering::Relaxed),
             requests_total: self.requests_total.load(Ordering::Relaxed),
             draining,
+            endpoints,
         }
     }
 
@@ -661,8 +880,10 @@ impl UpstreamPool {
         let (raised, surplus_idle) = {
             let mut state = self.lock();
             let limits = change(&self.limits());
-            let raised = limits.max_connections > state.max_connections;
-            state.max_connections = limits.max_connections;
+            state.configured = limits.max_connections;
+            let cap = state.effective_cap();
+            let raised = cap > state.max_connections;
+            state.max_connections = cap;
             state.queue.set_policy(limits.queue_policy());
             self.limits.store(Arc::new(limits));
             // Counted one by one: an idle entry whose connection is already gone (the upstream closed it) holds no
@@ -734,6 +955,38 @@ impl PoolState {
     fn live_over_cap(&self) -> bool {
         self.open.saturating_sub(self.closing) > self.max_connections
     }
+
+    /// The cap that may be in force: the configured one, and no more than the endpoints not ejected can take
+    /// between them (all endpoints' caps when every one is ejected: trying them beats shedding everything).
+    fn effective_cap(&self) -> usize {
+        let room = |ejected_too: bool| {
+            self.endpoints
+                .iter()
+                .filter(|endpoint| ejected_too || !endpoint.ejected)
+                .fold(0usize, |sum, endpoint| sum.saturating_add(endpoint.cap))
+        };
+        let healthy = room(false);
+        let room = if healthy == 0 { room(true) } else { healthy };
+        self.configured.min(room)
+    }
+
+    /// Per endpoint, its connections that are not idle: the requests in flight there (and dials, closes).
+    fn busy(&self) -> Vec<usize> {
+        let mut busy: Vec<usize> = self.endpoints.iter().map(|endpoint| endpoint.open).collect();
+        for idle in &self.idle {
+            if let Some(count) = busy.get_mut(idle.conn.endpoint) {
+                *count = count.saturating_sub(1);
+            }
+        }
+        busy
+    }
+
+    /// A slot that dialled `endpoint` is freed: its socket is closed (or was never connected).
+    fn endpoint_closed(&mut self, endpoint: Option<usize>) {
+        if let Some(endpoint) = endpoint.and_then(|at| self.endpoints.get_mut(at)) {
+            endpoint.open = endpoint.open.saturating_sub(1);
+        }
+    }
 }
 
 /// Counts `conn` as closing until its task frees its slot (see [`UpstreamPool::connection_closed`]); only under the
@@ -772,6 +1025,20 @@ impl Drop for Waiting<'_> {
             }
         }
     }
+}
+
+/// Ends an ejection after its backoff: the endpoint may be chosen again (on probation: one more failed dial
+/// ejects it again at once, for twice as long), and the cap rises with it.
+async fn end_ejection(pool: Weak<UpstreamPool>, endpoint: usize, after: Duration) {
+    tokio::time::sleep(after).await;
+    let Some(pool) = pool.upgrade() else { return };
+    let mut state = pool.lock();
+    if let Some(health) = state.endpoints.get_mut(endpoint) {
+        health.ejected = false;
+        health.failures = 0;
+        health.probation = true;
+    }
+    pool.apply_cap(state);
 }
 
 /// Closes idle connections past `idle_timeout`, past their lifetime, or closed by the upstream meanwhile. Wakes

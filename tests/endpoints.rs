@@ -1,0 +1,275 @@
+//! Several endpoints per upstream, through the real binary on loopback: each endpoint stays within its own cap and
+//! the upstream within the lower of its cap and their sum; load spreads over them; an endpoint that refuses
+//! connections is ejected (the cap in force shrinks) without a failed request, and serves again once it is back
+//! and its backoff has passed; configuration errors name their key.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+use support::*;
+use tokio::task::JoinHandle;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// Upstream `a` over `endpoints` (url, own cap), with `extra` keys, taking every request with a patient queue.
+fn config(endpoints: &[(String, usize)], max_connections: usize, extra: &str) -> String {
+    let list: Vec<String> = endpoints
+        .iter()
+        .map(|(url, cap)| format!(r#"{{ url = "{url}", max_connections = {cap} }}"#))
+        .collect();
+    format!(
+        r#"
+[upstreams.a]
+endpoints = [{list}]
+max_connections = {max_connections}
+max_queue = 1000
+queue_timeout = "30s"
+{extra}
+
+[[routes]]
+upstream = "a"
+"#,
+        list = list.join(", ")
+    )
+}
+
+/// Clients in a closed loop, each on its own keep-alive connection, recording every answer that is not a 200.
+struct Load {
+    stop: Arc<AtomicBool>,
+    served: Arc<AtomicUsize>,
+    failed: Arc<std::sync::Mutex<Vec<String>>>,
+    clients: Vec<JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(addr: std::net::SocketAddr, clients: usize, path: &'static str) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let served = Arc::new(AtomicUsize::new(0));
+        let failed = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let clients = (0..clients)
+            .map(|_| {
+                let (stop, served, failed) = (stop.clone(), served.clone(), failed.clone());
+                tokio::spawn(async move {
+                    let mut conn = H1Conn::connect(addr).await;
+                    while !stop.load(Ordering::SeqCst) {
+                        match conn.try_get(path).await {
+                            Ok(resp) if resp.status == StatusCode::OK => {
+                                served.fetch_add(1, Ordering::SeqCst);
+                            }
+                            Ok(resp) => failed.lock().unwrap().push(format!("{} {}", resp.status, resp.text())),
+                            Err(err) => {
+                                failed.lock().unwrap().push(err.to_string());
+                                conn = H1Conn::connect(addr).await;
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        Load {
+            stop,
+            served,
+            failed,
+            clients,
+        }
+    }
+
+    fn served(&self) -> usize {
+        self.served.load(Ordering::SeqCst)
+    }
+
+    async fn serve_more(&self, more: usize) {
+        let target = self.served() + more;
+        wait_until_sync(&format!("{more} more requests served"), WAIT, || {
+            self.served() >= target
+        })
+        .await;
+    }
+
+    /// Stops the clients after their current request; returns how many were served and every failure.
+    async fn finish(self) -> (usize, Vec<String>) {
+        self.stop.store(true, Ordering::SeqCst);
+        for client in self.clients {
+            client.await.unwrap();
+        }
+        let failed = self.failed.lock().unwrap().clone();
+        (self.served.load(Ordering::SeqCst), failed)
+    }
+}
+
+/// Samples the connections both upstreams hold at once until stopped; returns the highest sum seen.
+fn sample_total(a: Arc<Upstream>, b: Arc<Upstream>, stop: Arc<AtomicBool>) -> JoinHandle<usize> {
+    tokio::spawn(async move {
+        let mut peak = 0;
+        while !stop.load(Ordering::SeqCst) {
+            peak = peak.max(a.connections() + b.connections());
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        peak
+    })
+}
+
+fn endpoint_status(upstream: &serde_json::Value, index: usize) -> serde_json::Value {
+    upstream["endpoints"][index].clone()
+}
+
+async fn both_within_caps_under_30_clients(max_connections: usize, expected_cap: u64) {
+    let a = Arc::new(Upstream::start().await);
+    let b = Arc::new(Upstream::start().await);
+    let file = TempConfig::new(&config(&[(a.url(), 2), (b.url(), 3)], max_connections, ""));
+    let proxy = Proxy::start(&["--config", &file.path_str()]).await;
+    assert_eq!(proxy.upstream_field("a", "max_connections").await, expected_cap);
+
+    let stop_sampling = Arc::new(AtomicBool::new(false));
+    let sampler = sample_total(a.clone(), b.clone(), stop_sampling.clone());
+    let load = Load::start(proxy.listen, 30, "/delay/5");
+    load.serve_more(600).await;
+    let status = proxy.upstream_status("a").await;
+    let (served, failed) = load.finish().await;
+    stop_sampling.store(true, Ordering::SeqCst);
+    let total_peak = sampler.await.unwrap();
+
+    assert!(
+        failed.is_empty(),
+        "{} failed of {}: {:?}",
+        failed.len(),
+        served,
+        &failed[..failed.len().min(5)]
+    );
+    assert!(
+        a.peak_connections() <= 2,
+        "endpoint a (cap 2) saw {}",
+        a.peak_connections()
+    );
+    assert!(
+        b.peak_connections() <= 3,
+        "endpoint b (cap 3) saw {}",
+        b.peak_connections()
+    );
+    assert!(
+        total_peak as u64 <= expected_cap,
+        "{total_peak} connections at once over both endpoints, cap {expected_cap}"
+    );
+    assert!(status["connections_peak"].as_u64().unwrap() <= expected_cap, "{status}");
+    assert!(
+        a.requests() > 0 && b.requests() > 0,
+        "a served {}, b {}",
+        a.requests(),
+        b.requests()
+    );
+    for index in [0, 1] {
+        let endpoint = endpoint_status(&status, index);
+        assert_eq!(endpoint["ejected"], false, "{endpoint}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_endpoint_holds_its_own_cap_and_the_upstream_its_lower_cap_under_30_clients() {
+    // max_connections 4 is below the endpoints' sum of 5: it holds as well.
+    both_within_caps_under_30_clients(4, 4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upstream_cap_is_the_sum_of_the_endpoints_caps_when_max_connections_is_higher() {
+    both_within_caps_under_30_clients(100, 5).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusing_endpoint_is_ejected_without_a_failed_request_and_serves_again_after_its_backoff() {
+    let a = Upstream::start().await;
+    let b = Upstream::start().await;
+    let file = TempConfig::new(&config(
+        &[(a.url(), 2), (b.url(), 2)],
+        4,
+        "eject_after = 2\neject_backoff = \"300ms\"\neject_backoff_max = \"1s\"",
+    ));
+    let proxy = Proxy::start(&["--config", &file.path_str()]).await;
+    // Both endpoints get connections first, so the ones to a are pooled when it goes away.
+    let load = Load::start(proxy.listen, 8, "/delay/5");
+    load.serve_more(200).await;
+    let (_, failed) = load.finish().await;
+    assert!(failed.is_empty(), "{failed:?}");
+    assert!(a.requests() > 0 && b.requests() > 0);
+    proxy.wait_in_use_zero("a", WAIT).await;
+
+    a.stop().await;
+    let load = Load::start(proxy.listen, 8, "/delay/5");
+    wait_until("a ejected and the cap down to b's", WAIT, || async {
+        let status = proxy.upstream_status("a").await;
+        endpoint_status(&status, 0)["ejected"] == true && status["max_connections"] == 2
+    })
+    .await;
+    let served_by_b = b.requests();
+    load.serve_more(200).await;
+    // Up to 8 of those answers were for requests b had already counted.
+    assert!(b.requests() >= served_by_b + 200 - 8, "the load did not go to b");
+    assert!(b.peak_connections() <= 2);
+
+    let before = a.requests();
+    a.restart().await;
+    wait_until_sync("a serving again", WAIT, || a.requests() > before).await;
+    wait_until("a back in and the cap up again", WAIT, || async {
+        let status = proxy.upstream_status("a").await;
+        endpoint_status(&status, 0)["ejected"] == false && status["max_connections"] == 4
+    })
+    .await;
+    load.serve_more(200).await;
+    let (served, failed) = load.finish().await;
+    assert!(
+        failed.is_empty(),
+        "{} failed of {}: {:?}",
+        failed.len(),
+        served + failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+    assert!(a.peak_connections() <= 2 && b.peak_connections() <= 2);
+}
+
+/// Runs floodgate on `config` and expects a configuration error naming `key`.
+fn assert_rejected_naming(config: &str, key: &str) {
+    let file = TempConfig::new(config);
+    let path = file.path_str();
+    let args = ["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--config", &path];
+    let (status, _, stderr) = run_to_exit(&args, WAIT);
+    assert_eq!(
+        status.code(),
+        Some(2),
+        "not refused as a configuration error:\n{config}\n{stderr}"
+    );
+    assert!(stderr.contains(key), "the error does not name {key}: {stderr}");
+}
+
+#[test]
+fn endpoint_configuration_errors_name_their_key() {
+    let both = r#"
+[upstreams.a]
+url = "http://127.0.0.1:9"
+endpoints = [{ url = "http://127.0.0.1:10", max_connections = 1 }]
+
+[[routes]]
+upstream = "a"
+"#;
+    assert_rejected_naming(both, "upstreams.a.endpoints");
+    let zero_cap = config(
+        &[("http://127.0.0.1:9".into(), 1), ("http://127.0.0.1:10".into(), 0)],
+        8,
+        "",
+    );
+    assert_rejected_naming(&zero_cap, "upstreams.a.endpoints[1].max_connections");
+    let bad_url = config(&[("ftp://127.0.0.1:9".into(), 1)], 8, "");
+    assert_rejected_naming(&bad_url, "upstreams.a.endpoints[0].url");
+    let mixed = config(
+        &[("http://127.0.0.1:9".into(), 1), ("https://127.0.0.1:10".into(), 1)],
+        8,
+        "",
+    );
+    assert_rejected_naming(&mixed, "upstreams.a.endpoints[1].url");
+    let twice = config(&[("http://127.0.0.1:9".into(), 1), ("127.0.0.1:9".into(), 1)], 8, "");
+    assert_rejected_naming(&twice, "upstreams.a.endpoints[1].url");
+    let zero_backoff = config(&[("http://127.0.0.1:9".into(), 1)], 8, "eject_backoff = \"0s\"");
+    assert_rejected_naming(&zero_backoff, "upstreams.a.eject_backoff");
+}
