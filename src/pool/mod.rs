@@ -29,6 +29,8 @@
 
 mod adaptive;
 mod connection;
+#[cfg(test)]
+mod endpoint_properties;
 mod lease;
 #[cfg(test)]
 mod properties;
@@ -618,7 +620,8 @@ impl UpstreamPool {
             .map(|(origin, _)| origin.authority())
             .unwrap_or_default();
         tracing::warn!(upstream = %self.name, endpoint = %address, ?backoff, "endpoint ejected after failed dials");
-        tokio::spawn(end_ejection(Arc::downgrade(self), endpoint, backoff));
+        // The end is fixed now, not when the task first runs.
+        tokio::spawn(end_ejection(Arc::downgrade(self), endpoint, Instant::now() + backoff));
         self.apply_cap(state);
     }
 
@@ -1029,8 +1032,8 @@ impl Drop for Waiting<'_> {
 
 /// Ends an ejection after its backoff: the endpoint may be chosen again (on probation: one more failed dial
 /// ejects it again at once, for twice as long), and the cap rises with it.
-async fn end_ejection(pool: Weak<UpstreamPool>, endpoint: usize, after: Duration) {
-    tokio::time::sleep(after).await;
+async fn end_ejection(pool: Weak<UpstreamPool>, endpoint: usize, at: Instant) {
+    tokio::time::sleep_until(at).await;
     let Some(pool) = pool.upgrade() else { return };
     let mut state = pool.lock();
     if let Some(health) = state.endpoints.get_mut(endpoint) {
