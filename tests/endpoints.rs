@@ -161,10 +161,22 @@ async fn both_within_caps_under_30_clients(max_connections: usize, expected_cap:
         a.requests(),
         b.requests()
     );
-    for index in [0, 1] {
+    for (index, (upstream, cap)) in [(&a, 2), (&b, 3)].into_iter().enumerate() {
         let endpoint = endpoint_status(&status, index);
         assert_eq!(endpoint["ejected"], false, "{endpoint}");
+        assert_eq!(endpoint["address"], upstream.addr().to_string(), "{endpoint}");
+        assert_eq!(endpoint["max_connections"], cap, "{endpoint}");
     }
+    let samples = parse_metrics(&proxy.metrics().await);
+    let address = a.addr().to_string();
+    let labels = [("upstream", "a"), ("endpoint", address.as_str())];
+    assert!(metric_sum(&samples, "floodgate_endpoint_connections", &labels) <= 2.0);
+    assert!(
+        samples
+            .iter()
+            .any(|sample| sample.name == "floodgate_endpoint_connections"),
+        "no per-endpoint gauge"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -203,6 +215,11 @@ async fn a_refusing_endpoint_is_ejected_without_a_failed_request_and_serves_agai
         endpoint_status(&status, 0)["ejected"] == true && status["max_connections"] == 2
     })
     .await;
+    let samples = parse_metrics(&proxy.metrics().await);
+    let a_address = a.addr().to_string();
+    let a_labels = [("upstream", "a"), ("endpoint", a_address.as_str())];
+    assert_eq!(metric_sum(&samples, "floodgate_endpoint_ejected", &a_labels), 1.0);
+    assert!(metric_sum(&samples, "floodgate_endpoint_ejections_total", &a_labels) >= 1.0);
     let served_by_b = b.requests();
     load.serve_more(200).await;
     // Up to 8 of those answers were for requests b had already counted.
@@ -218,6 +235,8 @@ async fn a_refusing_endpoint_is_ejected_without_a_failed_request_and_serves_agai
     })
     .await;
     load.serve_more(200).await;
+    let samples = parse_metrics(&proxy.metrics().await);
+    assert_eq!(metric_sum(&samples, "floodgate_endpoint_ejected", &a_labels), 0.0);
     let (served, failed) = load.finish().await;
     assert!(
         failed.is_empty(),

@@ -620,6 +620,7 @@ impl UpstreamPool {
             .map(|(origin, _)| origin.authority())
             .unwrap_or_default();
         tracing::warn!(upstream = %self.name, endpoint = %address, ?backoff, "endpoint ejected after failed dials");
+        self.metrics.endpoint_ejected(&address);
         // The end is fixed now, not when the task first runs.
         tokio::spawn(end_ejection(Arc::downgrade(self), endpoint, Instant::now() + backoff));
         self.apply_cap(state);
