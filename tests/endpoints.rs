@@ -292,3 +292,46 @@ upstream = "a"
     let zero_backoff = config(&[("http://127.0.0.1:9".into(), 1)], 8, "eject_backoff = \"0s\"");
     assert_rejected_naming(&zero_backoff, "upstreams.a.eject_backoff");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_keeps_the_pool_for_the_same_endpoints_and_replaces_it_when_they_change() {
+    let a = Upstream::start().await;
+    let b = Upstream::start().await;
+    let c = Upstream::start().await;
+    let file = TempConfig::new(&config(&[(a.url(), 2), (b.url(), 2)], 4, ""));
+    let proxy = Proxy::start(&["--config", &file.path_str()]).await;
+    // Nothing in flight at either endpoint: the first listed is chosen.
+    let stalled = {
+        let addr = proxy.listen;
+        tokio::spawn(async move { get(addr, "/stall").await })
+    };
+    wait_until_sync("the request at a", WAIT, || a.inflight() == 1).await;
+
+    // The same endpoints, a lower upstream cap: the pool stays and takes the cap in place.
+    std::fs::write(file.path(), config(&[(a.url(), 2), (b.url(), 2)], 3, "")).unwrap();
+    let resp = proxy.admin_request(http::Method::POST, "/reload", "", None).await;
+    assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+    let status = proxy.status().await;
+    assert!(status["draining"].is_null(), "{status}");
+    assert_eq!(status["upstreams"]["a"]["max_connections"], 3, "{status}");
+    assert_eq!(status["upstreams"]["a"]["in_use"], 1, "{status}");
+
+    // b replaced by c: a new pool; the old one finishes its request and drains.
+    std::fs::write(file.path(), config(&[(c.url(), 1), (a.url(), 2)], 3, "")).unwrap();
+    let resp = proxy.admin_request(http::Method::POST, "/reload", "", None).await;
+    assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+    let status = proxy.status().await;
+    assert_eq!(status["draining"][0]["in_use"], 1, "{status}");
+    let new = &status["upstreams"]["a"];
+    assert_eq!(new["max_connections"], 3, "{status}");
+    assert_eq!(new["endpoints"][0]["address"], c.addr().to_string(), "{status}");
+    assert_eq!(get(proxy.listen, "/x").await.status, StatusCode::OK);
+    assert_eq!(c.requests(), 1, "the new pool dials its first endpoint");
+
+    a.release_stalled();
+    assert_eq!(stalled.await.unwrap().status, StatusCode::OK);
+    wait_until("the old pool drained", WAIT, || async {
+        proxy.status().await["draining"].is_null()
+    })
+    .await;
+}
