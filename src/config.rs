@@ -373,6 +373,12 @@ pub struct UpstreamConfig {
     /// The longest an ejection lasts.
     #[serde(with = "humantime_serde")]
     pub eject_backoff_max: Duration,
+    /// With several endpoints: a path each endpoint is sent `GET` at every `health_check_interval`, on a
+    /// connection of its own that takes a slot like any other; empty: no active checks.
+    pub health_check_path: String,
+    /// How often each endpoint is checked, and how long one check may take.
+    #[serde(with = "humantime_serde")]
+    pub health_check_interval: Duration,
     pub max_connections: usize,
     pub max_queue: usize,
     #[serde(with = "humantime_serde")]
@@ -470,6 +476,8 @@ impl Default for UpstreamConfig {
             eject_after: 3,
             eject_backoff: Duration::from_secs(1),
             eject_backoff_max: Duration::from_secs(30),
+            health_check_path: String::new(),
+            health_check_interval: Duration::from_secs(5),
             max_connections: 8,
             max_queue: 1024,
             queue_timeout: Duration::from_secs(5),
@@ -580,8 +588,9 @@ impl UpstreamConfig {
 
     /// Every duration key with its value and whether 0 is allowed (it means "none" there); validation and the
     /// config fuzz target both walk this one list.
-    pub fn durations(&self) -> [(&'static str, Duration, bool); 14] {
+    pub fn durations(&self) -> [(&'static str, Duration, bool); 15] {
         [
+            ("health_check_interval", self.health_check_interval, false),
             ("eject_backoff", self.eject_backoff, false),
             ("eject_backoff_max", self.eject_backoff_max, false),
             ("queue_timeout", self.queue_timeout, true),
@@ -1038,6 +1047,15 @@ impl Config {
                     }
                 }
                 Err(problem) => problems.0.push(problem),
+            }
+            if !upstream.health_check_path.is_empty()
+                && (!upstream.health_check_path.starts_with('/')
+                    || upstream.health_check_path.parse::<http::uri::PathAndQuery>().is_err())
+            {
+                problems.push(
+                    key("health_check_path"),
+                    "must be a path starting with / (or \"\" for none)",
+                );
             }
             problems.count(&key("max_connections"), upstream.max_connections as u128, false);
             problems.count(&key("max_queue"), upstream.max_queue as u128, true);

@@ -291,6 +291,8 @@ upstream = "a"
     assert_rejected_naming(&twice, "upstreams.a.endpoints[1].url");
     let zero_backoff = config(&[("http://127.0.0.1:9".into(), 1)], 8, "eject_backoff = \"0s\"");
     assert_rejected_naming(&zero_backoff, "upstreams.a.eject_backoff");
+    let bad_path = config(&[("http://127.0.0.1:9".into(), 1)], 8, "health_check_path = \"health\"");
+    assert_rejected_naming(&bad_path, "upstreams.a.health_check_path");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -334,4 +336,80 @@ async fn a_reload_keeps_the_pool_for_the_same_endpoints_and_replaces_it_when_the
         proxy.status().await["draining"].is_null()
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_checks_eject_a_refusing_endpoint_without_traffic_and_a_good_answer_brings_it_back_at_once() {
+    let a = Upstream::start().await;
+    let b = Upstream::start().await;
+    // A backoff far longer than the test: only a health check can end the ejection in time.
+    let extra = "eject_after = 2\neject_backoff = \"60s\"\neject_backoff_max = \"60s\"\n\
+                 health_check_path = \"/health\"\nhealth_check_interval = \"50ms\"";
+    let file = TempConfig::new(&config(&[(a.url(), 2), (b.url(), 2)], 4, extra));
+    let proxy = Proxy::start(&["--config", &file.path_str()]).await;
+    wait_until_sync("both endpoints checked", WAIT, || {
+        !a.recorded_with_prefix("/health").is_empty() && !b.recorded_with_prefix("/health").is_empty()
+    })
+    .await;
+    let check = &b.recorded_with_prefix("/health")[0];
+    assert_eq!(check.header("host"), Some(b.addr().to_string().as_str()));
+
+    a.stop().await;
+    wait_until("a ejected by its checks alone", WAIT, || async {
+        let status = proxy.upstream_status("a").await;
+        endpoint_status(&status, 0)["ejected"] == true && status["max_connections"] == 2
+    })
+    .await;
+    assert_eq!(
+        proxy.upstream_field("a", "requests_total").await,
+        0,
+        "no request was sent"
+    );
+
+    a.restart().await;
+    wait_until("a back in after a good check", WAIT, || async {
+        let status = proxy.upstream_status("a").await;
+        endpoint_status(&status, 0)["ejected"] == false && status["max_connections"] == 4
+    })
+    .await;
+    assert_eq!(get(proxy.listen, "/x").await.status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_health_check_uses_an_idle_connection_or_a_free_slot_and_is_skipped_while_every_slot_is_busy() {
+    let a = Upstream::start().await;
+    let b = Upstream::start().await;
+    let extra = "health_check_path = \"/health\"\nhealth_check_interval = \"20ms\"";
+    let file = TempConfig::new(&config(&[(a.url(), 1), (b.url(), 1)], 2, extra));
+    let proxy = Proxy::start(&["--config", &file.path_str()]).await;
+    // Two requests that hold both slots, one at each endpoint (each endpoint's cap is 1).
+    let stalled: Vec<_> = (0..2)
+        .map(|_| {
+            let addr = proxy.listen;
+            tokio::spawn(async move { get(addr, "/stall").await })
+        })
+        .collect();
+    wait_until_sync("a request at each endpoint", WAIT, || {
+        a.inflight() == 1 && b.inflight() == 1
+    })
+    .await;
+    let checks = |upstream: &Upstream| upstream.recorded_with_prefix("/health").len();
+    let (at_a, at_b) = (checks(&a), checks(&b));
+    // Absence over time can only be watched for: ten check intervals with every slot taken.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!((checks(&a), checks(&b)), (at_a, at_b), "a check ran with no slot free");
+    assert!(a.peak_connections() <= 1 && b.peak_connections() <= 1);
+
+    a.release_stalled();
+    b.release_stalled();
+    for request in stalled {
+        assert_eq!(request.await.unwrap().status, StatusCode::OK);
+    }
+    // The two connections are idle now: the checks use them.
+    wait_until_sync("checks again once the connections are free", WAIT, || {
+        checks(&a) > at_a && checks(&b) > at_b
+    })
+    .await;
+    assert!(a.peak_connections() <= 1 && b.peak_connections() <= 1);
+    assert!(proxy.upstream_field("a", "connections_peak").await <= 2);
 }

@@ -75,7 +75,13 @@ impl UpstreamPool {
         dialled
     }
 
-    async fn dial_endpoint(self: &Arc<Self>, slot: Slot, origin: &Origin, endpoint: usize) -> Result<Conn, ProxyError> {
+    /// Dials `endpoint` (at `origin`) with `slot`, which is already counted there.
+    pub(super) async fn dial_endpoint(
+        self: &Arc<Self>,
+        slot: Slot,
+        origin: &Origin,
+        endpoint: usize,
+    ) -> Result<Conn, ProxyError> {
         let limit = self.limits().connect_timeout;
         let deadline = tokio::time::Instant::now() + limit;
         let stream = match connect(origin, deadline).await {

@@ -3,7 +3,8 @@
 //! step checked against what must hold: no endpoint ever has more connections than its own cap, the endpoints'
 //! counts never add up to more than the pool's, the pool's count never more than the endpoints' caps together,
 //! every counted slot finds an endpoint with room, and the cap in force is the configured one bounded by the
-//! endpoints not ejected. No sockets: a chosen endpoint stands for a dial in progress.
+//! endpoints not ejected. Health checks take part: each uses a slot within the same caps, only with nobody
+//! queued, one per endpoint at a time. No sockets: a chosen endpoint stands for a dial in progress.
 
 use std::future::{pending, Future};
 use std::pin::Pin;
@@ -13,7 +14,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
-use super::{Lease, Refused, UpstreamPool};
+use super::{Grant, Lease, Refused, UpstreamPool};
 use crate::config::{Origin, Scheme, UpstreamConfig};
 use crate::metrics::Metrics;
 
@@ -96,6 +97,10 @@ enum Op {
     DialSucceeded(usize),
     AdvanceMs(u64),
     SetCap(usize),
+    /// A health check of an endpoint starts, if it may (see [`UpstreamPool::check_grant`]).
+    Check(usize),
+    /// A health check under way ends, healthy or not, giving back what it used.
+    EndCheck(usize, bool),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -107,6 +112,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..4usize).prop_map(Op::DialSucceeded),
         1 => (1..300u64).prop_map(Op::AdvanceMs),
         1 => (1..8usize).prop_map(Op::SetCap),
+        2 => (0..4usize).prop_map(Op::Check),
+        2 => (0..16usize, any::<bool>()).prop_map(|(which, healthy)| Op::EndCheck(which, healthy)),
     ]
 }
 
@@ -116,6 +123,7 @@ async fn run(caps: Vec<usize>, max_connections: usize, ops: Vec<Op>) -> Result<(
     let pool = pool(&caps, max_connections);
     let far = tokio::time::Instant::now() + Duration::from_secs(36_000);
     let mut leases: Vec<Lease> = Vec::new();
+    let mut checks: Vec<(usize, Grant)> = Vec::new();
     let mut waiters: Vec<tokio::task::JoinHandle<Result<Lease, Refused>>> = Vec::new();
     for op in ops {
         match op {
@@ -151,6 +159,27 @@ async fn run(caps: Vec<usize>, max_connections: usize, ops: Vec<Op>) -> Result<(
             Op::DialSucceeded(endpoint) => pool.dialled(endpoint % caps.len(), true),
             Op::AdvanceMs(ms) => tokio::time::advance(Duration::from_millis(ms)).await,
             Op::SetCap(cap) => pool.set_max_connections(cap),
+            Op::Check(endpoint) => {
+                let endpoint = endpoint % caps.len();
+                let queued = pool.snapshot().queue_depth;
+                if let Some(grant) = pool.check_grant(endpoint) {
+                    prop_assert_eq!(queued, 0, "a check took a slot with requests queued");
+                    prop_assert!(
+                        !checks.iter().any(|(checked, _)| *checked == endpoint),
+                        "two checks of one endpoint at once"
+                    );
+                    if let Grant::Dial(slot) = &grant {
+                        prop_assert_eq!(slot.endpoint, Some(endpoint));
+                    }
+                    checks.push((endpoint, grant));
+                }
+            }
+            Op::EndCheck(which, healthy) if !checks.is_empty() => {
+                let (endpoint, grant) = checks.swap_remove(which % checks.len());
+                drop(grant);
+                pool.health_checked(endpoint, Some(healthy));
+            }
+            Op::EndCheck(..) => {}
             Op::Dial(_) | Op::Release(_) => {}
         }
         settle().await;
@@ -171,6 +200,10 @@ async fn run(caps: Vec<usize>, max_connections: usize, ops: Vec<Op>) -> Result<(
     }
     // Every lease ends; the waiters left are served in turn, and then nothing is held anywhere.
     drop(leases);
+    for (endpoint, grant) in checks {
+        drop(grant);
+        pool.health_checked(endpoint, Some(true));
+    }
     for waiter in waiters {
         settle().await;
         tokio::time::advance(Duration::from_secs(1)).await;

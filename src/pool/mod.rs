@@ -31,6 +31,7 @@ mod adaptive;
 mod connection;
 #[cfg(test)]
 mod endpoint_properties;
+mod health;
 mod lease;
 #[cfg(test)]
 mod properties;
@@ -115,6 +116,10 @@ struct EndpointState {
     ejected: bool,
     /// Back from an ejection: the next failed dial ejects it again at once.
     probation: bool,
+    /// Counts ejections, so that the timer of one that a health check already ended does not end a later one.
+    generation: u64,
+    /// A health check of it is under way.
+    checking: bool,
 }
 
 /// One endpoint in a [`PoolSnapshot`].
@@ -217,6 +222,8 @@ impl UpstreamPool {
                 ejections: 0,
                 ejected: false,
                 probation: false,
+                generation: 0,
+                checking: false,
             })
             .collect();
         let authority =
@@ -254,6 +261,9 @@ impl UpstreamPool {
             state.max_connections = state.effective_cap();
         }
         tokio::spawn(expire_idle(Arc::downgrade(&pool)));
+        if pool.endpoints.len() > 1 {
+            tokio::spawn(health::run(Arc::downgrade(&pool)));
+        }
         pool
     }
 
@@ -441,7 +451,12 @@ impl UpstreamPool {
     /// the adaptive limit), else it goes idle. At or above the adaptive limit only a retry may have it. Above a
     /// lowered cap, or in a retired pool with nobody waiting, it is closed instead.
     pub(crate) fn put_idle(self: &Arc<Self>, conn: Conn) {
-        self.hand_on(Grant::Idle(conn), true, |state, grant| match grant {
+        self.return_idle(conn, true);
+    }
+
+    /// [`Self::put_idle`]; `counted`: the connection comes from a lease (false: from a health check).
+    fn return_idle(self: &Arc<Self>, conn: Conn, counted: bool) {
+        self.hand_on(Grant::Idle(conn), counted, |state, grant| match grant {
             Grant::Idle(conn) if state.retired || state.live_over_cap() => {
                 count_closing(state, &conn);
                 Some(Grant::Idle(conn))
@@ -609,6 +624,8 @@ impl UpstreamPool {
         }
         health.ejected = true;
         health.probation = false;
+        health.generation = health.generation.wrapping_add(1);
+        let generation = health.generation;
         let backoff = limits
             .eject_backoff
             .saturating_mul(1u32 << health.ejections.min(16))
@@ -622,8 +639,90 @@ impl UpstreamPool {
         tracing::warn!(upstream = %self.name, endpoint = %address, ?backoff, "endpoint ejected after failed dials");
         self.metrics.endpoint_ejected(&address);
         // The end is fixed now, not when the task first runs.
-        tokio::spawn(end_ejection(Arc::downgrade(self), endpoint, Instant::now() + backoff));
+        tokio::spawn(end_ejection(
+            Arc::downgrade(self),
+            endpoint,
+            generation,
+            Instant::now() + backoff,
+        ));
         self.apply_cap(state);
+    }
+
+    /// What a health check of `endpoint` may use, with nobody waiting and no check of it under way: the most
+    /// recent usable idle connection to it, else a free slot if the endpoint has room under its own cap (issued
+    /// and counted at the endpoint like a dial's). `None`: the check is skipped this round.
+    pub(super) fn check_grant(self: &Arc<Self>, endpoint: usize) -> Option<Grant> {
+        let mut state = self.lock();
+        let checking = state.endpoints.get(endpoint).is_none_or(|health| health.checking);
+        if state.retired || !state.queue.is_empty() || checking {
+            return None;
+        }
+        let limits = self.limits();
+        let idle = state
+            .idle
+            .iter()
+            .rposition(|idle| idle.conn.endpoint == endpoint && idle.conn.is_usable(&limits));
+        if let Some(idle) = idle.and_then(|at| state.idle.remove(at)) {
+            if let Some(health) = state.endpoints.get_mut(endpoint) {
+                health.checking = true;
+            }
+            return Some(Grant::Idle(idle.conn));
+        }
+        if state.open >= state.max_connections {
+            return None;
+        }
+        let health = state.endpoints.get_mut(endpoint)?;
+        if health.open >= health.cap {
+            return None;
+        }
+        health.open += 1;
+        health.checking = true;
+        let mut slot = self.issue_slot(&mut state);
+        slot.endpoint = Some(endpoint);
+        Some(Grant::Dial(slot))
+    }
+
+    /// A health check is done with a connection that may be reused: to the oldest waiter, else idle.
+    pub(super) fn return_checked(self: &Arc<Self>, conn: Conn) {
+        self.return_idle(conn, false);
+    }
+
+    /// The outcome of a health check of `endpoint`: `None` says nothing (a reused connection failed: it may just
+    /// have been closed while idle); a failure counts as a failed dial; a success ends the run of failures, and an
+    /// ejection at once (the endpoint has just answered).
+    pub(super) fn health_checked(self: &Arc<Self>, endpoint: usize, healthy: Option<bool>) {
+        let mut state = self.lock();
+        let Some(health) = state.endpoints.get_mut(endpoint) else {
+            return;
+        };
+        health.checking = false;
+        let Some(healthy) = healthy else { return };
+        if !healthy {
+            drop(state);
+            self.dialled(endpoint, false);
+            return;
+        }
+        health.failures = 0;
+        health.ejections = 0;
+        health.probation = false;
+        if health.ejected {
+            health.ejected = false;
+            health.generation = health.generation.wrapping_add(1);
+            self.apply_cap(state);
+        }
+    }
+
+    /// Closes a connection made for a health check: counted as closing until its task frees the slot.
+    pub(super) fn close_checked(&self, conn: Conn) {
+        let mut state = self.lock();
+        count_closing(&mut state, &conn);
+        drop(state);
+        conn.close_now();
+    }
+
+    /// Whether the pool was retired by a reload.
+    pub(super) fn is_retired(&self) -> bool {
+        self.lock().retired
     }
 
     /// Puts the cap the configured one and the endpoints' health allow in force, as a changed cap is: raised, its
@@ -1033,11 +1132,15 @@ impl Drop for Waiting<'_> {
 
 /// Ends an ejection after its backoff: the endpoint may be chosen again (on probation: one more failed dial
 /// ejects it again at once, for twice as long), and the cap rises with it.
-async fn end_ejection(pool: Weak<UpstreamPool>, endpoint: usize, at: Instant) {
+async fn end_ejection(pool: Weak<UpstreamPool>, endpoint: usize, generation: u64, at: Instant) {
     tokio::time::sleep_until(at).await;
     let Some(pool) = pool.upgrade() else { return };
     let mut state = pool.lock();
     if let Some(health) = state.endpoints.get_mut(endpoint) {
+        if !health.ejected || health.generation != generation {
+            // A health check ended this ejection already.
+            return;
+        }
         health.ejected = false;
         health.failures = 0;
         health.probation = true;
