@@ -413,3 +413,29 @@ async fn a_health_check_uses_an_idle_connection_or_a_free_slot_and_is_skipped_wh
     assert!(a.peak_connections() <= 1 && b.peak_connections() <= 1);
     assert!(proxy.upstream_field("a", "connections_peak").await <= 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_every_endpoint_refusing_a_request_gets_502_after_trying_them_and_all_count_again() {
+    let a = Upstream::start().await;
+    let b = Upstream::start().await;
+    let extra = "eject_after = 2\neject_backoff = \"60s\"\neject_backoff_max = \"60s\"";
+    let file = TempConfig::new(&config(&[(a.url(), 2), (b.url(), 2)], 4, extra));
+    let proxy = Proxy::start(&["--config", &file.path_str()]).await;
+    a.stop().await;
+    b.stop().await;
+
+    let resp = get(proxy.listen, "/x").await;
+    assert_eq!(resp.status, StatusCode::BAD_GATEWAY, "{}", resp.text());
+    let status = proxy.upstream_status("a").await;
+    for index in [0, 1] {
+        assert_eq!(endpoint_status(&status, index)["ejected"], true, "{status}");
+    }
+    // Every endpoint ejected: all count again rather than shedding everything.
+    assert_eq!(status["max_connections"], 4, "{status}");
+    assert_eq!(status["in_use"], 0, "{status}");
+
+    // Still ejected (a 60 s backoff), yet tried: back up, they serve at once.
+    a.restart().await;
+    b.restart().await;
+    assert_eq!(get(proxy.listen, "/x").await.status, StatusCode::OK);
+}
