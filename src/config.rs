@@ -345,12 +345,40 @@ pub struct TlsCertificateConfig {
     pub key: PathBuf,
 }
 
+/// One instance of an upstream's service (an `endpoints` entry): where it is dialled and its own cap.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointConfig {
+    /// `http://host:port`, `https://host:port` or a bare `host:port`, as an upstream's `url`.
+    pub url: String,
+    /// Never more than this many connections to this endpoint.
+    pub max_connections: usize,
+}
+
 /// One named upstream origin and the limits of its pool.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct UpstreamConfig {
     /// `http://host:port`, `https://host:port` (TLS to the upstream) or a bare `host:port` (plain HTTP).
     pub url: String,
+    /// Several instances of the service instead of `url` (the file only): each with its own cap. The upstream's
+    /// cap in force is then the lower of `max_connections` and their sum.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub endpoints: Vec<EndpointConfig>,
+    /// With several endpoints: this many consecutive failed dials eject an endpoint for a while; 0: never.
+    pub eject_after: u32,
+    /// How long a first ejection lasts; each repeated one (no successful dial in between) lasts twice as long.
+    #[serde(with = "humantime_serde")]
+    pub eject_backoff: Duration,
+    /// The longest an ejection lasts.
+    #[serde(with = "humantime_serde")]
+    pub eject_backoff_max: Duration,
+    /// With several endpoints: a path each endpoint is sent `GET` at every `health_check_interval`, on a
+    /// connection of its own that takes a slot like any other; empty: no active checks.
+    pub health_check_path: String,
+    /// How often each endpoint is checked, and how long one check may take.
+    #[serde(with = "humantime_serde")]
+    pub health_check_interval: Duration,
     pub max_connections: usize,
     pub max_queue: usize,
     #[serde(with = "humantime_serde")]
@@ -444,6 +472,12 @@ impl Default for UpstreamConfig {
     fn default() -> Self {
         UpstreamConfig {
             url: String::new(),
+            endpoints: Vec::new(),
+            eject_after: 3,
+            eject_backoff: Duration::from_secs(1),
+            eject_backoff_max: Duration::from_secs(30),
+            health_check_path: String::new(),
+            health_check_interval: Duration::from_secs(5),
             max_connections: 8,
             max_queue: 1024,
             queue_timeout: Duration::from_secs(5),
@@ -484,6 +518,57 @@ impl Default for UpstreamConfig {
 }
 
 impl UpstreamConfig {
+    /// The endpoints the pool of upstream `name` dials, each with its own cap: every `endpoints` entry, or the one
+    /// `url` with no cap of its own (`usize::MAX`: the upstream's `max_connections` alone bounds it). The first
+    /// problem found is named by its key.
+    pub fn endpoint_list(&self, name: &str) -> Result<Vec<(Origin, usize)>, ConfigError> {
+        let key = |field: &str| format!("upstreams.{name}.{field}");
+        match (self.url.is_empty(), self.endpoints.is_empty()) {
+            (false, false) => {
+                return Err(ConfigError::new(
+                    key("endpoints"),
+                    "give either url or endpoints, not both",
+                ))
+            }
+            (true, true) => {
+                return Err(ConfigError::new(
+                    key("url"),
+                    "missing (e.g. \"http://127.0.0.1:9000\", or endpoints = [{ url = ..., max_connections = ... }])",
+                ))
+            }
+            (false, true) => {
+                let origin = Origin::parse(&self.url).map_err(|message| ConfigError::new(key("url"), message))?;
+                return Ok(vec![(origin, usize::MAX)]);
+            }
+            (true, false) => {}
+        }
+        let mut list: Vec<(Origin, usize)> = Vec::with_capacity(self.endpoints.len());
+        for (index, endpoint) in self.endpoints.iter().enumerate() {
+            let at = |field: &str| key(&format!("endpoints[{index}].{field}"));
+            let origin = Origin::parse(&endpoint.url).map_err(|message| ConfigError::new(at("url"), message))?;
+            if endpoint.max_connections == 0 {
+                return Err(ConfigError::new(at("max_connections"), "must be at least 1"));
+            }
+            if list.iter().any(|(seen, _)| *seen == origin) {
+                return Err(ConfigError::new(at("url"), "the same endpoint is listed twice"));
+            }
+            if let Some((first, _)) = list.first() {
+                // One TLS client serves every endpoint: one scheme, and one name to verify.
+                if first.scheme != origin.scheme {
+                    return Err(ConfigError::new(at("url"), "every endpoint must use the same scheme"));
+                }
+                if origin.scheme == Scheme::Https && first.host != origin.host && self.tls_server_name.is_none() {
+                    return Err(ConfigError::new(
+                        at("url"),
+                        "https:// endpoints with different hosts need tls_server_name (the one name verified)",
+                    ));
+                }
+            }
+            list.push((origin, endpoint.max_connections));
+        }
+        Ok(list)
+    }
+
     /// The admission queue's bound and discipline.
     pub fn queue_policy(&self) -> QueuePolicy {
         QueuePolicy {
@@ -503,8 +588,11 @@ impl UpstreamConfig {
 
     /// Every duration key with its value and whether 0 is allowed (it means "none" there); validation and the
     /// config fuzz target both walk this one list.
-    pub fn durations(&self) -> [(&'static str, Duration, bool); 12] {
+    pub fn durations(&self) -> [(&'static str, Duration, bool); 15] {
         [
+            ("health_check_interval", self.health_check_interval, false),
+            ("eject_backoff", self.eject_backoff, false),
+            ("eject_backoff_max", self.eject_backoff_max, false),
             ("queue_timeout", self.queue_timeout, true),
             ("codel_target", self.codel_target, false),
             ("codel_interval", self.codel_interval, false),
@@ -849,6 +937,7 @@ impl Config {
             // The flag names the one upstream everything goes to, as in the quick case.
             let upstream = self.upstreams.entry(DEFAULT_UPSTREAM.to_string()).or_default();
             upstream.url = url.clone();
+            upstream.endpoints.clear();
             self.routes.retain(|route| route.upstream == DEFAULT_UPSTREAM);
             if self.routes.is_empty() {
                 self.routes.push(RouteConfig {
@@ -949,17 +1038,24 @@ impl Config {
                 );
             }
             let key = |field: &str| format!("upstreams.{name}.{field}");
-            if upstream.url.is_empty() {
-                problems.push(key("url"), "missing (e.g. \"http://127.0.0.1:9000\")");
-            } else {
-                match Origin::parse(&upstream.url) {
-                    Ok(origin) => {
-                        if let Err(found) = crate::tls::upstream_client(name, upstream, &origin) {
+            match upstream.endpoint_list(name) {
+                Ok(endpoints) => {
+                    if let Some((origin, _)) = endpoints.first() {
+                        if let Err(found) = crate::tls::upstream_client(name, upstream, origin) {
                             problems.0.extend(found);
                         }
                     }
-                    Err(message) => problems.push(key("url"), message),
                 }
+                Err(problem) => problems.0.push(problem),
+            }
+            if !upstream.health_check_path.is_empty()
+                && (!upstream.health_check_path.starts_with('/')
+                    || upstream.health_check_path.parse::<http::uri::PathAndQuery>().is_err())
+            {
+                problems.push(
+                    key("health_check_path"),
+                    "must be a path starting with / (or \"\" for none)",
+                );
             }
             problems.count(&key("max_connections"), upstream.max_connections as u128, false);
             problems.count(&key("max_queue"), upstream.max_queue as u128, true);
@@ -1259,6 +1355,10 @@ mod tests {
             app.tls_client_cert = Some("client.pem".into());
             app.tls_client_key = Some("client-key.pem".into());
             app.tls_server_name = Some("app.internal".to_string());
+            app.endpoints.push(EndpointConfig {
+                url: "http://127.0.0.1:9001".into(),
+                max_connections: 1,
+            });
         }
         let text = std::fs::read_to_string(&path).unwrap();
         let mentioned = |key: &str| {

@@ -251,6 +251,7 @@ async fn serve(config: Config, source: ConfigSource) -> anyhow::Result<()> {
         tracing::info!(
             upstream = %name,
             url = %upstream.url,
+            endpoints = upstream.endpoints.len(),
             max_connections = upstream.max_connections,
             max_queue = upstream.max_queue,
             queue_timeout = ?upstream.queue_timeout,

@@ -56,6 +56,10 @@ pub struct Metrics {
     adaptive_rtt: Family<Labels, FloatGauge>,
     adaptive_gradient: Family<Labels, FloatGauge>,
     reloads: Family<Labels, Counter>,
+    /// Per endpoint (`upstream`, `endpoint` labels), set at scrape time.
+    endpoint_connections: Family<Labels, Gauge>,
+    endpoint_ejected: Family<Labels, Gauge>,
+    endpoint_ejections: Family<Labels, Counter>,
     /// Kept per upstream name, as the families keep their metrics, so asking twice gives the same counts.
     queue_wait_buckets: Mutex<BTreeMap<String, Arc<BucketCounts>>>,
     pub client_connections: Gauge,
@@ -91,6 +95,9 @@ impl Metrics {
         let adaptive_rtt = Family::<Labels, FloatGauge>::default();
         let adaptive_gradient = Family::<Labels, FloatGauge>::default();
         let reloads = Family::<Labels, Counter>::default();
+        let endpoint_connections = Family::<Labels, Gauge>::default();
+        let endpoint_ejected = Family::<Labels, Gauge>::default();
+        let endpoint_ejections = Family::<Labels, Counter>::default();
         let client_connections = Gauge::default();
         let buffered_bytes = Gauge::default();
         let buffer_fallbacks = Counter::default();
@@ -167,6 +174,21 @@ impl Metrics {
             adaptive_gradient.clone(),
         );
         registry.register(
+            "floodgate_endpoint_connections",
+            "Connections to each endpoint of an upstream: dialling, busy, idle or closing (at most its own cap)",
+            endpoint_connections.clone(),
+        );
+        registry.register(
+            "floodgate_endpoint_ejected",
+            "1 while an endpoint is ejected after failed dials, else 0",
+            endpoint_ejected.clone(),
+        );
+        registry.register(
+            "floodgate_endpoint_ejections",
+            "Times an endpoint was ejected after failed dials",
+            endpoint_ejections.clone(),
+        );
+        registry.register(
             "floodgate_reloads",
             "Configuration reloads by result: applied, or refused (the running configuration stayed)",
             reloads.clone(),
@@ -204,6 +226,9 @@ impl Metrics {
             adaptive_rtt,
             adaptive_gradient,
             reloads,
+            endpoint_connections,
+            endpoint_ejected,
+            endpoint_ejections,
             queue_wait_buckets: Mutex::default(),
             client_connections,
             buffered_bytes,
@@ -248,6 +273,12 @@ impl Metrics {
             response: self.response.get_or_create_owned(&labels()),
             retried_unsent: self.retries.get_or_create_owned(&reason("unsent")),
             replayed: self.retries.get_or_create_owned(&reason("replayed")),
+            endpoints: Arc::new(EndpointFamilies {
+                upstream: name.to_string(),
+                connections: self.endpoint_connections.clone(),
+                ejected: self.endpoint_ejected.clone(),
+                ejections: self.endpoint_ejections.clone(),
+            }),
         }
     }
 
@@ -411,6 +442,21 @@ pub struct UpstreamMetrics {
     response: Histogram,
     pub retried_unsent: Counter,
     pub replayed: Counter,
+    endpoints: Arc<EndpointFamilies>,
+}
+
+/// The per-endpoint families, resolved at scrape time or on an ejection (never on a request's path).
+struct EndpointFamilies {
+    upstream: String,
+    connections: Family<Labels, Gauge>,
+    ejected: Family<Labels, Gauge>,
+    ejections: Family<Labels, Counter>,
+}
+
+impl EndpointFamilies {
+    fn labels(&self, endpoint: &str) -> Labels {
+        vec![("upstream", self.upstream.clone()), ("endpoint", endpoint.to_string())]
+    }
 }
 
 impl UpstreamMetrics {
@@ -459,6 +505,25 @@ impl UpstreamMetrics {
         self.rtt_short.set(adaptive.map_or(0.0, |a| a.rtt_short_seconds));
         self.rtt_baseline.set(adaptive.map_or(0.0, |a| a.rtt_baseline_seconds));
         self.gradient.set(adaptive.map_or(1.0, |a| a.gradient));
+        for endpoint in &snapshot.endpoints {
+            let labels = self.endpoints.labels(&endpoint.address);
+            self.endpoints
+                .connections
+                .get_or_create(&labels)
+                .set(gauge(endpoint.connections_open));
+            self.endpoints
+                .ejected
+                .get_or_create(&labels)
+                .set(i64::from(endpoint.ejected));
+        }
+    }
+
+    /// The endpoint at `address` was ejected.
+    pub fn endpoint_ejected(&self, address: &str) {
+        self.endpoints
+            .ejections
+            .get_or_create(&self.endpoints.labels(address))
+            .inc();
     }
 }
 

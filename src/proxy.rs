@@ -394,7 +394,10 @@ impl Drop for Detachable {
 /// The sending loop, with the retry rules: a request the upstream never received is retried on another
 /// connection; one that may have reached it is retried once, on a fresh connection, only if it is a GET or HEAD
 /// without a body and the connection was a reused one (the upstream closed it while idle). A failed lease is
-/// given up before the retry is admitted, so its slot can serve the retry.
+/// given up before the retry is admitted, so its slot can serve the retry. A fresh dial that fails is retried too
+/// when the upstream has other endpoints: nothing was sent, and the failed endpoint now ranks below the others
+/// (or, after `eject_after` failures, is ejected and the retry waits for a slot the others can take). Enough such
+/// retries for every endpoint to be ejected, at most; then the dial's error is the answer.
 async fn send(
     pool: &Arc<UpstreamPool>,
     mut lease: Lease,
@@ -405,6 +408,12 @@ async fn send(
     // Every unsent attempt uses up a stale idle connection or a fresh dial, so this bound is never the limit in
     // practice; it only guarantees termination.
     let mut attempts_left = pool.limits().max_connections.saturating_add(2);
+    // A failed dial is retried only with other endpoints to go to, and a dead endpoint is chosen at most until
+    // `eject_after` failures eject it: so many retries reach a live endpoint if there is one.
+    let mut dial_retries = match pool.endpoints().len() {
+        0 | 1 => 0,
+        endpoints => endpoints.saturating_mul(pool.limits().eject_after.max(1) as usize),
+    };
     loop {
         attempts_left = attempts_left.saturating_sub(1);
         let reused = lease.reused();
@@ -415,6 +424,13 @@ async fn send(
                 drop(lease);
                 if reused && attempts_left > 0 {
                     // A stale idle connection: nothing was sent on it.
+                    pool.metrics.retried_unsent.inc();
+                    lease = readmit(pool, false).await?;
+                    continue;
+                }
+                if !reused && dial_retries > 0 {
+                    // A failed dial: nothing was sent, and another endpoint may take it.
+                    dial_retries -= 1;
                     pool.metrics.retried_unsent.inc();
                     lease = readmit(pool, false).await?;
                     continue;

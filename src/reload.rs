@@ -1,16 +1,16 @@
 //! Live reload: a new configuration put in force while requests keep flowing.
 //!
 //! Owns what a new configuration changes and in which order: everything is read and checked first, and a
-//! configuration with any problem changes nothing. Then pools whose upstream kept its address take the new
-//! limits in place (the pool itself enforces a changed cap), new upstreams get pools, the new routes go in force
-//! in one swap, and pools whose upstream was removed or moved are retired to drain. Listener settings apply to
-//! connections accepted from then on; the keys that need new sockets or a new process are reported, not applied.
-//! It never binds a socket and never counts connections.
+//! configuration with any problem changes nothing. Then pools whose upstream kept its address (every endpoint's
+//! address and own cap) take the new limits in place (the pool itself enforces a changed cap), new upstreams get
+//! pools, the new routes go in force in one swap, and pools whose upstream was removed or moved are retired to
+//! drain. Listener settings apply to connections accepted from then on; the keys that need new sockets or a new
+//! process are reported, not applied. It never binds a socket and never counts connections.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::config::{Config, ConfigError, ConfigErrors, Origin, UpstreamConfig};
+use crate::config::{Config, ConfigError, ConfigErrors, UpstreamConfig};
 use crate::metrics::Metrics;
 use crate::pool::UpstreamPool;
 use crate::route::Router;
@@ -46,7 +46,8 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Reuses each running pool whose upstream has the same name and address; builds the others. `clients` are
+    /// Reuses each running pool whose upstream has the same name and endpoints (addresses and own caps); builds
+    /// the others. `clients` are
     /// [`upstream_clients`]' for this configuration.
     pub fn new(
         config: &Config,
@@ -57,20 +58,19 @@ impl Plan {
         let mut pools = BTreeMap::new();
         let mut reconfigure = Vec::new();
         for (name, upstream) in &config.upstreams {
-            let origin = Origin::parse(&upstream.url).map_err(|message| ConfigError {
-                key: format!("upstreams.{name}.url"),
-                message,
-            })?;
+            let endpoints = upstream.endpoint_list(name)?;
             let tls = clients.remove(name).flatten();
+            // A changed endpoint list (an address, an endpoint's own cap, one added or removed) is a new pool: the
+            // old one drains, as when an address changes.
             let kept = running
                 .and_then(|router| router.pools().get(name))
-                .filter(|pool| pool.origin == origin);
+                .filter(|pool| pool.endpoints() == endpoints.as_slice());
             let pool = match kept {
                 Some(pool) => {
                     reconfigure.push((pool.clone(), upstream.clone(), tls));
                     pool.clone()
                 }
-                None => UpstreamPool::new(name, origin, upstream.clone(), tls, metrics.upstream(name)),
+                None => UpstreamPool::with_endpoints(name, endpoints, upstream.clone(), tls, metrics.upstream(name)),
             };
             pools.insert(name.clone(), pool);
         }
@@ -118,11 +118,12 @@ pub type UpstreamClients = BTreeMap<String, Option<UpstreamTls>>;
 pub fn upstream_clients(config: &Config) -> Result<UpstreamClients, ConfigError> {
     let mut clients = BTreeMap::new();
     for (name, upstream) in &config.upstreams {
-        let origin = Origin::parse(&upstream.url).map_err(|message| ConfigError {
-            key: format!("upstreams.{name}.url"),
-            message,
-        })?;
-        let tls = crate::tls::upstream_client(name, upstream, &origin).map_err(|problems| {
+        let endpoints = upstream.endpoint_list(name)?;
+        let Some((origin, _)) = endpoints.first() else {
+            return Err(ConfigError::new(format!("upstreams.{name}.url"), "no endpoint"));
+        };
+        // Every endpoint shares the scheme and the name verified (see `endpoint_list`): one client serves all.
+        let tls = crate::tls::upstream_client(name, upstream, origin).map_err(|problems| {
             problems
                 .into_iter()
                 .next()

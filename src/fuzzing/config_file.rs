@@ -48,24 +48,28 @@ fn check_accepted(config: &Config) {
             crate::config::is_addressable_name(name),
             "upstream name {name:?} is not a-z, 0-9 and single _ inside"
         );
-        let origin = match Origin::parse(&upstream.url) {
-            Ok(origin) => origin,
-            Err(message) => panic!("accepted url {:?} does not parse: {message}", upstream.url),
+        let endpoints = match upstream.endpoint_list(name) {
+            Ok(endpoints) => endpoints,
+            Err(problem) => panic!("accepted endpoints do not parse: {problem}"),
         };
-        assert!(
-            origin.port > 0 && !origin.host.is_empty(),
-            "origin {origin:?} cannot be dialled"
-        );
-        // The pool's default Host header; a fallback there would send requests for another host.
-        assert!(
-            HeaderValue::from_str(&origin.authority()).is_ok(),
-            "origin {origin:?} gives no valid Host header"
-        );
-        assert_eq!(
-            Origin::parse(&origin.url()).as_ref(),
-            Ok(&origin),
-            "origin URL does not parse back"
-        );
+        assert!(!endpoints.is_empty(), "upstreams.{name} has no endpoint");
+        for (origin, cap) in endpoints {
+            assert!(cap > 0, "upstreams.{name}: an endpoint with cap 0");
+            assert!(
+                origin.port > 0 && !origin.host.is_empty(),
+                "origin {origin:?} cannot be dialled"
+            );
+            // The pool's default Host header; a fallback there would send requests for another host.
+            assert!(
+                HeaderValue::from_str(&origin.authority()).is_ok(),
+                "origin {origin:?} gives no valid Host header"
+            );
+            assert_eq!(
+                Origin::parse(&origin.url()).as_ref(),
+                Ok(&origin),
+                "origin URL does not parse back"
+            );
+        }
         assert!(upstream.max_connections > 0, "upstreams.{name}.max_connections is 0");
         for (field, value, zero_allowed) in upstream.durations() {
             check_duration(&format!("upstreams.{name}.{field}"), value, zero_allowed);

@@ -33,6 +33,8 @@ pub struct Conn {
     close_now: Arc<Notify>,
     born: Instant,
     pub(super) served: u64,
+    /// The endpoint it is connected to (an index into [`UpstreamPool::endpoints`]).
+    pub(super) endpoint: usize,
 }
 
 impl Conn {
@@ -59,10 +61,30 @@ impl Conn {
 impl UpstreamPool {
     /// Dials a new connection with the right `slot` gives; the slot moves into the connection's task. For an
     /// `https://` upstream the TLS handshake is part of the dial and shares `connect_timeout` with the TCP connect.
-    pub(crate) async fn dial(self: &Arc<Self>, slot: Slot) -> Result<Conn, ProxyError> {
+    /// The endpoint is chosen first (see [`UpstreamPool::choose_endpoint`]) and told how the dial went.
+    pub(crate) async fn dial(self: &Arc<Self>, mut slot: Slot) -> Result<Conn, ProxyError> {
+        let chosen = self.choose_endpoint(&mut slot);
+        let Some((endpoint, origin)) = chosen.and_then(|at| self.endpoints().get(at).map(|(origin, _)| (at, origin)))
+        else {
+            return Err(ProxyError::Connect(
+                "no endpoint has room for another connection".into(),
+            ));
+        };
+        let dialled = self.dial_endpoint(slot, origin, endpoint).await;
+        self.dialled(endpoint, dialled.is_ok());
+        dialled
+    }
+
+    /// Dials `endpoint` (at `origin`) with `slot`, which is already counted there.
+    pub(super) async fn dial_endpoint(
+        self: &Arc<Self>,
+        slot: Slot,
+        origin: &Origin,
+        endpoint: usize,
+    ) -> Result<Conn, ProxyError> {
         let limit = self.limits().connect_timeout;
         let deadline = tokio::time::Instant::now() + limit;
-        let stream = match connect(&self.origin, deadline).await {
+        let stream = match connect(origin, deadline).await {
             Ok(stream) => stream,
             Err(Dial::Failed(err)) => return Err(ProxyError::Connect(err.to_string())),
             Err(Dial::TimedOut(attempt)) => {
@@ -86,10 +108,10 @@ impl UpstreamPool {
         // close it completely before giving the slot back, as for plain HTTP.
         let io = SharedStream::new(stream.clone(), None);
         let Some(tls) = self.tls.load_full() else {
-            return self.start(TokioIo::new(io), stream, slot).await;
+            return self.start(TokioIo::new(io), stream, slot, endpoint).await;
         };
         let failure = match tokio::time::timeout_at(deadline, tls.connect(io)).await {
-            Ok(Ok(tls_stream)) => return self.start(TokioIo::new(tls_stream), stream, slot).await,
+            Ok(Ok(tls_stream)) => return self.start(TokioIo::new(tls_stream), stream, slot, endpoint).await,
             Ok(Err(err)) => {
                 tls.handshake_failed(&self.name, &err);
                 ProxyError::UpstreamTls(err.to_string())
@@ -102,7 +124,13 @@ impl UpstreamPool {
     }
 
     /// Starts HTTP/1.1 over `io`, the plain or TLS stream on `stream`, and the task that owns the connection.
-    async fn start<I>(self: &Arc<Self>, io: I, stream: Arc<TcpStream>, slot: Slot) -> Result<Conn, ProxyError>
+    async fn start<I>(
+        self: &Arc<Self>,
+        io: I,
+        stream: Arc<TcpStream>,
+        slot: Slot,
+        endpoint: usize,
+    ) -> Result<Conn, ProxyError>
     where
         I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     {
@@ -142,6 +170,7 @@ impl UpstreamPool {
             close_now,
             born: Instant::now(),
             served: 0,
+            endpoint,
         })
     }
 

@@ -108,6 +108,15 @@ impl Lease {
         }
     }
 
+    /// Chooses the endpoint this lease's slot would dial, as [`Lease::connection`] does first, without dialling.
+    #[cfg(test)]
+    pub(super) fn choose_endpoint(&mut self) -> Option<usize> {
+        match &mut self.held {
+            Held::Dial(slot) => self.pool.choose_endpoint(slot),
+            _ => None,
+        }
+    }
+
     /// The exchange left the connection in an unknown state: close it instead of reusing it.
     pub fn forbid_reuse(&mut self) {
         self.reusable = false;

@@ -7,6 +7,15 @@
 //! idle connections and freed slots go to the oldest waiter first, so the queue is FIFO. This module never builds
 //! requests or answers: that is `forward`'s job.
 //!
+//! An upstream may have several endpoints (instances of one service), each with its own cap. A slot stays the
+//! upstream-wide right; the endpoint is chosen under the lock when the slot is used to dial (one with room under
+//! its own cap, not ejected, fewest failed dials in a row, fewest requests in flight, fewest connections), and the
+//! slot carries it until it is freed, which lowers that endpoint's count in the same step as the pool's. The cap
+//! in force is the lower of the configured one and the sum of the caps of the endpoints not ejected (of all of
+//! them when every one is), so no slot is issued that no endpoint could take: each endpoint's count stays within
+//! its cap, and the pool's within the upstream's. Consecutive failed dials eject an endpoint for a backoff that
+//! doubles with each repeated ejection; ejections begin and end like a lowered and a raised cap.
+//!
 //! The cap can change while the pool runs (a reload, the admin API). Raising it issues the new slots to waiters at
 //! once; lowering it closes surplus idle connections at once, closes busy ones as they finish instead of reusing
 //! them, and issues no slot while more connections exist than the new cap. A retired pool (its upstream removed
@@ -20,6 +29,9 @@
 
 mod adaptive;
 mod connection;
+#[cfg(test)]
+mod endpoint_properties;
+mod health;
 mod lease;
 #[cfg(test)]
 mod properties;
@@ -74,8 +86,12 @@ struct PoolState {
     /// Connections on their way out that still hold their slot: each will free it soon. Every close the pool
     /// starts is counted (see [`count_closing`]): `open - closing` is what a changed cap is held against.
     closing: usize,
-    /// The cap in force; the configured one until a reload or the admin API changes it.
+    /// The cap in force: the configured one, or less while endpoints are ejected (see [`PoolState::effective_cap`]).
     max_connections: usize,
+    /// The configured cap; a reload or the admin API changes it.
+    configured: usize,
+    /// Per endpoint, in the order of [`UpstreamPool::endpoints`].
+    endpoints: Vec<EndpointState>,
     /// The upstream was removed or replaced: no connection is kept once it comes free.
     retired: bool,
     /// Leases granted and not yet ended, grants on their way to a waiter included: what the adaptive limit bounds.
@@ -85,6 +101,38 @@ struct PoolState {
     /// Most recently used at the back; the front is the first to expire.
     idle: VecDeque<IdleConn>,
     queue: WaitQueue<Grant>,
+}
+
+/// What the pool knows of one endpoint; only under the pool's lock.
+struct EndpointState {
+    /// Its own cap; `usize::MAX` for the one endpoint of an upstream given by `url` (the upstream's cap bounds it).
+    cap: usize,
+    /// Connections to it, from the moment a slot chose it to dial until their sockets are closed.
+    open: usize,
+    /// Dials that failed in a row.
+    failures: u32,
+    /// Ejections without a successful dial between them: the next one lasts `eject_backoff` x 2^this.
+    ejections: u32,
+    ejected: bool,
+    /// Back from an ejection: the next failed dial ejects it again at once.
+    probation: bool,
+    /// Counts ejections, so that the timer of one that a health check already ended does not end a later one.
+    generation: u64,
+    /// A health check of it is under way.
+    checking: bool,
+}
+
+/// One endpoint in a [`PoolSnapshot`].
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct EndpointSnapshot {
+    pub address: String,
+    /// Its own cap; `None` for an upstream given by one `url` (the upstream's cap is its bound).
+    pub max_connections: Option<usize>,
+    pub connections_open: usize,
+    /// Its connections that are not idle: dialling, busy or closing.
+    pub in_flight: usize,
+    pub ejected: bool,
+    pub failed_dials: u32,
 }
 
 /// A snapshot for `/status` and the gauges.
@@ -108,12 +156,16 @@ pub struct PoolSnapshot {
     pub requests_total: u64,
     /// Removed or replaced by a reload, finishing what it had admitted.
     pub draining: bool,
+    pub endpoints: Vec<EndpointSnapshot>,
 }
 
 /// One upstream's pool, admission queue and counters.
 pub struct UpstreamPool {
     pub name: Arc<str>,
+    /// The first endpoint's origin: the scheme every endpoint shares, and the default Host header.
     pub origin: Origin,
+    /// Every endpoint with its own cap, as configured; a changed list makes a new pool.
+    endpoints: Vec<(Origin, usize)>,
     /// Host header for requests that arrived without one (HTTP/1.0).
     pub authority: HeaderValue,
     /// Everything but the cap is read from here at the moment it applies; the cap lives under the lock.
@@ -141,6 +193,39 @@ impl UpstreamPool {
         tls: Option<UpstreamTls>,
         metrics: UpstreamMetrics,
     ) -> Arc<Self> {
+        Self::with_endpoints(name, vec![(origin, usize::MAX)], limits, tls, metrics)
+    }
+
+    /// A pool over several endpoints, each with its own cap (see [`UpstreamConfig::endpoint_list`]); they share
+    /// `tls` and the first one's origin is the pool's. An empty list is one endpoint nobody can dial.
+    pub fn with_endpoints(
+        name: &str,
+        endpoints: Vec<(Origin, usize)>,
+        limits: UpstreamConfig,
+        tls: Option<UpstreamTls>,
+        metrics: UpstreamMetrics,
+    ) -> Arc<Self> {
+        let origin = endpoints.first().map_or_else(
+            || Origin {
+                scheme: crate::config::Scheme::Http,
+                host: "0.0.0.0".into(),
+                port: 9,
+            },
+            |(origin, _)| origin.clone(),
+        );
+        let endpoint_states: Vec<EndpointState> = endpoints
+            .iter()
+            .map(|(_, cap)| EndpointState {
+                cap: *cap,
+                open: 0,
+                failures: 0,
+                ejections: 0,
+                ejected: false,
+                probation: false,
+                generation: 0,
+                checking: false,
+            })
+            .collect();
         let authority =
             HeaderValue::from_str(&origin.authority()).unwrap_or_else(|_| HeaderValue::from_static("localhost"));
         let adaptive = adaptive::Adaptive::new(adaptive::Params::of(&limits));
@@ -150,7 +235,9 @@ impl UpstreamPool {
             state: Mutex::new(PoolState {
                 open: 0,
                 closing: 0,
-                max_connections: limits.max_connections,
+                max_connections: 0,
+                configured: limits.max_connections,
+                endpoints: endpoint_states,
                 retired: false,
                 leased: 0,
                 limit: adaptive.in_force(),
@@ -158,6 +245,7 @@ impl UpstreamPool {
                 queue: WaitQueue::new(limits.queue_policy()),
             }),
             origin,
+            endpoints,
             limits: ArcSwap::from_pointee(limits),
             metrics,
             tls: ArcSwapOption::new(tls.map(Arc::new)),
@@ -168,8 +256,20 @@ impl UpstreamPool {
             hold_us: AtomicU64::new(0),
             adaptive,
         });
+        {
+            let mut state = pool.lock();
+            state.max_connections = state.effective_cap();
+        }
         tokio::spawn(expire_idle(Arc::downgrade(&pool)));
+        if pool.endpoints.len() > 1 {
+            tokio::spawn(health::run(Arc::downgrade(&pool)));
+        }
         pool
+    }
+
+    /// The endpoints with their own caps, as configured.
+    pub fn endpoints(&self) -> &[(Origin, usize)] {
+        &self.endpoints
     }
 
     /// The limits in force (timeouts, queue bounds, connection lifetime); cheap enough for every request.
@@ -314,9 +414,33 @@ impl UpstreamPool {
         Some(grant)
     }
 
-    /// The most recent idle connection that is still usable; the unusable ones met on the way are closed.
+    /// The most recent idle connection that is still usable; the unusable ones met on the way are closed. With
+    /// several endpoints, the most recent one to the endpoint with the fewest requests in flight (not ejected
+    /// first), all idle connections looked at.
     fn take_idle(&self, state: &mut PoolState) -> Option<Grant> {
         let limits = self.limits();
+        if state.endpoints.len() > 1 {
+            for idle in std::mem::take(&mut state.idle) {
+                if idle.conn.is_usable(&limits) {
+                    state.idle.push_back(idle);
+                } else {
+                    count_closing(state, &idle.conn);
+                }
+            }
+            let busy = state.busy();
+            let rank = |endpoint: usize| {
+                let ejected = state.endpoints.get(endpoint).is_some_and(|e| e.ejected);
+                (ejected, busy.get(endpoint).copied().unwrap_or(usize::MAX))
+            };
+            let best = state
+                .idle
+                .iter()
+                .enumerate()
+                .rev()
+                .min_by_key(|(_, idle)| rank(idle.conn.endpoint))
+                .map(|(at, _)| at)?;
+            return state.idle.remove(best).map(|idle| Grant::Idle(idle.conn));
+        }
         while let Some(idle) = state.idle.pop_back() {
             if idle.conn.is_usable(&limits) {
                 return Some(Grant::Idle(idle.conn));
@@ -331,7 +455,12 @@ impl UpstreamPool {
     /// the adaptive limit), else it goes idle. At or above the adaptive limit only a retry may have it. Above a
     /// lowered cap, or in a retired pool with nobody waiting, it is closed instead.
     pub(crate) fn put_idle(self: &Arc<Self>, conn: Conn) {
-        self.hand_on(Grant::Idle(conn), true, |state, grant| match grant {
+        self.return_idle(conn, true);
+    }
+
+    /// [`Self::put_idle`]; `counted`: the connection comes from a lease (false: from a health check).
+    fn return_idle(self: &Arc<Self>, conn: Conn, counted: bool) {
+        self.hand_on(Grant::Idle(conn), counted, |state, grant| match grant {
             Grant::Idle(conn) if state.retired || state.live_over_cap() => {
                 count_closing(state, &conn);
                 Some(Grant::Idle(conn))
@@ -347,20 +476,23 @@ impl UpstreamPool {
         });
     }
 
-    /// A slot was dropped: hand the right on to the oldest waiter, or lower the count.
-    fn slot_freed(pool: &Arc<Self>) {
-        Self::hand_on_slot(pool, |_| {});
+    /// A slot was dropped: hand the right on to the oldest waiter, or lower the count. The endpoint it dialled,
+    /// if any, loses the connection in the same step.
+    fn slot_freed(pool: &Arc<Self>, endpoint: Option<usize>) {
+        Self::hand_on_slot(pool, |state| state.endpoint_closed(endpoint));
     }
 
     /// A connection's socket is closed: its slot is freed and the connection stops counting as closing in one
     /// step under the lock. Done in two, someone in between would count it as live (no longer closing, slot still
     /// held) or miss it (slot freed, still closing) and keep or close the wrong connection under a lowered cap.
     pub(super) fn connection_closed(slot: Slot, closing: &AtomicU8) {
+        let endpoint = slot.endpoint;
         let Some(pool) = slot.into_count() else { return };
         Self::hand_on_slot(&pool, |state| {
             if closing.swap(CLOSING_DONE, Ordering::AcqRel) == CLOSING_COUNTED {
                 state.closing = state.closing.saturating_sub(1);
             }
+            state.endpoint_closed(endpoint);
         });
     }
 
@@ -444,6 +576,179 @@ impl UpstreamPool {
         state.open += 1;
         self.connections_peak.fetch_max(state.open, Ordering::Relaxed);
         Slot::issued(self.clone())
+    }
+
+    /// Chooses the endpoint `slot` dials, under the lock, and counts the connection there: one with room under its
+    /// own cap; among those, not ejected, then the fewest failed dials in a row, the fewest requests in flight,
+    /// the fewest connections. An ejected endpoint only when no other has room. `None`: none has room, which
+    /// cannot happen while the slot is counted (the pool's count never exceeds the sum of the endpoints' caps, and
+    /// this slot is in the one but not yet in the other), and is a failed dial rather than a panic all the same.
+    pub(super) fn choose_endpoint(&self, slot: &mut Slot) -> Option<usize> {
+        if slot.endpoint.is_some() {
+            return slot.endpoint;
+        }
+        let mut state = self.lock();
+        let busy = state.busy();
+        let chosen = state
+            .endpoints
+            .iter()
+            .enumerate()
+            .filter(|(_, endpoint)| endpoint.open < endpoint.cap)
+            .min_by_key(|(at, endpoint)| {
+                let in_flight = busy.get(*at).copied().unwrap_or(usize::MAX);
+                (endpoint.ejected, endpoint.failures, in_flight, endpoint.open)
+            })
+            .map(|(at, _)| at)?;
+        let endpoint = state.endpoints.get_mut(chosen)?;
+        endpoint.open += 1;
+        slot.endpoint = Some(chosen);
+        Some(chosen)
+    }
+
+    /// The outcome of a dial to `endpoint`. A success ends its run of failures (and of ejections); a failure that
+    /// makes `eject_after` in a row (or the first after an ejection) ejects it, if the upstream has other
+    /// endpoints, for `eject_backoff` doubled per ejection in a row, at most `eject_backoff_max`.
+    pub(super) fn dialled(self: &Arc<Self>, endpoint: usize, succeeded: bool) {
+        let limits = self.limits();
+        let mut state = self.lock();
+        let several = state.endpoints.len() > 1;
+        let Some(health) = state.endpoints.get_mut(endpoint) else {
+            return;
+        };
+        if succeeded {
+            health.failures = 0;
+            health.ejections = 0;
+            health.probation = false;
+            return;
+        }
+        health.failures = health.failures.saturating_add(1);
+        let due = limits.eject_after > 0 && (health.failures >= limits.eject_after || health.probation);
+        if !several || health.ejected || !due {
+            return;
+        }
+        health.ejected = true;
+        health.probation = false;
+        health.generation = health.generation.wrapping_add(1);
+        let generation = health.generation;
+        let backoff = limits
+            .eject_backoff
+            .saturating_mul(1u32 << health.ejections.min(16))
+            .min(limits.eject_backoff_max);
+        health.ejections = health.ejections.saturating_add(1);
+        let address = self
+            .endpoints
+            .get(endpoint)
+            .map(|(origin, _)| origin.authority())
+            .unwrap_or_default();
+        tracing::warn!(upstream = %self.name, endpoint = %address, ?backoff, "endpoint ejected after failed dials");
+        self.metrics.endpoint_ejected(&address);
+        // The end is fixed now, not when the task first runs.
+        tokio::spawn(end_ejection(
+            Arc::downgrade(self),
+            endpoint,
+            generation,
+            Instant::now() + backoff,
+        ));
+        self.apply_cap(state);
+    }
+
+    /// What a health check of `endpoint` may use, with nobody waiting and no check of it under way: the most
+    /// recent usable idle connection to it, else a free slot if the endpoint has room under its own cap (issued
+    /// and counted at the endpoint like a dial's). `None`: the check is skipped this round.
+    pub(super) fn check_grant(self: &Arc<Self>, endpoint: usize) -> Option<Grant> {
+        let mut state = self.lock();
+        let checking = state.endpoints.get(endpoint).is_none_or(|health| health.checking);
+        if state.retired || !state.queue.is_empty() || checking {
+            return None;
+        }
+        let limits = self.limits();
+        let idle = state
+            .idle
+            .iter()
+            .rposition(|idle| idle.conn.endpoint == endpoint && idle.conn.is_usable(&limits));
+        if let Some(idle) = idle.and_then(|at| state.idle.remove(at)) {
+            if let Some(health) = state.endpoints.get_mut(endpoint) {
+                health.checking = true;
+            }
+            return Some(Grant::Idle(idle.conn));
+        }
+        if state.open >= state.max_connections {
+            return None;
+        }
+        let health = state.endpoints.get_mut(endpoint)?;
+        if health.open >= health.cap {
+            return None;
+        }
+        health.open += 1;
+        health.checking = true;
+        let mut slot = self.issue_slot(&mut state);
+        slot.endpoint = Some(endpoint);
+        Some(Grant::Dial(slot))
+    }
+
+    /// A health check is done with a connection that may be reused: to the oldest waiter, else idle.
+    pub(super) fn return_checked(self: &Arc<Self>, conn: Conn) {
+        self.return_idle(conn, false);
+    }
+
+    /// The outcome of a health check of `endpoint`: `None` says nothing (a reused connection failed: it may just
+    /// have been closed while idle); a failure counts as a failed dial; a success ends the run of failures, and an
+    /// ejection at once (the endpoint has just answered).
+    pub(super) fn health_checked(self: &Arc<Self>, endpoint: usize, healthy: Option<bool>) {
+        let mut state = self.lock();
+        let Some(health) = state.endpoints.get_mut(endpoint) else {
+            return;
+        };
+        health.checking = false;
+        let Some(healthy) = healthy else { return };
+        if !healthy {
+            drop(state);
+            self.dialled(endpoint, false);
+            return;
+        }
+        health.failures = 0;
+        health.ejections = 0;
+        health.probation = false;
+        if health.ejected {
+            health.ejected = false;
+            health.generation = health.generation.wrapping_add(1);
+            self.apply_cap(state);
+        }
+    }
+
+    /// Closes a connection made for a health check: counted as closing until its task frees the slot.
+    pub(super) fn close_checked(&self, conn: Conn) {
+        let mut state = self.lock();
+        count_closing(&mut state, &conn);
+        drop(state);
+        conn.close_now();
+    }
+
+    /// Whether the pool was retired by a reload.
+    pub(super) fn is_retired(&self) -> bool {
+        self.lock().retired
+    }
+
+    /// Puts the cap the configured one and the endpoints' health allow in force, as a changed cap is: raised, its
+    /// new slots go to the oldest waiters at once; lowered, surplus idle connections close now (oldest first) and
+    /// busy ones as they come free.
+    fn apply_cap<'a>(self: &'a Arc<Self>, mut state: MutexGuard<'a, PoolState>) {
+        let cap = state.effective_cap();
+        let raised = cap > state.max_connections;
+        state.max_connections = cap;
+        let mut evicted = Vec::new();
+        while state.live_over_cap() {
+            let Some(idle) = state.idle.pop_front() else { break };
+            count_closing(&mut state, &idle.conn);
+            evicted.push(idle);
+        }
+        if raised {
+            self.admit_admissible(state);
+        } else {
+            drop(state);
+        }
+        // Dropped outside the lock: each connection's task closes it and frees its slot.
+        drop(evicted);
     }
 
     /// A grant that reached a waiter which had just given up goes back where it came from; it leaves the lease
@@ -594,9 +899,24 @@ impl UpstreamPool {
 
     pub fn snapshot(&self) -> PoolSnapshot {
         let adaptive = self.adaptive.snapshot();
-        let (open, idle, queue_depth, max_connections, limit, draining) = {
+        let (open, idle, queue_depth, max_connections, limit, draining, endpoints) = {
             let state = self.lock();
             let idle = state.idle.iter().filter(|i| !i.conn.is_closed()).count();
+            let busy = state.busy();
+            let endpoints = self
+                .endpoints
+                .iter()
+                .zip(&state.endpoints)
+                .zip(busy)
+                .map(|(((origin, _), endpoint), in_flight)| EndpointSnapshot {
+                    address: origin.authority(),
+                    max_connections: (endpoint.cap != usize::MAX).then_some(endpoint.cap),
+                    connections_open: endpoint.open,
+                    in_flight,
+                    ejected: endpoint.ejected,
+                    failed_dials: endpoint.failures,
+                })
+                .collect();
             (
                 state.open,
                 idle,
@@ -604,6 +924,7 @@ impl UpstreamPool {
                 state.max_connections,
                 state.limit.min(state.max_connections),
                 state.retired,
+                endpoints,
             )
         };
         PoolSnapshot {
@@ -621,6 +942,7 @@ impl UpstreamPool {
             queue_peak: self.queue_peak.load(Ordering::Relaxed),
             requests_total: self.requests_total.load(Ordering::Relaxed),
             draining,
+            endpoints,
         }
     }
 
@@ -670,8 +992,10 @@ impl UpstreamPool {
         let (raised, surplus_idle) = {
             let mut state = self.lock();
             let limits = change(&self.limits());
-            let raised = limits.max_connections > state.max_connections;
-            state.max_connections = limits.max_connections;
+            state.configured = limits.max_connections;
+            let cap = state.effective_cap();
+            let raised = cap > state.max_connections;
+            state.max_connections = cap;
             state.queue.set_policy(limits.queue_policy());
             self.limits.store(Arc::new(limits));
             // Counted one by one: an idle entry whose connection is already gone (the upstream closed it) holds no
@@ -743,6 +1067,38 @@ impl PoolState {
     fn live_over_cap(&self) -> bool {
         self.open.saturating_sub(self.closing) > self.max_connections
     }
+
+    /// The cap that may be in force: the configured one, and no more than the endpoints not ejected can take
+    /// between them (all endpoints' caps when every one is ejected: trying them beats shedding everything).
+    fn effective_cap(&self) -> usize {
+        let room = |ejected_too: bool| {
+            self.endpoints
+                .iter()
+                .filter(|endpoint| ejected_too || !endpoint.ejected)
+                .fold(0usize, |sum, endpoint| sum.saturating_add(endpoint.cap))
+        };
+        let healthy = room(false);
+        let room = if healthy == 0 { room(true) } else { healthy };
+        self.configured.min(room)
+    }
+
+    /// Per endpoint, its connections that are not idle: the requests in flight there (and dials, closes).
+    fn busy(&self) -> Vec<usize> {
+        let mut busy: Vec<usize> = self.endpoints.iter().map(|endpoint| endpoint.open).collect();
+        for idle in &self.idle {
+            if let Some(count) = busy.get_mut(idle.conn.endpoint) {
+                *count = count.saturating_sub(1);
+            }
+        }
+        busy
+    }
+
+    /// A slot that dialled `endpoint` is freed: its socket is closed (or was never connected).
+    fn endpoint_closed(&mut self, endpoint: Option<usize>) {
+        if let Some(endpoint) = endpoint.and_then(|at| self.endpoints.get_mut(at)) {
+            endpoint.open = endpoint.open.saturating_sub(1);
+        }
+    }
 }
 
 /// Counts `conn` as closing until its task frees its slot (see [`UpstreamPool::connection_closed`]); only under the
@@ -781,6 +1137,24 @@ impl Drop for Waiting<'_> {
             }
         }
     }
+}
+
+/// Ends an ejection after its backoff: the endpoint may be chosen again (on probation: one more failed dial
+/// ejects it again at once, for twice as long), and the cap rises with it.
+async fn end_ejection(pool: Weak<UpstreamPool>, endpoint: usize, generation: u64, at: Instant) {
+    tokio::time::sleep_until(at).await;
+    let Some(pool) = pool.upgrade() else { return };
+    let mut state = pool.lock();
+    if let Some(health) = state.endpoints.get_mut(endpoint) {
+        if !health.ejected || health.generation != generation {
+            // A health check ended this ejection already.
+            return;
+        }
+        health.ejected = false;
+        health.failures = 0;
+        health.probation = true;
+    }
+    pool.apply_cap(state);
 }
 
 /// Closes idle connections past `idle_timeout`, past their lifetime, or closed by the upstream meanwhile. Wakes

@@ -1,0 +1,441 @@
+//! Several endpoints per upstream, through the real binary on loopback: each endpoint stays within its own cap and
+//! the upstream within the lower of its cap and their sum; load spreads over them; an endpoint that refuses
+//! connections is ejected (the cap in force shrinks) without a failed request, and serves again once it is back
+//! and its backoff has passed; configuration errors name their key.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+use support::*;
+use tokio::task::JoinHandle;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// Upstream `a` over `endpoints` (url, own cap), with `extra` keys, taking every request with a patient queue.
+fn config(endpoints: &[(String, usize)], max_connections: usize, extra: &str) -> String {
+    let list: Vec<String> = endpoints
+        .iter()
+        .map(|(url, cap)| format!(r#"{{ url = "{url}", max_connections = {cap} }}"#))
+        .collect();
+    format!(
+        r#"
+[upstreams.a]
+endpoints = [{list}]
+max_connections = {max_connections}
+max_queue = 1000
+queue_timeout = "30s"
+{extra}
+
+[[routes]]
+upstream = "a"
+"#,
+        list = list.join(", ")
+    )
+}
+
+/// Clients in a closed loop, each on its own keep-alive connection, recording every answer that is not a 200.
+struct Load {
+    stop: Arc<AtomicBool>,
+    served: Arc<AtomicUsize>,
+    failed: Arc<std::sync::Mutex<Vec<String>>>,
+    clients: Vec<JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(addr: std::net::SocketAddr, clients: usize, path: &'static str) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let served = Arc::new(AtomicUsize::new(0));
+        let failed = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let clients = (0..clients)
+            .map(|_| {
+                let (stop, served, failed) = (stop.clone(), served.clone(), failed.clone());
+                tokio::spawn(async move {
+                    let mut conn = H1Conn::connect(addr).await;
+                    while !stop.load(Ordering::SeqCst) {
+                        match conn.try_get(path).await {
+                            Ok(resp) if resp.status == StatusCode::OK => {
+                                served.fetch_add(1, Ordering::SeqCst);
+                            }
+                            Ok(resp) => failed.lock().unwrap().push(format!("{} {}", resp.status, resp.text())),
+                            Err(err) => {
+                                failed.lock().unwrap().push(err.to_string());
+                                conn = H1Conn::connect(addr).await;
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        Load {
+            stop,
+            served,
+            failed,
+            clients,
+        }
+    }
+
+    fn served(&self) -> usize {
+        self.served.load(Ordering::SeqCst)
+    }
+
+    async fn serve_more(&self, more: usize) {
+        let target = self.served() + more;
+        wait_until_sync(&format!("{more} more requests served"), WAIT, || {
+            self.served() >= target
+        })
+        .await;
+    }
+
+    /// Stops the clients after their current request; returns how many were served and every failure.
+    async fn finish(self) -> (usize, Vec<String>) {
+        self.stop.store(true, Ordering::SeqCst);
+        for client in self.clients {
+            client.await.unwrap();
+        }
+        let failed = self.failed.lock().unwrap().clone();
+        (self.served.load(Ordering::SeqCst), failed)
+    }
+}
+
+/// Samples the connections both upstreams hold at once until stopped; returns the highest sum seen.
+fn sample_total(a: Arc<Upstream>, b: Arc<Upstream>, stop: Arc<AtomicBool>) -> JoinHandle<usize> {
+    tokio::spawn(async move {
+        let mut peak = 0;
+        while !stop.load(Ordering::SeqCst) {
+            peak = peak.max(a.connections() + b.connections());
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        peak
+    })
+}
+
+fn endpoint_status(upstream: &serde_json::Value, index: usize) -> serde_json::Value {
+    upstream["endpoints"][index].clone()
+}
+
+async fn both_within_caps_under_30_clients(max_connections: usize, expected_cap: u64) {
+    let a = Arc::new(Upstream::start().await);
+    let b = Arc::new(Upstream::start().await);
+    let file = TempConfig::new(&config(&[(a.url(), 2), (b.url(), 3)], max_connections, ""));
+    let proxy = Proxy::start(&["--config", &file.path_str()]).await;
+    assert_eq!(proxy.upstream_field("a", "max_connections").await, expected_cap);
+
+    let stop_sampling = Arc::new(AtomicBool::new(false));
+    let sampler = sample_total(a.clone(), b.clone(), stop_sampling.clone());
+    let load = Load::start(proxy.listen, 30, "/delay/5");
+    load.serve_more(600).await;
+    let status = proxy.upstream_status("a").await;
+    let (served, failed) = load.finish().await;
+    stop_sampling.store(true, Ordering::SeqCst);
+    let total_peak = sampler.await.unwrap();
+
+    assert!(
+        failed.is_empty(),
+        "{} failed of {}: {:?}",
+        failed.len(),
+        served,
+        &failed[..failed.len().min(5)]
+    );
+    assert!(
+        a.peak_connections() <= 2,
+        "endpoint a (cap 2) saw {}",
+        a.peak_connections()
+    );
+    assert!(
+        b.peak_connections() <= 3,
+        "endpoint b (cap 3) saw {}",
+        b.peak_connections()
+    );
+    assert!(
+        total_peak as u64 <= expected_cap,
+        "{total_peak} connections at once over both endpoints, cap {expected_cap}"
+    );
+    assert!(status["connections_peak"].as_u64().unwrap() <= expected_cap, "{status}");
+    assert!(
+        a.requests() > 0 && b.requests() > 0,
+        "a served {}, b {}",
+        a.requests(),
+        b.requests()
+    );
+    for (index, (upstream, cap)) in [(&a, 2), (&b, 3)].into_iter().enumerate() {
+        let endpoint = endpoint_status(&status, index);
+        assert_eq!(endpoint["ejected"], false, "{endpoint}");
+        assert_eq!(endpoint["address"], upstream.addr().to_string(), "{endpoint}");
+        assert_eq!(endpoint["max_connections"], cap, "{endpoint}");
+    }
+    let samples = parse_metrics(&proxy.metrics().await);
+    let address = a.addr().to_string();
+    let labels = [("upstream", "a"), ("endpoint", address.as_str())];
+    assert!(metric_sum(&samples, "floodgate_endpoint_connections", &labels) <= 2.0);
+    assert!(
+        samples
+            .iter()
+            .any(|sample| sample.name == "floodgate_endpoint_connections"),
+        "no per-endpoint gauge"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_endpoint_holds_its_own_cap_and_the_upstream_its_lower_cap_under_30_clients() {
+    // max_connections 4 is below the endpoints' sum of 5: it holds as well.
+    both_within_caps_under_30_clients(4, 4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upstream_cap_is_the_sum_of_the_endpoints_caps_when_max_connections_is_higher() {
+    both_within_caps_under_30_clients(100, 5).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusing_endpoint_is_ejected_without_a_failed_request_and_serves_again_after_its_backoff() {
+    let a = Upstream::start().await;
+    let b = Upstream::start().await;
+    let file = TempConfig::new(&config(
+        &[(a.url(), 2), (b.url(), 2)],
+        4,
+        "eject_after = 2\neject_backoff = \"300ms\"\neject_backoff_max = \"1s\"",
+    ));
+    let proxy = Proxy::start(&["--config", &file.path_str()]).await;
+    // Both endpoints get connections first, so the ones to a are pooled when it goes away.
+    let load = Load::start(proxy.listen, 8, "/delay/5");
+    load.serve_more(200).await;
+    let (_, failed) = load.finish().await;
+    assert!(failed.is_empty(), "{failed:?}");
+    assert!(a.requests() > 0 && b.requests() > 0);
+    proxy.wait_in_use_zero("a", WAIT).await;
+
+    a.stop().await;
+    let load = Load::start(proxy.listen, 8, "/delay/5");
+    wait_until("a ejected and the cap down to b's", WAIT, || async {
+        let status = proxy.upstream_status("a").await;
+        endpoint_status(&status, 0)["ejected"] == true && status["max_connections"] == 2
+    })
+    .await;
+    let samples = parse_metrics(&proxy.metrics().await);
+    let a_address = a.addr().to_string();
+    let a_labels = [("upstream", "a"), ("endpoint", a_address.as_str())];
+    assert_eq!(metric_sum(&samples, "floodgate_endpoint_ejected", &a_labels), 1.0);
+    assert!(metric_sum(&samples, "floodgate_endpoint_ejections_total", &a_labels) >= 1.0);
+    let served_by_b = b.requests();
+    load.serve_more(200).await;
+    // Up to 8 of those answers were for requests b had already counted.
+    assert!(b.requests() >= served_by_b + 200 - 8, "the load did not go to b");
+    assert!(b.peak_connections() <= 2);
+
+    let before = a.requests();
+    a.restart().await;
+    wait_until_sync("a serving again", WAIT, || a.requests() > before).await;
+    wait_until("a back in and the cap up again", WAIT, || async {
+        let status = proxy.upstream_status("a").await;
+        endpoint_status(&status, 0)["ejected"] == false && status["max_connections"] == 4
+    })
+    .await;
+    load.serve_more(200).await;
+    let samples = parse_metrics(&proxy.metrics().await);
+    assert_eq!(metric_sum(&samples, "floodgate_endpoint_ejected", &a_labels), 0.0);
+    let (served, failed) = load.finish().await;
+    assert!(
+        failed.is_empty(),
+        "{} failed of {}: {:?}",
+        failed.len(),
+        served + failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+    assert!(a.peak_connections() <= 2 && b.peak_connections() <= 2);
+}
+
+/// Runs floodgate on `config` and expects a configuration error naming `key`.
+fn assert_rejected_naming(config: &str, key: &str) {
+    let file = TempConfig::new(config);
+    let path = file.path_str();
+    let args = ["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--config", &path];
+    let (status, _, stderr) = run_to_exit(&args, WAIT);
+    assert_eq!(
+        status.code(),
+        Some(2),
+        "not refused as a configuration error:\n{config}\n{stderr}"
+    );
+    assert!(stderr.contains(key), "the error does not name {key}: {stderr}");
+}
+
+#[test]
+fn endpoint_configuration_errors_name_their_key() {
+    let both = r#"
+[upstreams.a]
+url = "http://127.0.0.1:9"
+endpoints = [{ url = "http://127.0.0.1:10", max_connections = 1 }]
+
+[[routes]]
+upstream = "a"
+"#;
+    assert_rejected_naming(both, "upstreams.a.endpoints");
+    let zero_cap = config(
+        &[("http://127.0.0.1:9".into(), 1), ("http://127.0.0.1:10".into(), 0)],
+        8,
+        "",
+    );
+    assert_rejected_naming(&zero_cap, "upstreams.a.endpoints[1].max_connections");
+    let bad_url = config(&[("ftp://127.0.0.1:9".into(), 1)], 8, "");
+    assert_rejected_naming(&bad_url, "upstreams.a.endpoints[0].url");
+    let mixed = config(
+        &[("http://127.0.0.1:9".into(), 1), ("https://127.0.0.1:10".into(), 1)],
+        8,
+        "",
+    );
+    assert_rejected_naming(&mixed, "upstreams.a.endpoints[1].url");
+    let twice = config(&[("http://127.0.0.1:9".into(), 1), ("127.0.0.1:9".into(), 1)], 8, "");
+    assert_rejected_naming(&twice, "upstreams.a.endpoints[1].url");
+    let zero_backoff = config(&[("http://127.0.0.1:9".into(), 1)], 8, "eject_backoff = \"0s\"");
+    assert_rejected_naming(&zero_backoff, "upstreams.a.eject_backoff");
+    let bad_path = config(&[("http://127.0.0.1:9".into(), 1)], 8, "health_check_path = \"health\"");
+    assert_rejected_naming(&bad_path, "upstreams.a.health_check_path");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_keeps_the_pool_for_the_same_endpoints_and_replaces_it_when_they_change() {
+    let a = Upstream::start().await;
+    let b = Upstream::start().await;
+    let c = Upstream::start().await;
+    let file = TempConfig::new(&config(&[(a.url(), 2), (b.url(), 2)], 4, ""));
+    let proxy = Proxy::start(&["--config", &file.path_str()]).await;
+    // Nothing in flight at either endpoint: the first listed is chosen.
+    let stalled = {
+        let addr = proxy.listen;
+        tokio::spawn(async move { get(addr, "/stall").await })
+    };
+    wait_until_sync("the request at a", WAIT, || a.inflight() == 1).await;
+
+    // The same endpoints, a lower upstream cap: the pool stays and takes the cap in place.
+    std::fs::write(file.path(), config(&[(a.url(), 2), (b.url(), 2)], 3, "")).unwrap();
+    let resp = proxy.admin_request(http::Method::POST, "/reload", "", None).await;
+    assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+    let status = proxy.status().await;
+    assert!(status["draining"].is_null(), "{status}");
+    assert_eq!(status["upstreams"]["a"]["max_connections"], 3, "{status}");
+    assert_eq!(status["upstreams"]["a"]["in_use"], 1, "{status}");
+
+    // b replaced by c: a new pool; the old one finishes its request and drains.
+    std::fs::write(file.path(), config(&[(c.url(), 1), (a.url(), 2)], 3, "")).unwrap();
+    let resp = proxy.admin_request(http::Method::POST, "/reload", "", None).await;
+    assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+    let status = proxy.status().await;
+    assert_eq!(status["draining"][0]["in_use"], 1, "{status}");
+    let new = &status["upstreams"]["a"];
+    assert_eq!(new["max_connections"], 3, "{status}");
+    assert_eq!(new["endpoints"][0]["address"], c.addr().to_string(), "{status}");
+    assert_eq!(get(proxy.listen, "/x").await.status, StatusCode::OK);
+    assert_eq!(c.requests(), 1, "the new pool dials its first endpoint");
+
+    a.release_stalled();
+    assert_eq!(stalled.await.unwrap().status, StatusCode::OK);
+    wait_until("the old pool drained", WAIT, || async {
+        proxy.status().await["draining"].is_null()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_checks_eject_a_refusing_endpoint_without_traffic_and_a_good_answer_brings_it_back_at_once() {
+    let a = Upstream::start().await;
+    let b = Upstream::start().await;
+    // A backoff far longer than the test: only a health check can end the ejection in time.
+    let extra = "eject_after = 2\neject_backoff = \"60s\"\neject_backoff_max = \"60s\"\n\
+                 health_check_path = \"/health\"\nhealth_check_interval = \"50ms\"";
+    let file = TempConfig::new(&config(&[(a.url(), 2), (b.url(), 2)], 4, extra));
+    let proxy = Proxy::start(&["--config", &file.path_str()]).await;
+    wait_until_sync("both endpoints checked", WAIT, || {
+        !a.recorded_with_prefix("/health").is_empty() && !b.recorded_with_prefix("/health").is_empty()
+    })
+    .await;
+    let check = &b.recorded_with_prefix("/health")[0];
+    assert_eq!(check.header("host"), Some(b.addr().to_string().as_str()));
+
+    a.stop().await;
+    wait_until("a ejected by its checks alone", WAIT, || async {
+        let status = proxy.upstream_status("a").await;
+        endpoint_status(&status, 0)["ejected"] == true && status["max_connections"] == 2
+    })
+    .await;
+    assert_eq!(
+        proxy.upstream_field("a", "requests_total").await,
+        0,
+        "no request was sent"
+    );
+
+    a.restart().await;
+    wait_until("a back in after a good check", WAIT, || async {
+        let status = proxy.upstream_status("a").await;
+        endpoint_status(&status, 0)["ejected"] == false && status["max_connections"] == 4
+    })
+    .await;
+    assert_eq!(get(proxy.listen, "/x").await.status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_health_check_uses_an_idle_connection_or_a_free_slot_and_is_skipped_while_every_slot_is_busy() {
+    let a = Upstream::start().await;
+    let b = Upstream::start().await;
+    let extra = "health_check_path = \"/health\"\nhealth_check_interval = \"20ms\"";
+    let file = TempConfig::new(&config(&[(a.url(), 1), (b.url(), 1)], 2, extra));
+    let proxy = Proxy::start(&["--config", &file.path_str()]).await;
+    // Two requests that hold both slots, one at each endpoint (each endpoint's cap is 1).
+    let stalled: Vec<_> = (0..2)
+        .map(|_| {
+            let addr = proxy.listen;
+            tokio::spawn(async move { get(addr, "/stall").await })
+        })
+        .collect();
+    wait_until_sync("a request at each endpoint", WAIT, || {
+        a.inflight() == 1 && b.inflight() == 1
+    })
+    .await;
+    let checks = |upstream: &Upstream| upstream.recorded_with_prefix("/health").len();
+    let (at_a, at_b) = (checks(&a), checks(&b));
+    // Absence over time can only be watched for: ten check intervals with every slot taken.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!((checks(&a), checks(&b)), (at_a, at_b), "a check ran with no slot free");
+    assert!(a.peak_connections() <= 1 && b.peak_connections() <= 1);
+
+    a.release_stalled();
+    b.release_stalled();
+    for request in stalled {
+        assert_eq!(request.await.unwrap().status, StatusCode::OK);
+    }
+    // The two connections are idle now: the checks use them.
+    wait_until_sync("checks again once the connections are free", WAIT, || {
+        checks(&a) > at_a && checks(&b) > at_b
+    })
+    .await;
+    assert!(a.peak_connections() <= 1 && b.peak_connections() <= 1);
+    assert!(proxy.upstream_field("a", "connections_peak").await <= 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_every_endpoint_refusing_a_request_gets_502_after_trying_them_and_all_count_again() {
+    let a = Upstream::start().await;
+    let b = Upstream::start().await;
+    let extra = "eject_after = 2\neject_backoff = \"60s\"\neject_backoff_max = \"60s\"";
+    let file = TempConfig::new(&config(&[(a.url(), 2), (b.url(), 2)], 4, extra));
+    let proxy = Proxy::start(&["--config", &file.path_str()]).await;
+    a.stop().await;
+    b.stop().await;
+
+    let resp = get(proxy.listen, "/x").await;
+    assert_eq!(resp.status, StatusCode::BAD_GATEWAY, "{}", resp.text());
+    let status = proxy.upstream_status("a").await;
+    for index in [0, 1] {
+        assert_eq!(endpoint_status(&status, index)["ejected"], true, "{status}");
+    }
+    // Every endpoint ejected: all count again rather than shedding everything.
+    assert_eq!(status["max_connections"], 4, "{status}");
+    assert_eq!(status["in_use"], 0, "{status}");
+
+    // Still ejected (a 60 s backoff), yet tried: back up, they serve at once.
+    a.restart().await;
+    b.restart().await;
+    assert_eq!(get(proxy.listen, "/x").await.status, StatusCode::OK);
+}
