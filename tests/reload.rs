@@ -3,13 +3,10 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Method, StatusCode};
 use support::*;
-use tokio::task::JoinHandle;
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -27,71 +24,6 @@ queue_timeout = "30s"
 upstream = "a"
 "#
     )
-}
-
-/// Clients in a closed loop, each on its own keep-alive connection, counting every answer that is not a 200.
-struct Load {
-    stop: Arc<AtomicBool>,
-    served: Arc<AtomicUsize>,
-    failed: Arc<std::sync::Mutex<Vec<String>>>,
-    clients: Vec<JoinHandle<()>>,
-}
-
-impl Load {
-    fn start(addr: std::net::SocketAddr, clients: usize, path: &'static str) -> Load {
-        let stop = Arc::new(AtomicBool::new(false));
-        let served = Arc::new(AtomicUsize::new(0));
-        let failed = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let clients = (0..clients)
-            .map(|_| {
-                let (stop, served, failed) = (stop.clone(), served.clone(), failed.clone());
-                tokio::spawn(async move {
-                    let mut conn = H1Conn::connect(addr).await;
-                    while !stop.load(Ordering::SeqCst) {
-                        match conn.try_get(path).await {
-                            Ok(resp) if resp.status == StatusCode::OK => {
-                                served.fetch_add(1, Ordering::SeqCst);
-                            }
-                            Ok(resp) => failed.lock().unwrap().push(format!("{} {}", resp.status, resp.text())),
-                            Err(err) => {
-                                failed.lock().unwrap().push(err.to_string());
-                                conn = H1Conn::connect(addr).await;
-                            }
-                        }
-                    }
-                })
-            })
-            .collect();
-        Load {
-            stop,
-            served,
-            failed,
-            clients,
-        }
-    }
-
-    fn served(&self) -> usize {
-        self.served.load(Ordering::SeqCst)
-    }
-
-    /// Waits until `more` further requests have been served.
-    async fn serve_more(&self, more: usize) {
-        let target = self.served() + more;
-        wait_until_sync(&format!("{more} more requests served"), WAIT, || {
-            self.served() >= target
-        })
-        .await;
-    }
-
-    /// Stops the clients after their current request; returns how many were served and every failure.
-    async fn finish(self) -> (usize, Vec<String>) {
-        self.stop.store(true, Ordering::SeqCst);
-        for client in self.clients {
-            client.await.unwrap();
-        }
-        let failed = self.failed.lock().unwrap().clone();
-        (self.served.load(Ordering::SeqCst), failed)
-    }
 }
 
 async fn put_cap(proxy: &Proxy, upstream: &str, cap: usize) -> Resp {
