@@ -247,9 +247,14 @@ start_upstream() { # DELAY_MS RUN_DIR
 # floodgate, admin_addr. floodgate_env (an array of NAME=VALUE, empty by default; a scenario sets it `local`) is
 # floodgate's environment on top of ours: settings that have no flag, for the one upstream --upstream makes
 # (named "default"), e.g. FLOODGATE__UPSTREAMS__DEFAULT__QUEUE_DISCIPLINE=codel.
-floodgate_env=()
+# floodgate_config_fn (a function name, empty by default; a scenario sets it `local`), when set, is called as
+# `FN UPSTREAM_ADDR RUN_DIR` before floodgate starts and sets floodgate_config_file to a TOML file it wrote: floodgate gets
+# `--config FILE` instead of `--upstream` (for what the environment cannot say, e.g. an upstream's `endpoints`, an
+# array of tables). The file must define the upstream "default" and a route to it; the flags still set the cap,
+# queue bound and timeout. What the function starts goes into `pids` and is the scenario's to stop.
+floodgate_env=() floodgate_config_fn=""
 start_subject() { # SUBJECT UPSTREAM_ADDR RUN_DIR
-  local subject=$1 up=$2 dir=$3 pid line threads=${1##*-}
+  local subject=$1 up=$2 dir=$3 pid line threads=${1##*-} upstream_flags
   subject_pids=() admin_addr=""
   case $subject in
     direct)
@@ -257,7 +262,12 @@ start_subject() { # SUBJECT UPSTREAM_ADDR RUN_DIR
       return 0
       ;;
     floodgate-*)
-      "${pin_serve[@]}" env "${floodgate_env[@]}" "$floodgate_bin" --listen 127.0.0.1:0 --admin 127.0.0.1:0 --upstream "http://$up" \
+      upstream_flags=(--upstream "http://$up")
+      if [[ -n ${floodgate_config_fn:-} ]]; then
+        "$floodgate_config_fn" "$up" "$dir" # in this shell: what it starts stays ours (pids)
+        upstream_flags=(--config "$floodgate_config_file")
+      fi
+      "${pin_serve[@]}" env "${floodgate_env[@]}" "$floodgate_bin" --listen 127.0.0.1:0 --admin 127.0.0.1:0 "${upstream_flags[@]}" \
         --max-connections "$cap" --max-queue "$queue" --queue-timeout "${queue_timeout}s" --threads "$threads" \
         >"$dir/proxy.out" 2>"$dir/proxy.err" &
       pid=$!; pids+=("$pid")

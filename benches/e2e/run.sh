@@ -36,6 +36,10 @@ Overload-control scenarios (not in the default -x; their report is docs/overload
             maxconn 4 and 16 as references: the limit against K, upstream peak in flight and service p99, goodput
   slow-readers  M (4, 16) clients reading a 4 MiB body at 64 bytes/s beside a wrk closed loop on a 1 KiB body,
             N = 8, 10 ms: response buffering off and on: the fast clients' goodput and p50/p99, slots held, memory
+  retry-after  open-loop jobs at 2x of N / service time (4 / 40 ms) into a queue of 4, retried on a shed answer
+            at once or after its Retry-After (retry_client.py): goodput, share served, attempts per served job, CPU
+  endpoints two bench_upstream endpoints (4 slots each), oha closed loop, the second killed halfway: eject_after 3
+            and 0: failed requests, p99 around the kill, time until the cap in force shrinks (/status)
   Their cap, queue, timeouts and subjects are their own settings, not -n/-q/-T/-S: environment variables named
   after them (overload_factors="2" ...; see each file's head). They run in the shared layout only.
 
@@ -70,7 +74,7 @@ Options:
 
 Environment: CARGO_TARGET_DIR is honoured for the build and the binaries.
 Example (a short run): benches/e2e/run.sh -d 5 -r 1 -c 200
-Overload control only: benches/e2e/run.sh -x "overload fairness adaptive slow-readers" -L shared -d 8 -r 3
+Overload control only: benches/e2e/run.sh -x "overload fairness adaptive slow-readers retry-after endpoints" -L shared -d 8 -r 3
 Report only, from an earlier results directory: python3 benches/e2e/report.py DIR docs/benchmarks.md
   (python3 benches/e2e/report.py --kind overload DIR docs/overload.md for the overload-control scenarios;
   --also DIR2 adds the scenarios of another run that DIR lacks, each scenario from one run)

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Samples floodgate's admin listener while a measured load runs (scenarios adaptive and slow-readers).
+"""Samples floodgate's admin listener while a measured load runs (scenarios adaptive, slow-readers and endpoints).
 
 Usage: python3 sample_admin.py ADMIN_ADDR OUT.jsonl INTERVAL_S
 Every INTERVAL_S seconds until SIGTERM/SIGINT, appends one JSON line to OUT.jsonl:
-  {"t": seconds since the sampler started, "upstream": /status's object for the upstream "default" (or the first),
+  {"t": seconds since the sampler started, "wall": time.time() (to line readings up with other events),
+   "upstream": /status's object for the upstream "default" (or the first),
    "metrics": {"floodgate_buffered_bytes": v, "floodgate_buffer_fallbacks_total": v}}
 A reading that fails (the proxy busy past the 1 s timeout) is skipped, not fatal. Standard library only.
 """
@@ -57,7 +58,7 @@ def main():
         while not stop:
             t = time.monotonic() - t0
             try:
-                line = {"t": round(t, 3), "upstream": upstream_of(json.loads(get(f"http://{admin}/status"))),
+                line = {"t": round(t, 3), "wall": round(time.time(), 3), "upstream": upstream_of(json.loads(get(f"http://{admin}/status"))),
                         "metrics": metrics_of(get(f"http://{admin}/metrics"))}
                 f.write(json.dumps(line) + "\n")
                 f.flush()
