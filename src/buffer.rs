@@ -6,8 +6,11 @@
 //! module never admits, never holds a lease and never answers; the request and response bodies that send a buffer
 //! on live in `forward`, and the decisions of what to buffer in `proxy` and `forward`.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -152,21 +155,45 @@ where
     B: Body<Data = Bytes> + Unpin,
 {
     let expected = body.size_hint().exact().unwrap_or(limit).min(limit);
-    let mut data = BytesMut::with_capacity(usize::try_from(expected).unwrap_or(0));
+    // A small body usually arrives as one frame that is already in hyper's buffer: it is kept as it came (no
+    // copy), and looked for without a timer first (arming one costs a clock read and a timer-wheel entry).
+    let mut first: Option<Bytes> = None;
+    let mut more = BytesMut::new();
+    let mut read: u64 = 0;
     let mut trailers = None;
     let mut complete = body.is_end_stream();
-    while !complete && (data.len() as u64) < limit {
-        let frame = match tokio::time::timeout(idle, body.frame()).await {
-            Err(_) => return Err(ReadError::Stalled(idle)),
-            Ok(None) => {
+    while !complete && read < limit {
+        let mut next = body.frame();
+        let ready = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut next).poll(cx))).await;
+        let polled = match ready {
+            Poll::Ready(polled) => polled,
+            Poll::Pending => match tokio::time::timeout(idle, next).await {
+                Err(_) => return Err(ReadError::Stalled(idle)),
+                Ok(polled) => polled,
+            },
+        };
+        let frame = match polled {
+            None => {
                 complete = true;
                 break;
             }
-            Ok(Some(Err(err))) => return Err(ReadError::Body(err)),
-            Ok(Some(Ok(frame))) => frame,
+            Some(Err(err)) => return Err(ReadError::Body(err)),
+            Some(Ok(frame)) => frame,
         };
         match frame.into_data() {
-            Ok(chunk) => data.extend_from_slice(&chunk),
+            Ok(chunk) => {
+                read += chunk.len() as u64;
+                match first.take() {
+                    None if more.is_empty() => first = Some(chunk),
+                    earlier => {
+                        if let Some(earlier) = earlier {
+                            more.reserve(usize::try_from(expected).unwrap_or(0));
+                            more.extend_from_slice(&earlier);
+                        }
+                        more.extend_from_slice(&chunk);
+                    }
+                }
+            }
             Err(frame) => {
                 if let Ok(more) = frame.into_trailers() {
                     trailers.get_or_insert_with(Box::<HeaderMap>::default).extend(more);
@@ -175,9 +202,10 @@ where
         }
         complete = body.is_end_stream();
     }
+    let data = first.unwrap_or_else(|| more.freeze());
     reservation.resize(data.len() as u64);
     Ok(Buffered {
-        data: data.freeze(),
+        data,
         trailers,
         complete,
         _reservation: reservation,
