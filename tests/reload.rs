@@ -26,6 +26,21 @@ upstream = "a"
     )
 }
 
+/// A counting upstream `a` capped at `cap`, and floodgate started on a config file the test may rewrite.
+async fn reloadable(cap: usize) -> (Upstream, TempConfig, Proxy) {
+    let upstream = Upstream::start().await;
+    let config = TempConfig::new(&one_upstream(&upstream.url(), cap));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    (upstream, config, proxy)
+}
+
+/// `n` GETs of `path` at once, each on its own connection; their statuses when awaited.
+fn spawn_gets(addr: std::net::SocketAddr, n: usize, path: &'static str) -> Vec<tokio::task::JoinHandle<StatusCode>> {
+    (0..n)
+        .map(|_| tokio::spawn(async move { get(addr, path).await.status }))
+        .collect()
+}
+
 async fn put_cap(proxy: &Proxy, upstream: &str, cap: usize) -> Resp {
     proxy
         .admin_request(
@@ -55,9 +70,7 @@ async fn holds_lowered_cap(upstream: &Upstream, load: &Load, cap: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_api_moves_the_cap_both_ways_under_load_without_a_failed_request() {
-    let upstream = Upstream::start().await;
-    let config = TempConfig::new(&one_upstream(&upstream.url(), 2));
-    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let (upstream, _config, proxy) = reloadable(2).await;
     let load = Load::start(proxy.listen, 16, "/delay/10");
     proxy.wait_queue_depth("a", 14, WAIT).await;
     assert_eq!(upstream.peak_connections(), 2);
@@ -181,15 +194,8 @@ upstream = "b"
 
 #[tokio::test]
 async fn lowering_the_cap_closes_idle_connections_at_once() {
-    let upstream = Upstream::start().await;
-    let config = TempConfig::new(&one_upstream(&upstream.url(), 8));
-    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
-    let requests: Vec<_> = (0..8)
-        .map(|_| {
-            let addr = proxy.listen;
-            tokio::spawn(async move { get(addr, "/delay/100").await.status })
-        })
-        .collect();
+    let (upstream, _config, proxy) = reloadable(8).await;
+    let requests = spawn_gets(proxy.listen, 8, "/delay/100");
     for request in requests {
         assert_eq!(request.await.unwrap(), StatusCode::OK);
     }
@@ -214,16 +220,9 @@ async fn lowering_the_cap_closes_idle_connections_at_once() {
 
 #[tokio::test]
 async fn busy_connections_finish_under_a_lowered_cap_and_none_is_dialled_above_it() {
-    let upstream = Upstream::start().await;
-    let config = TempConfig::new(&one_upstream(&upstream.url(), 4));
-    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let (upstream, _config, proxy) = reloadable(4).await;
     // Four requests hold all four connections at the upstream; four more wait in the queue.
-    let requests: Vec<_> = (0..8)
-        .map(|_| {
-            let addr = proxy.listen;
-            tokio::spawn(async move { get(addr, "/stall").await.status })
-        })
-        .collect();
+    let requests = spawn_gets(proxy.listen, 8, "/stall");
     proxy.wait_queue_depth("a", 4, WAIT).await;
     wait_until_sync("four requests at the upstream", WAIT, || upstream.inflight() == 4).await;
 
@@ -248,9 +247,7 @@ async fn busy_connections_finish_under_a_lowered_cap_and_none_is_dialled_above_i
 
 #[tokio::test]
 async fn an_invalid_configuration_is_refused_and_the_running_one_keeps_serving() {
-    let upstream = Upstream::start().await;
-    let config = TempConfig::new(&one_upstream(&upstream.url(), 2));
-    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let (upstream, config, proxy) = reloadable(2).await;
     let broken = one_upstream(&upstream.url(), 0).replace("queue_timeout = \"30s\"", "queue_timeout = \"soon\"");
     std::fs::write(config.path(), broken).unwrap();
 
@@ -333,9 +330,7 @@ async fn a_removed_upstream_finishes_its_requests_then_closes_its_connections() 
 
 #[tokio::test]
 async fn queue_bounds_and_timeouts_change_in_place() {
-    let upstream = Upstream::start().await;
-    let config = TempConfig::new(&one_upstream(&upstream.url(), 1));
-    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let (upstream, config, proxy) = reloadable(1).await;
     let holder = {
         let addr = proxy.listen;
         tokio::spawn(async move { get(addr, "/stall").await.status })
@@ -369,9 +364,7 @@ async fn queue_bounds_and_timeouts_change_in_place() {
 
 #[tokio::test]
 async fn restart_only_keys_are_reported_and_keep_their_running_value() {
-    let upstream = Upstream::start().await;
-    let config = TempConfig::new(&one_upstream(&upstream.url(), 2));
-    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let (upstream, config, proxy) = reloadable(2).await;
     // `listen` is given as a flag here, and flags win over every reloaded file: it does not count as changed.
     let moved = format!(
         "listen = \"127.0.0.1:1\"\nthreads = 3\nlog_format = \"json\"\n{}",
@@ -438,9 +431,7 @@ async fn write_endpoints_off_loopback_need_the_bearer_token() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_storm_of_cap_changes_and_reloads_under_load_loses_no_request_and_settles_at_the_last_cap() {
-    let upstream = Upstream::start().await;
-    let config = TempConfig::new(&one_upstream(&upstream.url(), 3));
-    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let (upstream, config, proxy) = reloadable(3).await;
     let load = Load::start(proxy.listen, 24, "/delay/3");
     load.serve_more(50).await;
 
