@@ -233,17 +233,16 @@ fn apply(state: &State, loaded: Loaded) -> Result<Reloaded, ReloadError> {
 /// Copies the values a reload cannot apply from `running` into `new`, naming each that differed: they need new
 /// sockets, a new runtime or a new logger.
 fn keep_restart_only(running: &Config, new: &mut Config, needs_restart: &mut Vec<String>) {
-    let mut keep = |key: &str, differs: bool| {
-        if differs {
-            needs_restart.push(key.to_string());
-        }
-    };
-    keep("listen", running.listen != new.listen);
-    keep("admin", running.admin != new.admin);
-    keep("threads", running.threads != new.threads);
-    keep("log_format", running.log_format != new.log_format);
-    keep("log_level", running.log_level != new.log_level);
-    keep("access_log", running.access_log != new.access_log);
+    // Each key once: compared, named if it differs, and given its running value back.
+    macro_rules! keep {
+        ($($key:ident),*) => {$(
+            if running.$key != new.$key {
+                needs_restart.push(stringify!($key).to_string());
+                new.$key = running.$key.clone();
+            }
+        )*};
+    }
+    keep!(listen, admin, threads, log_format, log_level, access_log);
     // A listener is TLS or plain for its life; its certificates can change, its kind cannot.
     let tls_on = |config: &Config| config.tls_cert.is_some() || !config.tls_certificates.is_empty();
     if tls_on(running) != tls_on(new) {
@@ -252,12 +251,6 @@ fn keep_restart_only(running: &Config, new: &mut Config, needs_restart: &mut Vec
         new.tls_key = running.tls_key.clone();
         new.tls_certificates = running.tls_certificates.clone();
     }
-    new.listen = running.listen;
-    new.admin = running.admin;
-    new.threads = running.threads;
-    new.log_format = running.log_format;
-    new.log_level = running.log_level.clone();
-    new.access_log = running.access_log.clone();
 }
 
 /// `key: old -> new` for every leaf that differs, secrets shown only as changed.
