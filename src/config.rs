@@ -400,8 +400,9 @@ pub struct UpstreamConfig {
     /// its own deadline gets 504.
     pub shed_status: u16,
     /// What makes two requests the same client for fair sharing: `client_ip`, `header:NAME` or `route`; empty:
-    /// no fairness, one shared FIFO lane. See [`FairKey`].
-    pub fair_key: String,
+    /// no fairness, one shared FIFO lane. Parsed once, with the configuration: see [`FairKey`].
+    #[serde(with = "fair_key_text")]
+    pub fair_key: Option<FairKey>,
     /// Grants per round for particular keys (default 1 each).
     pub fair_weights: BTreeMap<String, u32>,
     /// Most requests one key may have waiting (beyond: `quota_status`); 0: no per-key bound.
@@ -487,7 +488,7 @@ impl Default for UpstreamConfig {
             deadline_header: "x-request-timeout".to_string(),
             grpc_timeout: true,
             shed_status: 503,
-            fair_key: String::new(),
+            fair_key: None,
             fair_weights: BTreeMap::new(),
             fair_max_queue: 0,
             quota_status: 429,
@@ -581,11 +582,6 @@ impl UpstreamConfig {
         }
     }
 
-    /// What `fair_key` names; `None` without fairness (or with a value validation refuses).
-    pub fn fair_key(&self) -> Option<FairKey> {
-        FairKey::parse(&self.fair_key).ok().flatten()
-    }
-
     /// Every duration key with its value and whether 0 is allowed (it means "none" there); validation and the
     /// config fuzz target both walk this one list.
     pub fn durations(&self) -> [(&'static str, Duration, bool); 15] {
@@ -615,7 +611,8 @@ pub const MAX_PRIORITY: u8 = 9;
 /// What makes requests the same client, for fair sharing of one upstream's slots.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FairKey {
-    /// The client's address: the peer's, or the first `X-Forwarded-For` entry when the peer is a trusted proxy.
+    /// The client's address: the peer's, or behind a trusted proxy the last `X-Forwarded-For` entry that is not
+    /// itself a trusted proxy.
     ClientIp,
     /// A request header's value, such as an API key; requests without it share one lane.
     Header(http::HeaderName),
@@ -636,6 +633,31 @@ impl FairKey {
                 None => Err("must be \"\", client_ip, route or header:NAME".to_string()),
             },
         }
+    }
+
+    fn text(&self) -> String {
+        match self {
+            FairKey::ClientIp => "client_ip".to_string(),
+            FairKey::Route => "route".to_string(),
+            FairKey::Header(name) => format!("header:{name}"),
+        }
+    }
+}
+
+/// `fair_key` as the file writes it (`""`, `client_ip`, `route`, `header:NAME`), parsed when the configuration is
+/// read rather than at every request.
+mod fair_key_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use super::FairKey;
+
+    pub fn serialize<S: Serializer>(key: &Option<FairKey>, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&key.as_ref().map(FairKey::text).unwrap_or_default())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<FairKey>, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        FairKey::parse(&text).map_err(serde::de::Error::custom)
     }
 }
 
@@ -1095,9 +1117,6 @@ impl Config {
             }
             if !(upstream.adaptive_smoothing > 0.0 && upstream.adaptive_smoothing <= 1.0) {
                 problems.push(key("adaptive_smoothing"), "must be above 0 and at most 1");
-            }
-            if let Err(message) = FairKey::parse(&upstream.fair_key) {
-                problems.push(key("fair_key"), message);
             }
             for (client, weight) in &upstream.fair_weights {
                 if *weight == 0 || *weight > 1000 {

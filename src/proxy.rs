@@ -135,18 +135,31 @@ impl Proxy {
         if let Some(entry) = access.as_mut() {
             entry.routed(&pool.name);
         }
+        // Everything this request takes from its upstream's settings, read once; the head is all it needs.
+        let (buffer_limit, request_timeout, queue_timeout, client_deadline, place) = {
+            let limits = pool.limits();
+            let headers = upstream_request.headers();
+            let client_deadline = admission::client_timeout(headers, &limits.deadline_header, limits.grpc_timeout)
+                .map(|timeout| received + timeout);
+            let place = place(&limits, &picked, headers, &client, &self.trusted_proxies.load());
+            (
+                limits.buffer_request_bytes,
+                limits.request_timeout,
+                limits.queue_timeout,
+                client_deadline,
+                place,
+            )
+        };
 
         if body_unread && !awaits_continue {
             // Read before admission, so a client that uploads slowly waits without holding a slot. Over HTTP/2 a
             // body without a length may be a stream the client feeds as answers arrive: it is not waited for.
-            let (limit, within) = {
-                let limits = pool.limits();
-                (limits.buffer_request_bytes, limits.request_timeout)
-            };
             // hyper drops this future when the client leaves; while its body is read, that is counted here.
             let reading = AbortWatch::new(&pool.metrics.requests, access);
             let body = upstream_request.body_mut();
-            let buffered = body.buffer(limit, is_http1, within, &self.buffers).await;
+            let buffered = body
+                .buffer(buffer_limit, is_http1, request_timeout, &self.buffers)
+                .await;
             access = reading.disarm();
             match buffered {
                 Ok(all_read) => body_unread = !all_read,
@@ -155,7 +168,7 @@ impl Proxy {
         }
         // The queue's clock starts once the body is in: queue_timeout bounds the wait for a slot.
         let arrived = tokio::time::Instant::now();
-        let deadline = arrived + pool.limits().queue_timeout;
+        let deadline = arrived + queue_timeout;
         // hyper notices a vanished HTTP/1 client by itself unless a body is still unread; then we watch.
         let client_gone = async {
             match &client.http1_stream {
@@ -163,18 +176,6 @@ impl Proxy {
                 _ => std::future::pending().await,
             }
         };
-        let limits = pool.limits();
-        let client_deadline =
-            admission::client_timeout(upstream_request.headers(), &limits.deadline_header, limits.grpc_timeout)
-                .map(|timeout| received + timeout);
-        let place = place(
-            &limits,
-            &picked,
-            upstream_request.headers(),
-            &client,
-            &self.trusted_proxies.load(),
-        );
-        drop(limits);
         let patience = Patience {
             queue_timeout_at: deadline,
             client_deadline,
@@ -291,13 +292,13 @@ fn place(
         .and_then(|value| value.to_str().ok())
         .and_then(|text| text.trim().parse::<u8>().ok())
         .filter(|class| *class <= MAX_PRIORITY);
-    let key = match limits.fair_key() {
+    let key = match &limits.fair_key {
         None => None,
         Some(FairKey::Route) => Some(picked.label.clone()),
         Some(FairKey::ClientIp) => Some(Arc::from(client_address(headers, client, trusted).as_str())),
         // An empty value is no key: it would otherwise share a lane with, and count against, nobody in particular.
         Some(FairKey::Header(name)) => headers
-            .get(&name)
+            .get(name)
             .filter(|value| !value.is_empty())
             .map(|value| Arc::from(String::from_utf8_lossy(value.as_bytes()).as_ref())),
     };
@@ -315,13 +316,11 @@ fn client_address(headers: &http::HeaderMap, client: &ClientInfo, trusted: &[ipn
         let untrusted = headers
             .get_all("x-forwarded-for")
             .iter()
+            .rev()
             .filter_map(|value| value.to_str().ok())
-            .flat_map(|list| list.split(','))
+            .flat_map(|list| list.rsplit(','))
             .map(str::trim)
             .filter(|entry| !entry.is_empty())
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
             .find(|entry| {
                 entry
                     .parse::<std::net::IpAddr>()
@@ -407,12 +406,16 @@ async fn send(
     let mut replay = if lease.reused() { replayable(&request) } else { None };
     // Every unsent attempt uses up a stale idle connection or a fresh dial, so this bound is never the limit in
     // practice; it only guarantees termination.
-    let mut attempts_left = pool.limits().max_connections.saturating_add(2);
+    let (max_connections, eject_after, limit) = {
+        let limits = pool.limits();
+        (limits.max_connections, limits.eject_after, limits.request_timeout)
+    };
+    let mut attempts_left = max_connections.saturating_add(2);
     // A failed dial is retried only with other endpoints to go to, and a dead endpoint is chosen at most until
     // `eject_after` failures eject it: so many retries reach a live endpoint if there is one.
     let mut dial_retries = match pool.endpoints().len() {
         0 | 1 => 0,
-        endpoints => endpoints.saturating_mul(pool.limits().eject_after.max(1) as usize),
+        endpoints => endpoints.saturating_mul(eject_after.max(1) as usize),
     };
     loop {
         attempts_left = attempts_left.saturating_sub(1);
@@ -440,7 +443,6 @@ async fn send(
         };
         let dispatched = Instant::now();
         let in_flight = pool.in_flight();
-        let limit = pool.limits().request_timeout;
         let upload = request.body().upload();
         match tokio::time::timeout(limit, conn.sender.try_send_request(request)).await {
             Err(_) => {
@@ -452,9 +454,7 @@ async fn send(
                 return Err(ProxyError::UpstreamTimeout(limit));
             }
             Ok(Ok(response)) => {
-                let took = dispatched.elapsed();
-                pool.metrics.responded(took);
-                pool.responded(in_flight, took);
+                pool.responded(in_flight, dispatched.elapsed());
                 if let Some(upload) = upload {
                     lease.reuse_once_sent(upload);
                 }

@@ -849,8 +849,10 @@ impl UpstreamPool {
     }
 
     /// A response head arrived `took` after its request was dispatched with `in_flight` requests in flight: the
-    /// adaptive limit's input. Lock-free unless it closes the limit's window.
+    /// response-time histogram's, the drain pace's and the adaptive limit's input. Lock-free unless it closes the
+    /// limit's window.
     pub fn responded(self: &Arc<Self>, in_flight: usize, took: Duration) {
+        self.metrics.responded(took);
         self.paced(took);
         self.adaptive
             .observe(in_flight, took, |limit| self.set_adaptive_limit(limit));
