@@ -1,7 +1,7 @@
 """Section of docs/overload.md for the "slow-readers" scenario (slow readers beside fast clients, response buffering
 off and on); see report_common for the contract, scenarios/slow-readers.sh for what a run is."""
 
-from report_common import fmt, markdown_table, med, spread, med_of, times
+from report_common import fmt, markdown_table, med, med_of, ordered_groups, spread, times
 
 TITLE = "Slow readers: response buffering off and on"
 DOC = "overload"
@@ -42,15 +42,13 @@ def row(run):
 
 
 def groups(runs):
+    """[(M, config, rows)]: M ascending, and within an M the configs in ORDER."""
     rows = [row(r) for r in runs]
-    out = []
-    for mm in sorted({x["m"] for x in rows}):
-        names = [c for c in ORDER if any(x["config"] == c and x["m"] == mm for x in rows)]
-        names += sorted({x["config"] for x in rows if x["m"] == mm} - set(names))
-        out += [(mm, c, [x for x in rows if x["m"] == mm and x["config"] == c]) for c in names]
-    return out
-
-
+    return [
+        (mm, c, rs)
+        for mm in sorted({x["m"] for x in rows})
+        for c, rs in ordered_groups([x for x in rows if x["m"] == mm], "config", ORDER)
+    ]
 
 
 def describe(rows):
