@@ -128,11 +128,13 @@ def render(runs, meta):
         "limit floodgate finds the concurrency past which responses only slow down and keeps the excess in its own "
         "queue, so the upstream sees a few requests above K instead of the cap. The gradient's fixed point for "
         "this upstream is about tolerance x K + sqrt(limit) (README, *Adaptive concurrency limit*), not K itself: "
-        "the limit trades a little upstream latency for not starving the upstream. The clients of a closed loop "
+        "it stops above the knee, so the upstream still holds more than K at a time. The clients of a closed loop "
         "see the same total wait either way (Little's law: clients / throughput), so client latency ratios near "
         "1x are expected; the gain is the upstream's: fewer requests in flight, shorter service times, and room "
-        "for whatever else it serves. HAProxy at `maxconn` K is what a cap tuned by hand to the knee gives; the "
-        "adaptive limit gets near it without anyone knowing K.",
+        "for whatever else it serves. HAProxy at `maxconn` K is what a cap tuned by hand to the knee gives: fewer "
+        "requests in flight and shorter service times than the adaptive limit's, at about the same goodput; the "
+        "adaptive limit goes part of the way from the static cap towards it (the *vs static* columns) without "
+        "anyone knowing K.",
         "",
         "**What limits it.** One upstream whose slowdown is exactly proportional past the knee, short windows, "
         "and no probe (`adaptive_probe_interval` is 30 s, longer than a run). Load generator, proxy "
