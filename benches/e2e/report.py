@@ -339,6 +339,9 @@ def render_overload(meta, runs):
 
 def main():
     args = sys.argv[1:]
+    if args[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return
     kind = "benchmarks"
     also = []
     while len(args) >= 2 and args[0] in ("--kind", "--also"):

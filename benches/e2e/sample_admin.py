@@ -7,9 +7,11 @@ Every INTERVAL_S seconds until SIGTERM/SIGINT, appends one JSON line to OUT.json
    "upstream": /status's object for the upstream "default" (or the first),
    "metrics": {"floodgate_buffered_bytes": v, "floodgate_buffer_fallbacks_total": v}}
 A reading that fails (the proxy busy past the 1 s timeout) is skipped, not fatal. Standard library only.
+The scenarios read OUT.jsonl back with read_samples (and a /status snapshot with upstream_of).
 """
 
 import json
+import os
 import signal
 import sys
 import time
@@ -34,6 +36,20 @@ def upstream_of(status):
     if isinstance(ups, list) and ups:
         return ups[0]
     return status
+
+
+def read_samples(path):
+    """The readings in OUT.jsonl, in order: [] when there is none; a line that does not parse (the last one, cut
+    short when the sampler was stopped) is left out."""
+    out = []
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue
+    return out
 
 
 def metrics_of(text):

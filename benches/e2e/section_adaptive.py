@@ -1,7 +1,7 @@
 """Section of docs/overload.md for the "adaptive" scenario (floodgate's adaptive concurrency limit against a static
 cap above the upstream's knee); see report_common for the contract, scenarios/adaptive.sh for what a run is."""
 
-from report_common import fmt, markdown_table, med, spread, med_of, times, ordered_groups
+from report_common import derive, fmt, markdown_table, med, med_of, ordered_groups, spread, times
 
 TITLE = "Adaptive limit: settling near the upstream's knee"
 DOC = "overload"
@@ -10,10 +10,7 @@ ORDER = ["static", "adaptive", "haproxy-knee", "haproxy-cap"]
 
 
 def row(run):
-    load, up = run["load"], run["upstream"]
-    secs = max(load["duration_us"], 1) / 1e6
-    codes = {int(k): v for k, v in load["codes"].items()}
-    ok = sum(v for k, v in codes.items() if 200 <= k < 300)
+    load, up, d = run["load"], run["upstream"], derive(run)
     half = run["duration_s"] / 2
     samples = load.get("samples") or []
     late = [s[1] for s in samples if s[0] >= half and s[1] is not None]
@@ -23,17 +20,16 @@ def row(run):
     climb = load.get("warmup_samples") or samples
     reached = next((s[0] for s in climb if s[1] is not None and lm is not None and s[1] >= lm - 1), None)
     first = climb[0][1] if climb else None
-    errors = sum(load.get(k, 0) for k in ("err_connect", "err_read", "err_write", "err_timeout"))
     return {
         "config": run["config"],
         "subject": run["subject"],
         "cap": run["cap"],
         "knee": run["knee"],
-        "ok_rate": ok / secs,
-        "other": sum(v for k, v in codes.items() if not 200 <= k < 300) + errors,
-        "p50": load["p50_us"] / 1000,
-        "p99": load["p99_us"] / 1000,
-        "peak": up["peak_inflight"],
+        "ok_rate": d["ok_rate"],
+        "other": sum(d["other"].values()) + d["sock_err"],
+        "p50": d["p50"],
+        "p99": d["p99"],
+        "peak": d["peak_inflight"],
         "svc_p50": up["service_p50_us"] / 1000 if up.get("service_p50_us") is not None else None,
         "svc_p99": up["service_p99_us"] / 1000 if up.get("service_p99_us") is not None else None,
         "limit_med": lm,
@@ -128,11 +124,13 @@ def render(runs, meta):
         "limit floodgate finds the concurrency past which responses only slow down and keeps the excess in its own "
         "queue, so the upstream sees a few requests above K instead of the cap. The gradient's fixed point for "
         "this upstream is about tolerance x K + sqrt(limit) (README, *Adaptive concurrency limit*), not K itself: "
-        "the limit trades a little upstream latency for not starving the upstream. The clients of a closed loop "
+        "it stops above the knee, so the upstream still holds more than K at a time. The clients of a closed loop "
         "see the same total wait either way (Little's law: clients / throughput), so client latency ratios near "
         "1x are expected; the gain is the upstream's: fewer requests in flight, shorter service times, and room "
-        "for whatever else it serves. HAProxy at `maxconn` K is what a cap tuned by hand to the knee gives; the "
-        "adaptive limit gets near it without anyone knowing K.",
+        "for whatever else it serves. HAProxy at `maxconn` K is what a cap tuned by hand to the knee gives: fewer "
+        "requests in flight and shorter service times than the adaptive limit's, at about the same goodput; the "
+        "adaptive limit goes part of the way from the static cap towards it (the *vs static* columns) without "
+        "anyone knowing K.",
         "",
         "**What limits it.** One upstream whose slowdown is exactly proportional past the knee, short windows, "
         "and no probe (`adaptive_probe_interval` is 30 s, longer than a run). Load generator, proxy "

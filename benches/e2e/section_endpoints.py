@@ -1,7 +1,7 @@
 """Section of docs/overload.md for the "endpoints" scenario (two endpoints, one killed halfway, passive ejection on
 and off); see report_common for the contract, scenarios/endpoints.sh for what a run is."""
 
-from report_common import fmt, markdown_table, med, med_of, ordered_groups, spread, times
+from report_common import fmt, markdown_table, med_of, ordered_groups, spread, times
 
 TITLE = "Several endpoints: one killed under load, passive ejection on and off"
 DOC = "overload"

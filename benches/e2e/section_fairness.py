@@ -1,7 +1,7 @@
 """Section of docs/overload.md for the "fairness" scenario (a greedy and a polite client, fair sharing off and on);
 see report_common for the contract, scenarios/fairness.sh for what a run is."""
 
-from report_common import fmt, markdown_table, med, spread, med_of, times, ordered_groups
+from report_common import fmt, markdown_table, med_of, ordered_groups, spread, times
 
 TITLE = "Fair sharing: a greedy client beside a polite one"
 DOC = "overload"

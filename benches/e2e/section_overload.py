@@ -190,6 +190,6 @@ def headline(runs, meta):
             f"{LABEL.get(d, d)} {fmt(med_of(rs, 'ok_rate'))}" for d, rs in gs.items()) + "."
     ]
     if low:
-        lines.append("**At less overload** (the same run; what a proxy really serves is 95-97 % of N / service time in "
+        lines.append("**At less overload** (the same run; what a proxy really serves is 95-98 % of N / service time in "
                      "docs/benchmarks.md's closed loop, so 1x is already slightly over it): " + "; ".join(low) + ".")
     return lines

@@ -1,7 +1,7 @@
 """Section of docs/overload.md for the "slow-readers" scenario (slow readers beside fast clients, response buffering
 off and on); see report_common for the contract, scenarios/slow-readers.sh for what a run is."""
 
-from report_common import fmt, markdown_table, med, spread, med_of, times
+from report_common import derive, fmt, markdown_table, med, med_of, ordered_groups, spread, times
 
 TITLE = "Slow readers: response buffering off and on"
 DOC = "overload"
@@ -11,12 +11,9 @@ MIB = 1024 * 1024
 
 
 def row(run):
-    load, up = run["load"], run["upstream"]
+    load, d = run["load"], derive(run)
     secs = max(load["duration_us"], 1) / 1e6
-    codes = {int(k): v for k, v in load["codes"].items()}
-    ok = sum(v for k, v in codes.items() if 200 <= k < 300)
     samples = load.get("samples") or []
-    errors = sum(load.get(k, 0) for k in ("err_connect", "err_read", "err_write", "err_timeout"))
     buffered = [s[3] for s in samples if s[3] is not None]
     fallbacks = [s[4] for s in samples if len(s) > 4 and s[4] is not None]
     return {
@@ -24,15 +21,15 @@ def row(run):
         "m": run["slow_readers"],
         "buffer": run["buffer_response_bytes"],
         "max_buffered": run.get("max_buffered_bytes"),
-        "ok_rate": ok / secs,
-        "other_rate": (sum(v for k, v in codes.items() if not 200 <= k < 300) + errors) / secs,
-        "other_codes": sorted(k for k in codes if not 200 <= k < 300),
-        "p50": load["p50_us"] / 1000,
-        "p99": load["p99_us"] / 1000,
+        "ok_rate": d["ok_rate"],
+        "other_rate": (sum(d["other"].values()) + d["sock_err"]) / secs,
+        "other_codes": sorted(d["other"]),
+        "p50": d["p50"],
+        "p99": d["p99"],
         "held_before": load.get("held_before"),
         "in_use_med": med([s[1] for s in samples if s[1] is not None]),
-        "peak_inflight": up["peak_inflight"],
-        "peak_conns": up["peak_conns"],
+        "peak_inflight": d["peak_inflight"],
+        "peak_conns": d["peak_conns"],
         "buffered_med": med(buffered) / MIB if buffered else None,
         "buffered_max": max(buffered) / MIB if buffered else None,
         "fallbacks": max(fallbacks) if fallbacks else None,
@@ -42,15 +39,13 @@ def row(run):
 
 
 def groups(runs):
+    """[(M, config, rows)]: M ascending, and within an M the configs in ORDER."""
     rows = [row(r) for r in runs]
-    out = []
-    for mm in sorted({x["m"] for x in rows}):
-        names = [c for c in ORDER if any(x["config"] == c and x["m"] == mm for x in rows)]
-        names += sorted({x["config"] for x in rows if x["m"] == mm} - set(names))
-        out += [(mm, c, [x for x in rows if x["m"] == mm and x["config"] == c]) for c in names]
-    return out
-
-
+    return [
+        (mm, c, rs)
+        for mm in sorted({x["m"] for x in rows})
+        for c, rs in ordered_groups([x for x in rows if x["m"] == mm], "config", ORDER)
+    ]
 
 
 def describe(rows):

@@ -55,20 +55,13 @@ load_adaptive() { # warmup|measure URL DIR SECONDS
   fi
   [[ $mode == warmup ]] && return 0
   ((rc == 0)) || { log "wrk failed: $(tail -3 "$dir/wrk.txt")"; return 1; }
-  sed -n 's/^E2E_JSON //p' "$dir/wrk.txt" | python3 -c '
-import json, os, sys
+  sed -n 's/^E2E_JSON //p' "$dir/wrk.txt" | PYTHONPATH=$here python3 -c '
+import json, sys
+from sample_admin import read_samples
 load = json.load(sys.stdin)
 def samples(path):
-    out = []
-    if os.path.exists(path):
-        for line in open(path):
-            try:
-                s = json.loads(line)
-            except ValueError:
-                continue
-            u = s["upstream"]
-            out.append([s["t"], u.get("limit"), u.get("in_use"), u.get("queue_depth")])
-    return out
+    return [[s["t"], s["upstream"].get("limit"), s["upstream"].get("in_use"), s["upstream"].get("queue_depth")]
+            for s in read_samples(path)]
 load["samples"] = samples(sys.argv[1])
 load["warmup_samples"] = samples(sys.argv[2])
 json.dump(load, sys.stdout)' "$dir/status.jsonl" "$dir/status_warmup.jsonl" >"$dir/load.json"

@@ -77,8 +77,9 @@ load_endpoints() { # warmup|measure URL DIR SECONDS
   stop_pid "$spid"
   forget_pids "$spid"
   ((rc == 0)) || { log "oha failed: $(tail -3 "$dir/oha.txt")"; return 1; }
-  python3 - "$dir" "$t_start" "$t_kill" "$endpoints_bin_s" >"$dir/load.json" <<'PY'
+  PYTHONPATH=$here python3 - "$dir" "$t_start" "$t_kill" "$endpoints_bin_s" >"$dir/load.json" <<'PY'
 import json, math, os, sqlite3, sys
+from sample_admin import read_samples
 d, t_start, t_kill, bin_s = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 kill = t_kill - t_start
 MARGIN = 0.25
@@ -106,15 +107,10 @@ codes = {}
 for r in rows:
     codes[str(r[2])] = codes.get(str(r[2]), 0) + 1
 samples = []
-if os.path.exists(os.path.join(d, "status.jsonl")):
-    for line in open(os.path.join(d, "status.jsonl")):
-        try:
-            s = json.loads(line)
-        except ValueError:
-            continue
-        u = s["upstream"]
-        samples.append([round(s["wall"] - t_start, 3), u.get("max_connections"), u.get("in_use"), u.get("queue_depth"),
-                        sum(1 for e in u.get("endpoints") or [] if e.get("ejected"))])
+for s in read_samples(os.path.join(d, "status.jsonl")):
+    u = s["upstream"]
+    samples.append([round(s["wall"] - t_start, 3), u.get("max_connections"), u.get("in_use"), u.get("queue_depth"),
+                    sum(1 for e in u.get("endpoints") or [] if e.get("ejected"))])
 load = {
     "duration_us": int(end * 1e6), "requests": len(rows), "codes": codes,
     # oha's errors have no row: "aborted due to deadline" is its -z end cutting requests off, not a failure.

@@ -63,28 +63,15 @@ load_slow_readers() { # warmup|measure URL DIR SECONDS
   stop_pid "$spid" "$rpid"
   forget_pids "$spid" "$rpid"
   ((rc == 0)) || { log "wrk failed: $(tail -3 "$dir/wrk.txt")"; return 1; }
-  sed -n 's/^E2E_JSON //p' "$dir/wrk.txt" | python3 -c '
+  sed -n 's/^E2E_JSON //p' "$dir/wrk.txt" | PYTHONPATH=$here python3 -c '
 import json, os, sys
+from sample_admin import read_samples, upstream_of
 load = json.load(sys.stdin)
 d = sys.argv[1]
-def upstream_of(status):
-    ups = status.get("upstreams", status)
-    if isinstance(ups, dict):
-        return ups.get("default") or next((v for v in ups.values() if isinstance(v, dict)), {})
-    return ups[0] if isinstance(ups, list) and ups else {}
 load["held_before"] = upstream_of(json.load(open(os.path.join(d, "status_before.json")))).get("in_use")
-samples = []
-if os.path.exists(os.path.join(d, "status.jsonl")):
-    for line in open(os.path.join(d, "status.jsonl")):
-        try:
-            s = json.loads(line)
-        except ValueError:
-            continue
-        u = s["upstream"]
-        m = s["metrics"]
-        samples.append([s["t"], u.get("in_use"), u.get("queue_depth"), m.get("floodgate_buffered_bytes"),
-                        m.get("floodgate_buffer_fallbacks_total")])
-load["samples"] = samples
+load["samples"] = [[s["t"], s["upstream"].get("in_use"), s["upstream"].get("queue_depth"),
+                    s["metrics"].get("floodgate_buffered_bytes"), s["metrics"].get("floodgate_buffer_fallbacks_total")]
+                   for s in read_samples(os.path.join(d, "status.jsonl"))]
 slow = os.path.join(d, "slow.json")
 load["slow"] = json.load(open(slow)) if os.path.exists(slow) else None
 json.dump(load, sys.stdout)' "$dir" >"$dir/load.json"
