@@ -592,7 +592,6 @@ impl Upstream {
         self.shared.conns_peak.load(Ordering::SeqCst)
     }
 
-    /// TCP connections accepted since start (across restarts).
     /// Starts the peak of open connections again from the number open now, so that a later
     /// [`Upstream::peak_connections`] covers only what happened since.
     pub fn reset_peak_connections(&self) {
@@ -600,6 +599,7 @@ impl Upstream {
         self.shared.conns_peak.store(now, Ordering::SeqCst);
     }
 
+    /// TCP connections accepted since start (across restarts).
     pub fn accepted(&self) -> usize {
         self.shared.accepted.load(Ordering::SeqCst)
     }
