@@ -65,17 +65,10 @@ async fn both_within_caps_under_30_clients(max_connections: usize, expected_cap:
     let load = Load::start(proxy.listen, 30, "/delay/5");
     load.serve_more(600).await;
     let status = proxy.upstream_status("a").await;
-    let (served, failed) = load.finish().await;
+    load.finish_without_failures().await;
     stop_sampling.store(true, Ordering::SeqCst);
     let total_peak = sampler.await.unwrap();
 
-    assert!(
-        failed.is_empty(),
-        "{} failed of {}: {:?}",
-        failed.len(),
-        served,
-        &failed[..failed.len().min(5)]
-    );
     assert!(
         a.peak_connections() <= 2,
         "endpoint a (cap 2) saw {}",
@@ -139,8 +132,7 @@ async fn a_refusing_endpoint_is_ejected_without_a_failed_request_and_serves_agai
     // Both endpoints get connections first, so the ones to a are pooled when it goes away.
     let load = Load::start(proxy.listen, 8, "/delay/5");
     load.serve_more(200).await;
-    let (_, failed) = load.finish().await;
-    assert!(failed.is_empty(), "{failed:?}");
+    load.finish_without_failures().await;
     assert!(a.requests() > 0 && b.requests() > 0);
     proxy.wait_in_use_zero("a", WAIT).await;
 
@@ -173,14 +165,7 @@ async fn a_refusing_endpoint_is_ejected_without_a_failed_request_and_serves_agai
     load.serve_more(200).await;
     let samples = parse_metrics(&proxy.metrics().await);
     assert_eq!(metric_sum(&samples, "floodgate_endpoint_ejected", &a_labels), 0.0);
-    let (served, failed) = load.finish().await;
-    assert!(
-        failed.is_empty(),
-        "{} failed of {}: {:?}",
-        failed.len(),
-        served + failed.len(),
-        &failed[..failed.len().min(5)]
-    );
+    load.finish_without_failures().await;
     assert!(a.peak_connections() <= 2 && b.peak_connections() <= 2);
 }
 

@@ -2186,13 +2186,20 @@ impl Load {
         .await;
     }
 
-    /// Stops the clients after their current request; returns how many were served and every failure.
-    pub async fn finish(self) -> (usize, Vec<String>) {
+    /// Stops the clients after their current request, failing the test when any answer was not a 200.
+    pub async fn finish_without_failures(self) {
         self.stop.store(true, Ordering::SeqCst);
         for client in self.clients {
             client.await.unwrap();
         }
-        let failed = self.failed.lock().unwrap().clone();
-        (self.served.load(Ordering::SeqCst), failed)
+        let failed = self.failed.lock().unwrap();
+        let served = self.served.load(Ordering::SeqCst);
+        assert!(
+            failed.is_empty(),
+            "{} failed of {}: {:?}",
+            failed.len(),
+            served + failed.len(),
+            &failed[..failed.len().min(5)]
+        );
     }
 }
