@@ -2024,6 +2024,22 @@ pub async fn raw_exchange(addr: SocketAddr, request: &[u8], timeout: Duration) -
     conn.read_until_close(timeout).await
 }
 
+/// Trickles the body of the request whose head `conn` has sent: one byte, then up to 200 ms of listening for the
+/// answer, until answered (10 s at most, else the task panics); the task returns the answer.
+pub fn spawn_trickler(mut conn: RawConn) -> JoinHandle<RawResponse> {
+    tokio::spawn(async move {
+        for _ in 0..50 {
+            let _ = conn.write(b"x").await;
+            match conn.read_response(false, Duration::from_millis(200)).await {
+                Ok(resp) => return resp,
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(e) => panic!("the trickler was not answered: {e}"),
+            }
+        }
+        panic!("the trickler was not answered within 10 s");
+    })
+}
+
 /// Status code of the first response in `data`.
 pub fn first_status(data: &[u8]) -> Option<u16> {
     let mut headers = [httparse::EMPTY_HEADER; 128];
