@@ -1152,6 +1152,8 @@ pub struct Proxy {
     pub listen: SocketAddr,
     pub admin: SocketAddr,
     output: Arc<Mutex<String>>,
+    /// The threads copying stdout and stderr into `output`; they end at end of file.
+    readers: [std::thread::JoinHandle<()>; 2],
     exit: Option<ExitStatus>,
 }
 
@@ -1265,7 +1267,7 @@ impl Proxy {
 
         let mut stderr = child.stderr.take().unwrap();
         let err_buf = output.clone();
-        std::thread::spawn(move || {
+        let stderr_reader = std::thread::spawn(move || {
             let mut chunk = [0u8; 8192];
             loop {
                 match stderr.read(&mut chunk) {
@@ -1278,7 +1280,7 @@ impl Proxy {
         let stdout = child.stdout.take().unwrap();
         let out_buf = output.clone();
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<String>();
-        std::thread::spawn(move || {
+        let stdout_reader = std::thread::spawn(move || {
             let mut ready_tx = Some(ready_tx);
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
@@ -1309,6 +1311,7 @@ impl Proxy {
                     listen,
                     admin,
                     output,
+                    readers: [stdout_reader, stderr_reader],
                     exit: None,
                 }),
                 None => Err(failure(&mut child, format!("unparsable ready line {line:?}"))),
@@ -1325,6 +1328,15 @@ impl Proxy {
     /// Everything the process wrote to stderr (and unexpected stdout lines).
     pub fn output(&self) -> String {
         self.output.lock().unwrap().clone()
+    }
+
+    /// Waits until stdout and stderr have both reached their end (the process has exited), so that
+    /// [`Proxy::output`] holds everything it wrote.
+    pub async fn wait_output_closed(&self, timeout: Duration) {
+        wait_until_sync("floodgate's stdout and stderr closed", timeout, || {
+            self.readers.iter().all(|reader| reader.is_finished())
+        })
+        .await;
     }
 
     /// Current resident set (VmRSS) in KiB.
