@@ -678,17 +678,7 @@ async fn slow_post_trickling_its_body_holds_its_slot_no_longer_than_request_time
         .unwrap();
     let started = Instant::now();
     // One byte, then up to 200 ms of listening for the answer (the load under test), until answered.
-    let trickler = tokio::spawn(async move {
-        for _ in 0..50 {
-            let _ = conn.write(b"x").await;
-            match conn.read_response(false, Duration::from_millis(200)).await {
-                Ok(resp) => return resp,
-                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
-                Err(e) => panic!("the trickler was not answered: {e}"),
-            }
-        }
-        panic!("the trickler was not answered within 10 s");
-    });
+    let trickler = spawn_trickler(conn);
     wait_until_sync("the head reached the upstream", T, || upstream.requests() == 1).await;
     // A client queued behind it gets the slot once request_timeout has passed.
     let queued = get(proxy.listen, "/queued-behind").await;

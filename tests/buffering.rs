@@ -318,18 +318,8 @@ async fn an_upload_trickled_before_admission_is_answered_408_at_request_timeout_
     conn.write(b"POST /echo HTTP/1.1\r\nHost: client.test\r\nContent-Length: 1000\r\n\r\n")
         .await
         .unwrap();
-    let trickler = tokio::spawn(async move {
-        for _ in 0..50 {
-            let _ = conn.write(b"x").await;
-            // The load under test: a byte, then up to 200 ms of listening for the answer.
-            match conn.read_response(false, Duration::from_millis(200)).await {
-                Ok(resp) => return resp,
-                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
-                Err(e) => panic!("the trickler was not answered: {e}"),
-            }
-        }
-        panic!("the trickler was not answered within 10 s");
-    });
+    // The load under test: a byte, then up to 200 ms of listening for the answer.
+    let trickler = spawn_trickler(conn);
     wait_until("the upload is being buffered", T, || async {
         buffered_bytes(&proxy).await == 1000.0
     })

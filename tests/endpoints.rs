@@ -65,17 +65,10 @@ async fn both_within_caps_under_30_clients(max_connections: usize, expected_cap:
     let load = Load::start(proxy.listen, 30, "/delay/5");
     load.serve_more(600).await;
     let status = proxy.upstream_status("a").await;
-    let (served, failed) = load.finish().await;
+    load.finish_without_failures().await;
     stop_sampling.store(true, Ordering::SeqCst);
     let total_peak = sampler.await.unwrap();
 
-    assert!(
-        failed.is_empty(),
-        "{} failed of {}: {:?}",
-        failed.len(),
-        served,
-        &failed[..failed.len().min(5)]
-    );
     assert!(
         a.peak_connections() <= 2,
         "endpoint a (cap 2) saw {}",
@@ -139,8 +132,7 @@ async fn a_refusing_endpoint_is_ejected_without_a_failed_request_and_serves_agai
     // Both endpoints get connections first, so the ones to a are pooled when it goes away.
     let load = Load::start(proxy.listen, 8, "/delay/5");
     load.serve_more(200).await;
-    let (_, failed) = load.finish().await;
-    assert!(failed.is_empty(), "{failed:?}");
+    load.finish_without_failures().await;
     assert!(a.requests() > 0 && b.requests() > 0);
     proxy.wait_in_use_zero("a", WAIT).await;
 
@@ -173,29 +165,8 @@ async fn a_refusing_endpoint_is_ejected_without_a_failed_request_and_serves_agai
     load.serve_more(200).await;
     let samples = parse_metrics(&proxy.metrics().await);
     assert_eq!(metric_sum(&samples, "floodgate_endpoint_ejected", &a_labels), 0.0);
-    let (served, failed) = load.finish().await;
-    assert!(
-        failed.is_empty(),
-        "{} failed of {}: {:?}",
-        failed.len(),
-        served + failed.len(),
-        &failed[..failed.len().min(5)]
-    );
+    load.finish_without_failures().await;
     assert!(a.peak_connections() <= 2 && b.peak_connections() <= 2);
-}
-
-/// Runs floodgate on `config` and expects a configuration error naming `key`.
-fn assert_rejected_naming(config: &str, key: &str) {
-    let file = TempConfig::new(config);
-    let path = file.path_str();
-    let args = ["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--config", &path];
-    let (status, _, stderr) = run_to_exit(&args, WAIT);
-    assert_eq!(
-        status.code(),
-        Some(2),
-        "not refused as a configuration error:\n{config}\n{stderr}"
-    );
-    assert!(stderr.contains(key), "the error does not name {key}: {stderr}");
 }
 
 #[test]
@@ -208,27 +179,27 @@ endpoints = [{ url = "http://127.0.0.1:10", max_connections = 1 }]
 [[routes]]
 upstream = "a"
 "#;
-    assert_rejected_naming(both, "upstreams.a.endpoints");
+    pki::assert_refused(both, "upstreams.a.endpoints");
     let zero_cap = config(
         &[("http://127.0.0.1:9".into(), 1), ("http://127.0.0.1:10".into(), 0)],
         8,
         "",
     );
-    assert_rejected_naming(&zero_cap, "upstreams.a.endpoints[1].max_connections");
+    pki::assert_refused(&zero_cap, "upstreams.a.endpoints[1].max_connections");
     let bad_url = config(&[("ftp://127.0.0.1:9".into(), 1)], 8, "");
-    assert_rejected_naming(&bad_url, "upstreams.a.endpoints[0].url");
+    pki::assert_refused(&bad_url, "upstreams.a.endpoints[0].url");
     let mixed = config(
         &[("http://127.0.0.1:9".into(), 1), ("https://127.0.0.1:10".into(), 1)],
         8,
         "",
     );
-    assert_rejected_naming(&mixed, "upstreams.a.endpoints[1].url");
+    pki::assert_refused(&mixed, "upstreams.a.endpoints[1].url");
     let twice = config(&[("http://127.0.0.1:9".into(), 1), ("127.0.0.1:9".into(), 1)], 8, "");
-    assert_rejected_naming(&twice, "upstreams.a.endpoints[1].url");
+    pki::assert_refused(&twice, "upstreams.a.endpoints[1].url");
     let zero_backoff = config(&[("http://127.0.0.1:9".into(), 1)], 8, "eject_backoff = \"0s\"");
-    assert_rejected_naming(&zero_backoff, "upstreams.a.eject_backoff");
+    pki::assert_refused(&zero_backoff, "upstreams.a.eject_backoff");
     let bad_path = config(&[("http://127.0.0.1:9".into(), 1)], 8, "health_check_path = \"health\"");
-    assert_rejected_naming(&bad_path, "upstreams.a.health_check_path");
+    pki::assert_refused(&bad_path, "upstreams.a.health_check_path");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -214,16 +214,10 @@ fn bad_fairness_settings_stop_start_up_naming_the_key() {
         ("quota_status = 302", "upstreams.a.quota_status"),
         ("priority_header = \"a b\"", "upstreams.a.priority_header"),
     ] {
-        let file = TempConfig::new(&config("http://127.0.0.1:9", line, ""));
-        let (status, _, stderr) = run_to_exit(&["check", "--config", &file.path_str()], WAIT);
-        assert_eq!(status.code(), Some(2), "{line}: {stderr}");
-        assert!(stderr.contains(key), "{line}: {stderr}");
+        pki::assert_refused(&config("http://127.0.0.1:9", line, ""), key);
     }
     let routes = "[[routes]]\nupstream = \"a\"\npriority = 10\n";
-    let file = TempConfig::new(&config("http://127.0.0.1:9", "", routes));
-    let (status, _, stderr) = run_to_exit(&["check", "--config", &file.path_str()], WAIT);
-    assert_eq!(status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("routes[0].priority"), "{stderr}");
+    pki::assert_refused(&config("http://127.0.0.1:9", "", routes), "routes[0].priority");
 }
 
 #[tokio::test]

@@ -17,11 +17,10 @@ async fn stopped_output(mut proxy: Proxy) -> String {
         "floodgate did not exit on SIGTERM"
     );
     // The reader threads may still be collecting the last words.
-    wait_until_sync("the stop line", Duration::from_secs(5), || {
-        proxy.output().contains("floodgate stopped")
-    })
-    .await;
-    proxy.output()
+    proxy.wait_output_closed(Duration::from_secs(5)).await;
+    let output = proxy.output();
+    assert!(output.contains("floodgate stopped"), "no stop line:\n{output}");
+    output
 }
 
 fn stderr_lines(output: &str) -> Vec<&str> {
@@ -83,7 +82,7 @@ async fn the_format_and_level_come_from_the_environment_and_rust_log_wins_over_t
     quiet.sigterm();
     let mut quiet = quiet;
     assert!(quiet.wait_exit(Duration::from_secs(10)).await.is_some());
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    quiet.wait_output_closed(Duration::from_secs(5)).await;
     let output = quiet.output();
     assert!(
         !output.contains("floodgate started"),

@@ -103,14 +103,7 @@ async fn the_admin_api_moves_the_cap_both_ways_under_load_without_a_failed_reque
     holds_lowered_cap(&upstream, &load, 3).await;
     assert!(upstream.peak_connections() <= 3);
 
-    let (served, failed) = load.finish().await;
-    assert!(
-        failed.is_empty(),
-        "{} failed of {}: {:?}",
-        failed.len(),
-        served + failed.len(),
-        &failed[..failed.len().min(5)]
-    );
+    load.finish_without_failures().await;
     assert!(upstream.peak_connections() <= 3);
 }
 
@@ -177,14 +170,7 @@ upstream = "b"
     assert_eq!(conn.get("/b/again").await.status, StatusCode::OK, "/b now goes to a");
     assert_eq!(upstream_a.recorded_with_prefix("/b/again").len(), 1);
 
-    let (served, failed) = load.finish().await;
-    assert!(
-        failed.is_empty(),
-        "{} failed of {}: {:?}",
-        failed.len(),
-        served + failed.len(),
-        &failed[..failed.len().min(5)]
-    );
+    load.finish_without_failures().await;
     let samples = parse_metrics(&proxy.metrics().await);
     assert_eq!(
         metric_sum(&samples, "floodgate_reloads_total", &[("result", "applied")]),
@@ -456,14 +442,7 @@ async fn a_storm_of_cap_changes_and_reloads_under_load_loses_no_request_and_sett
     assert_eq!(put_cap(&proxy, "a", 2).await.status, StatusCode::OK);
     holds_lowered_cap(&upstream, &load, 2).await;
 
-    let (served, failed) = load.finish().await;
-    assert!(
-        failed.is_empty(),
-        "{} failed of {}: {:?}",
-        failed.len(),
-        served + failed.len(),
-        &failed[..failed.len().min(5)]
-    );
+    load.finish_without_failures().await;
     let a = proxy.upstream_status("a").await;
     assert_eq!(a["max_connections"], 2);
     assert_eq!(a["in_use"], 0);

@@ -1,5 +1,5 @@
-//! TLS termination on the client listener, through the real binary: a self-signed certificate made at test time,
-//! HTTPS clients that trust only it, ALPN choosing HTTP/1.1 or HTTP/2, the cap holding behind TLS, and bad
+//! TLS termination on the client listener, through the real binary: a certificate made at test time, HTTPS
+//! clients that trust only its CA, ALPN choosing HTTP/1.1 or HTTP/2, the cap holding behind TLS, and bad
 //! certificate or key files stopping start-up (and `floodgate check`) with one line naming the key. SNI with
 //! `[[tls_certificates]]`: certificates a test CA signs, the one presented for each name (exact, one-label
 //! wildcard, the default, or a refused handshake without one), and bad entries named by index and field.
@@ -7,9 +7,6 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, StatusCode, Version};
@@ -18,62 +15,32 @@ use support::pki::{self, assert_refused, TestCa};
 use support::*;
 use tokio::net::TcpStream;
 use tokio_rustls::rustls::pki_types::ServerName;
-use tokio_rustls::rustls::{ClientConfig, RootCertStore};
 use tokio_rustls::TlsConnector;
 
-/// A certificate for `localhost` and its key, written to files that are removed on drop.
+/// A certificate for `localhost` that a test CA of its own signed, and its key, as files removed on drop.
 struct TestCert {
-    dir: PathBuf,
-    der: tokio_rustls::rustls::pki_types::CertificateDer<'static>,
-    key_pem: String,
+    ca: TestCa,
+    leaf: pki::Leaf,
 }
 
 impl TestCert {
     fn new() -> TestCert {
-        static SEQ: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "floodgate-tls-{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::SeqCst)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let generated = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-        let key_pem = generated.signing_key.serialize_pem();
-        std::fs::write(dir.join("cert.pem"), generated.cert.pem()).unwrap();
-        std::fs::write(dir.join("key.pem"), &key_pem).unwrap();
-        TestCert {
-            dir,
-            der: generated.cert.der().clone(),
-            key_pem,
-        }
+        let ca = TestCa::new("floodgate tls test CA");
+        let leaf = ca.issue(&["localhost"]);
+        TestCert { ca, leaf }
     }
 
     fn cert_path(&self) -> String {
-        self.dir.join("cert.pem").display().to_string()
+        self.leaf.cert_path.clone()
     }
 
     fn key_path(&self) -> String {
-        self.dir.join("key.pem").display().to_string()
+        self.leaf.key_path.clone()
     }
 
-    /// A client that trusts this certificate alone and offers `alpn`.
+    /// A client that trusts this certificate's CA alone and offers `alpn`.
     fn connector(&self, alpn: &[&[u8]]) -> TlsConnector {
-        let mut roots = RootCertStore::empty();
-        roots.add(self.der.clone()).unwrap();
-        let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
-        let mut config = ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-        TlsConnector::from(Arc::new(config))
-    }
-}
-
-impl Drop for TestCert {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+        self.ca.connector(alpn)
     }
 }
 
@@ -197,7 +164,7 @@ async fn the_tls_listener_refuses_plain_http() {
 #[test]
 fn a_missing_certificate_file_stops_start_up_naming_tls_cert() {
     let cert = TestCert::new();
-    let missing = cert.dir.join("nope.pem").display().to_string();
+    let missing = cert.ca.dir.0.join("nope.pem").display().to_string();
     let line = assert_refused(
         &config_text("http://127.0.0.1:9", &missing, &cert.key_path()),
         "tls_cert",
@@ -214,14 +181,14 @@ fn a_key_of_another_certificate_stops_start_up_naming_tls_key_without_showing_it
         "tls_key",
     );
     assert!(line.contains("not the private key"), "{line}");
-    let secret = other.key_pem.lines().nth(1).unwrap();
+    let secret = other.leaf.key_pem.lines().nth(1).unwrap();
     assert!(!line.contains(secret) && !line.contains("PRIVATE KEY-----"), "{line}");
 }
 
 #[test]
 fn a_key_file_that_is_not_pem_stops_start_up_naming_tls_key() {
     let cert = TestCert::new();
-    let garbage = cert.dir.join("garbage.pem");
+    let garbage = cert.ca.dir.0.join("garbage.pem");
     std::fs::write(
         &garbage,
         "-----BEGIN PRIVATE KEY-----\nc2VjcmV0!!not base64\n-----END PRIVATE KEY-----\n",

@@ -592,7 +592,6 @@ impl Upstream {
         self.shared.conns_peak.load(Ordering::SeqCst)
     }
 
-    /// TCP connections accepted since start (across restarts).
     /// Starts the peak of open connections again from the number open now, so that a later
     /// [`Upstream::peak_connections`] covers only what happened since.
     pub fn reset_peak_connections(&self) {
@@ -600,6 +599,7 @@ impl Upstream {
         self.shared.conns_peak.store(now, Ordering::SeqCst);
     }
 
+    /// TCP connections accepted since start (across restarts).
     pub fn accepted(&self) -> usize {
         self.shared.accepted.load(Ordering::SeqCst)
     }
@@ -1152,6 +1152,8 @@ pub struct Proxy {
     pub listen: SocketAddr,
     pub admin: SocketAddr,
     output: Arc<Mutex<String>>,
+    /// The threads copying stdout and stderr into `output`; they end at end of file.
+    readers: [std::thread::JoinHandle<()>; 2],
     exit: Option<ExitStatus>,
 }
 
@@ -1265,7 +1267,7 @@ impl Proxy {
 
         let mut stderr = child.stderr.take().unwrap();
         let err_buf = output.clone();
-        std::thread::spawn(move || {
+        let stderr_reader = std::thread::spawn(move || {
             let mut chunk = [0u8; 8192];
             loop {
                 match stderr.read(&mut chunk) {
@@ -1278,7 +1280,7 @@ impl Proxy {
         let stdout = child.stdout.take().unwrap();
         let out_buf = output.clone();
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<String>();
-        std::thread::spawn(move || {
+        let stdout_reader = std::thread::spawn(move || {
             let mut ready_tx = Some(ready_tx);
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
@@ -1309,6 +1311,7 @@ impl Proxy {
                     listen,
                     admin,
                     output,
+                    readers: [stdout_reader, stderr_reader],
                     exit: None,
                 }),
                 None => Err(failure(&mut child, format!("unparsable ready line {line:?}"))),
@@ -1325,6 +1328,15 @@ impl Proxy {
     /// Everything the process wrote to stderr (and unexpected stdout lines).
     pub fn output(&self) -> String {
         self.output.lock().unwrap().clone()
+    }
+
+    /// Waits until stdout and stderr have both reached their end (the process has exited), so that
+    /// [`Proxy::output`] holds everything it wrote.
+    pub async fn wait_output_closed(&self, timeout: Duration) {
+        wait_until_sync("floodgate's stdout and stderr closed", timeout, || {
+            self.readers.iter().all(|reader| reader.is_finished())
+        })
+        .await;
     }
 
     /// Current resident set (VmRSS) in KiB.
@@ -2024,6 +2036,22 @@ pub async fn raw_exchange(addr: SocketAddr, request: &[u8], timeout: Duration) -
     conn.read_until_close(timeout).await
 }
 
+/// Trickles the body of the request whose head `conn` has sent: one byte, then up to 200 ms of listening for the
+/// answer, until answered (10 s at most, else the task panics); the task returns the answer.
+pub fn spawn_trickler(mut conn: RawConn) -> JoinHandle<RawResponse> {
+    tokio::spawn(async move {
+        for _ in 0..50 {
+            let _ = conn.write(b"x").await;
+            match conn.read_response(false, Duration::from_millis(200)).await {
+                Ok(resp) => return resp,
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(e) => panic!("the trickler was not answered: {e}"),
+            }
+        }
+        panic!("the trickler was not answered within 10 s");
+    })
+}
+
 /// Status code of the first response in `data`.
 pub fn first_status(data: &[u8]) -> Option<u16> {
     let mut headers = [httparse::EMPTY_HEADER; 128];
@@ -2186,13 +2214,20 @@ impl Load {
         .await;
     }
 
-    /// Stops the clients after their current request; returns how many were served and every failure.
-    pub async fn finish(self) -> (usize, Vec<String>) {
+    /// Stops the clients after their current request, failing the test when any answer was not a 200.
+    pub async fn finish_without_failures(self) {
         self.stop.store(true, Ordering::SeqCst);
         for client in self.clients {
             client.await.unwrap();
         }
-        let failed = self.failed.lock().unwrap().clone();
-        (self.served.load(Ordering::SeqCst), failed)
+        let failed = self.failed.lock().unwrap();
+        let served = self.served.load(Ordering::SeqCst);
+        assert!(
+            failed.is_empty(),
+            "{} failed of {}: {:?}",
+            failed.len(),
+            served + failed.len(),
+            &failed[..failed.len().min(5)]
+        );
     }
 }
