@@ -36,6 +36,10 @@
 //! starting on the same connection — the idle time a proxy in front leaves on a connection it holds, which at a
 //! fixed service time is what separates its throughput from N / service time. Reported as `gap_p50_us` and
 //! `gap_p99_us` over the window (null before the first reuse).
+//!
+//! The busy share: `inflight_time_us[k]` is how long, in the window of `window_us`, exactly k requests were in
+//! flight (the last entry takes any number above it); the share of the window at k >= N is how much of the time a
+//! proxy capped at N kept the upstream working at its cap.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -188,9 +192,80 @@ impl PeakGauge {
     }
 }
 
+/// How long the upstream spent at each number of requests in flight since the last reset: what share of a window
+/// it worked at its cap (a proxy that leaves it idle between exchanges shows here, whatever its peak).
+struct LevelClock {
+    inner: Mutex<Levels>,
+}
+
+struct Levels {
+    level: usize,
+    since: Instant,
+    window_start: Instant,
+    /// Microseconds at each level; the last entry also takes every level above it.
+    time_us: Vec<u64>,
+}
+
+/// Levels counted apart; any above share the last.
+const LEVELS: usize = 1025;
+
+impl LevelClock {
+    fn new() -> Self {
+        let now = Instant::now();
+        LevelClock {
+            inner: Mutex::new(Levels {
+                level: 0,
+                since: now,
+                window_start: now,
+                time_us: Vec::new(),
+            }),
+        }
+    }
+
+    fn change(&self, up: bool) {
+        let mut levels = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        levels.close_span(Instant::now());
+        levels.level = if up {
+            levels.level + 1
+        } else {
+            levels.level.saturating_sub(1)
+        };
+    }
+
+    /// `[window_us, [µs at 0 in flight, at 1, ...]]` up to now; a reset also starts a new window.
+    fn read(&self, reset: bool) -> (u64, Vec<u64>) {
+        let mut levels = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        levels.close_span(now);
+        let window = u64::try_from(now.duration_since(levels.window_start).as_micros()).unwrap_or(u64::MAX);
+        let time_us = if reset {
+            levels.window_start = now;
+            std::mem::take(&mut levels.time_us)
+        } else {
+            levels.time_us.clone()
+        };
+        (window, time_us)
+    }
+}
+
+impl Levels {
+    fn close_span(&mut self, now: Instant) {
+        let spent = u64::try_from(now.duration_since(self.since).as_micros()).unwrap_or(u64::MAX);
+        let at = self.level.min(LEVELS - 1);
+        if self.time_us.len() <= at {
+            self.time_us.resize(at + 1, 0);
+        }
+        if let Some(slot) = self.time_us.get_mut(at) {
+            *slot += spent;
+        }
+        self.since = now;
+    }
+}
+
 struct Counters {
     conns: PeakGauge,
     inflight: PeakGauge,
+    levels: LevelClock,
     accepted: AtomicU64,
     served: AtomicU64,
     /// Hand-off gaps in microseconds; one lock per request is nothing next to a proxy's hand-off.
@@ -209,6 +284,7 @@ impl Default for Counters {
         Self {
             conns: PeakGauge::default(),
             inflight: PeakGauge::default(),
+            levels: LevelClock::new(),
             accepted: AtomicU64::default(),
             served: AtomicU64::default(),
             gaps: Mutex::new(histogram()),
@@ -219,6 +295,11 @@ impl Default for Counters {
 
 impl Counters {
     fn snapshot(&self) -> serde_json::Value {
+        self.snapshot_and(false)
+    }
+
+    fn snapshot_and(&self, reset_levels: bool) -> serde_json::Value {
+        let (window_us, inflight_time_us) = self.levels.read(reset_levels);
         let gaps = self.gaps.lock().unwrap_or_else(PoisonError::into_inner);
         let gap = |q: f64| (!gaps.is_empty()).then(|| gaps.value_at_quantile(q));
         let service = self.service.lock().unwrap_or_else(PoisonError::into_inner);
@@ -235,11 +316,13 @@ impl Counters {
             "peak_inflight": self.inflight.peak.load(Ordering::SeqCst),
             "accepted": self.accepted.load(Ordering::SeqCst),
             "served": self.served.load(Ordering::SeqCst),
+            "window_us": window_us,
+            "inflight_time_us": inflight_time_us,
         })
     }
 
     fn reset(&self) -> serde_json::Value {
-        let before = self.snapshot();
+        let before = self.snapshot_and(true);
         self.conns.reset();
         self.inflight.reset();
         self.accepted.store(0, Ordering::SeqCst);
@@ -265,6 +348,7 @@ struct InflightGuard<'a>(&'a Counters);
 impl Drop for InflightGuard<'_> {
     fn drop(&mut self) {
         self.0.inflight.down();
+        self.0.levels.change(false);
     }
 }
 
@@ -281,6 +365,7 @@ async fn serve(
     body_len: Option<usize>,
 ) -> Response<Full<Bytes>> {
     let inflight = counters.inflight.up();
+    counters.levels.change(true);
     let delay = service.time(inflight);
     let _inflight = InflightGuard(&counters);
     let start = Instant::now();

@@ -49,6 +49,9 @@ pub enum ProxyError {
     UpstreamTimeout(Duration),
     #[error("upstream response body went on past its Content-Length")]
     UpstreamBodyTooLong,
+    /// The upstream side stopped with the exchange on it: floodgate is exiting.
+    #[error("the exchange was abandoned: floodgate is shutting down")]
+    Abandoned,
 }
 
 /// What the metrics call an outcome; one per way a request can end.
@@ -133,7 +136,8 @@ impl ProxyError {
             | ProxyError::ConnectTimeout(_)
             | ProxyError::UpstreamTls(_)
             | ProxyError::Upstream(_)
-            | ProxyError::UpstreamBodyTooLong => StatusCode::BAD_GATEWAY,
+            | ProxyError::UpstreamBodyTooLong
+            | ProxyError::Abandoned => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -158,7 +162,7 @@ impl ProxyError {
             ProxyError::Connect(_) => "upstream connect failed\n",
             ProxyError::ConnectTimeout(_) => "upstream connect timeout\n",
             ProxyError::UpstreamTls(_) => "upstream TLS handshake failed\n",
-            ProxyError::Upstream(_) | ProxyError::UpstreamBodyTooLong => "upstream error\n",
+            ProxyError::Upstream(_) | ProxyError::UpstreamBodyTooLong | ProxyError::Abandoned => "upstream error\n",
             ProxyError::UpstreamTimeout(_) => "upstream timeout\n",
         }
     }
@@ -183,7 +187,8 @@ impl ProxyError {
             | ProxyError::ConnectTimeout(_)
             | ProxyError::UpstreamTls(_)
             | ProxyError::Upstream(_)
-            | ProxyError::UpstreamBodyTooLong => Outcome::UpstreamError,
+            | ProxyError::UpstreamBodyTooLong
+            | ProxyError::Abandoned => Outcome::UpstreamError,
             ProxyError::UpstreamTimeout(_) => Outcome::UpstreamTimeout,
         }
     }

@@ -904,16 +904,10 @@ impl Drop for UpstreamBody {
         let abandoned = self.relay.with_mut(Relay::abandon);
         let Some((body, lease)) = abandoned else { return };
         // The client left mid-body. Dropping the connection now would leave the upstream working on the old
-        // request while a replacement brings new work; read the rest instead and keep the connection.
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(drain_then_release(body, lease));
-            }
-            Err(_) => {
-                let mut lease = lease;
-                lease.forbid_reuse();
-            }
-        }
+        // request while a replacement brings new work; read the rest instead, on the upstream side, and keep the
+        // connection.
+        let pool = lease.pool().clone();
+        pool.spawn(drain_then_release(body, lease));
     }
 }
 

@@ -48,3 +48,4 @@ pub mod reload;
 pub mod route;
 pub mod server;
 pub mod tls;
+pub mod upstream_lane;

@@ -5,16 +5,14 @@
 //! client that leaves while its request is at the upstream does not cancel the exchange: its remainder is
 //! spawned, the response is still read to its end and the connection reused.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{ready, Context, Poll};
 use std::time::Instant;
 
 use arc_swap::{ArcSwap, Guard};
 use http::{header, Method, Request, Response, Version};
 use hyper::body::{Body, Incoming};
+use tokio::sync::oneshot;
 
 use crate::access::Entry;
 use crate::admission::{self, Patience, Place, Shed};
@@ -24,8 +22,9 @@ use crate::error::{Outcome, ProxyError, ShedAdvice};
 use crate::forward::{self, ClientInfo, RequestBody, ResponseBody};
 use crate::metrics::{Metrics, OutcomeCounters};
 use crate::net;
-use crate::pool::{Lease, Refused, UploadProgress, UpstreamPool};
+use crate::pool::{Admitted, Lease, Refused, UploadProgress, UpstreamPool};
 use crate::route::{Picked, Router};
+use crate::upstream_lane::UpstreamLane;
 
 /// Everything a request needs, shared by all connections. The router and the trusted proxies are replaced whole
 /// by a reload; a request reads each once.
@@ -41,10 +40,18 @@ pub struct Proxy {
     buffers: Arc<BufferBudget>,
     shed_warned_at: AtomicU64,
     started: Instant,
+    /// Where admitted exchanges run, ahead of the client connections (see [`crate::upstream_lane`]).
+    lane: Arc<UpstreamLane>,
 }
 
 impl Proxy {
-    pub fn new(router: Router, metrics: Arc<Metrics>, trusted_proxies: Vec<ipnet::IpNet>) -> Self {
+    /// `lane` must be the one `router`'s pools were built with ([`crate::reload::Plan`]).
+    pub fn new(
+        router: Router,
+        metrics: Arc<Metrics>,
+        trusted_proxies: Vec<ipnet::IpNet>,
+        lane: Arc<UpstreamLane>,
+    ) -> Self {
         let buffers = BufferBudget::new(
             Config::default().max_buffered_bytes,
             metrics.buffered_bytes.clone(),
@@ -59,7 +66,13 @@ impl Proxy {
             access_log: false,
             shed_warned_at: AtomicU64::new(0),
             started: Instant::now(),
+            lane,
         }
+    }
+
+    /// Where pools run their connections and admitted exchanges run.
+    pub fn lane(&self) -> &Arc<UpstreamLane> {
+        &self.lane
     }
 
     /// The routes and pools in force.
@@ -168,53 +181,47 @@ impl Proxy {
         }
         // The queue's clock starts once the body is in: queue_timeout bounds the wait for a slot.
         let arrived = tokio::time::Instant::now();
-        let deadline = arrived + queue_timeout;
-        // hyper notices a vanished HTTP/1 client by itself unless a body is still unread; then we watch.
-        let client_gone = async {
-            match &client.http1_stream {
-                Some(stream) if body_unread => net::peer_closed(stream).await,
-                _ => std::future::pending().await,
-            }
-        };
         let patience = Patience {
-            queue_timeout_at: deadline,
+            queue_timeout_at: arrived + queue_timeout,
             client_deadline,
         };
-        // hyper drops this future when the client leaves; while queued, that is counted here.
-        let queued = AbortWatch::new(&pool.metrics.requests, access);
-        let admitted = pool.admit_with(false, patience, &place, client_gone).await;
-        let mut access = queued.disarm();
-        let lease = match admitted {
-            Ok(lease) => lease,
+        // Admission decides here and at once; a shed costs the client side nothing more.
+        let admitted = match pool.try_admit(false, patience, &place) {
+            Ok(admitted) => admitted,
             Err(Refused::Shed(shed)) => {
                 self.warn_shed(&pool, shed);
                 return self.answer_error(&pool, ProxyError::Shed(shed), access);
             }
-            Err(Refused::ClientGone) => {
-                // Nobody will read this answer; it is counted as the client's abort.
-                forward::complete(&pool.metrics.requests, None, access, Outcome::ClientAbort, 0);
-                return forward::local_response(&ProxyError::Shed(Shed::QueueTimeout), None);
+            Err(Refused::ClientGone) => return self.answer_error(&pool, ProxyError::ClientGone, access),
+        };
+        // Everything from the wait in the queue to the response (its body too, when it is buffered) runs on the
+        // upstream side: a freed connection reaches the next queued request, and that request the upstream,
+        // without waiting for any client connection's task to be scheduled.
+        let admitted = AdmittedExchange {
+            admitted,
+            patience,
+            arrived,
+            class: place.class,
+            // hyper notices a vanished HTTP/1 client by itself unless a body is still unread; then we watch.
+            watch_client: client.http1_stream.clone().filter(|_| body_unread),
+            request: upstream_request,
+            access,
+            // An HTTP/2 client can stop a stream without blocking its socket; its body gets a watchdog.
+            watch_body: !is_http1,
+            buffers: self.buffers.clone(),
+        };
+        let (answer, answered) = oneshot::channel();
+        self.lane.spawn(admitted.run(answer));
+        match answered.await {
+            Ok(Ok(response)) => response,
+            Ok(Err((err, access))) => {
+                if let ProxyError::Shed(shed) = err {
+                    self.warn_shed(&pool, shed);
+                }
+                self.answer_error(&pool, err, access)
             }
-        };
-        pool.metrics.queue_waited_in(place.class, arrived.elapsed());
-        if let Some(entry) = access.as_mut() {
-            entry.admitted();
-        }
-
-        // An HTTP/2 client can stop a stream without blocking its socket; its body gets a watchdog.
-        let exchange = Detachable {
-            exchange: Some(Box::pin(exchange(
-                lease,
-                upstream_request,
-                access,
-                !is_http1,
-                self.buffers.clone(),
-            ))),
-            counters: pool.metrics.requests.clone(),
-        };
-        match exchange.await {
-            Ok(response) => response,
-            Err((err, access)) => self.answer_error(&pool, err, access),
+            // The upstream side stopped (floodgate is exiting) with the exchange on it.
+            Err(_) => self.answer_error(&pool, ProxyError::Abandoned, None),
         }
     }
 
@@ -353,39 +360,78 @@ async fn exchange(
     forward::to_client(response, lease, counters, access, watch_body, &buffers).await
 }
 
-/// The exchange runs inline in the request's future. If the client goes away meanwhile (hyper drops that
-/// future), the rest of the exchange is spawned rather than cancelled: cancelling would make hyper close the
-/// upstream connection while the upstream is still working on the request. The detached exchange's answer is
-/// dropped, so a response body drains and keeps the connection; a failure is counted as the client's abort.
-struct Detachable {
-    exchange: Option<Pin<Box<dyn Future<Output = Answer> + Send>>>,
-    counters: Arc<OutcomeCounters>,
+/// An admitted request on its way to the upstream side: the rest of its path runs there, in a task of its own.
+struct AdmittedExchange {
+    admitted: Admitted,
+    patience: Patience,
+    arrived: tokio::time::Instant,
+    class: u8,
+    /// An HTTP/1 client's socket, watched while the request waits with its body still unread.
+    watch_client: Option<Arc<tokio::net::TcpStream>>,
+    request: Request<RequestBody>,
+    access: Option<Box<Entry>>,
+    watch_body: bool,
+    buffers: Arc<BufferBudget>,
 }
 
-impl Future for Detachable {
-    type Output = Answer;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Answer> {
-        let this = self.get_mut();
-        let Some(exchange) = this.exchange.as_mut() else {
-            return Poll::Pending;
-        };
-        let answer = ready!(exchange.as_mut().poll(cx));
-        this.exchange = None;
-        Poll::Ready(answer)
-    }
-}
-
-impl Drop for Detachable {
-    fn drop(&mut self) {
-        let Some(exchange) = self.exchange.take() else { return };
-        let counters = self.counters.clone();
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                if let Err((_, access)) = exchange.await {
-                    forward::complete(&counters, None, access, Outcome::ClientAbort, 0);
+impl AdmittedExchange {
+    /// Waits for a grant if queued, then runs the exchange and hands its answer to the client's task. A client
+    /// that leaves while the request is queued takes it out of the queue; one that leaves later does not cancel
+    /// the exchange (cancelling would close the upstream connection while the upstream still works on the
+    /// request): the answer nobody takes is dropped, so a response body drains and keeps its connection.
+    async fn run(self, mut answer: oneshot::Sender<Answer>) {
+        let AdmittedExchange {
+            admitted,
+            patience,
+            arrived,
+            class,
+            watch_client,
+            request,
+            mut access,
+            watch_body,
+            buffers,
+        } = self;
+        let lease = match admitted {
+            Admitted::Now(lease) => lease,
+            Admitted::Queued(queued) => {
+                let counters = queued.pool().metrics.requests.clone();
+                let client_gone = async {
+                    let socket_closed = async {
+                        match &watch_client {
+                            Some(stream) => net::peer_closed(stream).await,
+                            None => std::future::pending().await,
+                        }
+                    };
+                    tokio::select! {
+                        () = answer.closed() => {}
+                        () = socket_closed => {}
+                    }
+                };
+                match queued.wait(patience, client_gone).await {
+                    Ok(lease) => lease,
+                    Err(Refused::Shed(shed)) => {
+                        if let Err(Err((_, access))) = answer.send(Err((ProxyError::Shed(shed), access))) {
+                            forward::complete(&counters, None, access, Outcome::ClientAbort, 0);
+                        }
+                        return;
+                    }
+                    Err(Refused::ClientGone) => {
+                        // Nobody will read this answer; it is counted as the client's abort.
+                        forward::complete(&counters, None, access, Outcome::ClientAbort, 0);
+                        let _ = answer.send(Ok(forward::local_response(&ProxyError::Shed(Shed::QueueTimeout), None)));
+                        return;
+                    }
                 }
-            });
+            }
+        };
+        let pool = lease.pool().clone();
+        pool.metrics.queue_waited_in(class, arrived.elapsed());
+        if let Some(entry) = access.as_mut() {
+            entry.admitted();
+        }
+        let answered = exchange(lease, request, access, watch_body, buffers).await;
+        if let Err(Err((_, access))) = answer.send(answered) {
+            forward::complete(&pool.metrics.requests, None, access, Outcome::ClientAbort, 0);
         }
     }
 }

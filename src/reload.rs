@@ -16,6 +16,7 @@ use crate::pool::UpstreamPool;
 use crate::route::Router;
 use crate::server::State;
 use crate::tls::UpstreamTls;
+use crate::upstream_lane::{Spawner, UpstreamLane};
 
 /// Reads the configuration again, from the same layers as at start-up.
 pub type ConfigSource = Arc<dyn Fn() -> Result<Config, ConfigErrors> + Send + Sync>;
@@ -54,6 +55,7 @@ impl Plan {
         metrics: &Metrics,
         running: Option<&Router>,
         mut clients: UpstreamClients,
+        lane: &Arc<UpstreamLane>,
     ) -> Result<Plan, ConfigError> {
         let mut pools = BTreeMap::new();
         let mut reconfigure = Vec::new();
@@ -70,7 +72,15 @@ impl Plan {
                     reconfigure.push((pool.clone(), upstream.clone(), tls));
                     pool.clone()
                 }
-                None => UpstreamPool::with_endpoints(name, endpoints, upstream.clone(), tls, metrics.upstream(name)),
+                // Its connections and timers run in the upstream lane.
+                None => UpstreamPool::with_endpoints_on(
+                    name,
+                    endpoints,
+                    upstream.clone(),
+                    tls,
+                    metrics.upstream(name),
+                    Spawner::Lane(lane.clone()),
+                ),
             };
             pools.insert(name.clone(), pool);
         }
@@ -100,8 +110,8 @@ impl Plan {
     }
 
     /// The router for a proxy that is only starting: nothing runs yet to change. Reads the upstreams' TLS files.
-    pub fn starting(config: &Config, metrics: &Metrics) -> Result<Router, ConfigError> {
-        Ok(Plan::new(config, metrics, None, upstream_clients(config)?)?.into_router())
+    pub fn starting(config: &Config, metrics: &Metrics, lane: &Arc<UpstreamLane>) -> Result<Router, ConfigError> {
+        Ok(Plan::new(config, metrics, None, upstream_clients(config)?, lane)?.into_router())
     }
 
     /// The router for a proxy that is only starting: nothing runs yet to change.
@@ -209,8 +219,14 @@ fn apply(state: &State, loaded: Loaded) -> Result<Reloaded, ReloadError> {
         needs_restart,
         ..Reloaded::default()
     };
-    let plan = Plan::new(&config, &state.proxy.metrics, Some(&state.proxy.router()), clients)
-        .map_err(|problem| ReloadError::Invalid(problem.into()))?;
+    let plan = Plan::new(
+        &config,
+        &state.proxy.metrics,
+        Some(&state.proxy.router()),
+        clients,
+        state.proxy.lane(),
+    )
+    .map_err(|problem| ReloadError::Invalid(problem.into()))?;
 
     // Nothing can fail from here on.
     reloaded.changed = changed_keys(&running, &config);

@@ -73,6 +73,12 @@ async fn the_admin_api_moves_the_cap_both_ways_under_load_without_a_failed_reque
     let (upstream, _config, proxy) = reloadable(2).await;
     let load = Load::start(proxy.listen, 16, "/delay/10");
     proxy.wait_queue_depth("a", 14, WAIT).await;
+    // The two admitted requests' connections are dialled as their exchanges start, which may be just after the
+    // others have queued.
+    wait_until_sync("the upstream has the cap's 2 connections", WAIT, || {
+        upstream.connections() == 2
+    })
+    .await;
     assert_eq!(upstream.peak_connections(), 2);
 
     // Raised: the queued requests get the new slots at once, without waiting for a connection to come free.

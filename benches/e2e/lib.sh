@@ -144,20 +144,30 @@ set_layout() { # shared | pinned
 }
 
 # --- proxy configurations --------------------------------------------------------------------------------------------
-write_haproxy_cfg() { # FILE THREADS LISTEN_PORT UPSTREAM_ADDR
+# Client connections a peer holds at most; a scenario with more clients sets it `local` (storm: 16,000 clients).
+peer_maxconn=9000
+# HAProxy variants: fast-shed (haproxy-T: 503 once the backend queue holds $queue, queued ones wait at most
+# $queue_timeout) and queue-everything (haproxyq-T: no bound on the queue, and a queue timeout of a minute: every
+# client waits its turn, the way HAProxy keeps its goodput in a retry storm).
+write_haproxy_cfg() { # FILE THREADS LISTEN_PORT UPSTREAM_ADDR [queue-everything]
+  local queue_timeout_s=$queue_timeout deny="    http-request deny deny_status 503 if { queue(be_app) ge $queue }"
+  if [[ ${5:-} == queue-everything ]]; then
+    queue_timeout_s=60
+    deny="    # queue-everything: no bound on the backend queue"
+  fi
   cat >"$1" <<EOF
 global
     nbthread $2
-    maxconn 9000
+    maxconn $peer_maxconn
 
 defaults
     mode http
-    maxconn 9000
+    maxconn $peer_maxconn
     timeout connect 2s
     timeout client 60s
     timeout server 60s
     timeout http-keep-alive 60s
-    timeout queue ${queue_timeout}s
+    timeout queue ${queue_timeout_s}s
     # A queued request whose client left is dropped, not sent upstream.
     option abortonclose
     # Any idle upstream connection may serve any client: the closest to one shared pool.
@@ -169,7 +179,7 @@ frontend fe
 
 backend be_app
     # server maxqueue does not bound the backend queue when there is one server; this does.
-    http-request deny deny_status 503 if { queue(be_app) ge $queue }
+$deny
     server app $4 maxconn $cap
 EOF
 }
@@ -179,14 +189,14 @@ write_nginx_cfg() { # DIR WORKERS LISTEN_PORT UPSTREAM_ADDR
   mkdir -p "$1/tmp"
   cat >"$1/nginx.conf" <<EOF
 worker_processes $2;
-worker_rlimit_nofile 20000;
+worker_rlimit_nofile $((peer_maxconn * 2 + 2000));
 pid $1/nginx.pid;
 # crit: at warn and error nginx logs a line for every 502 it answers for want of a free upstream (gigabytes per run).
 error_log $1/error.log crit;
 daemon off;
 
 events {
-    worker_connections 9500;
+    worker_connections $((peer_maxconn + 500));
 }
 
 http {
@@ -275,9 +285,10 @@ start_subject() { # SUBJECT UPSTREAM_ADDR RUN_DIR
       subject_port=$(sed -n 's/.* listen=[^ ]*:\([0-9]*\) .*/\1/p' <<<"$line")
       admin_addr=$(sed -n 's/.* admin=\([^ ]*\).*/\1/p' <<<"$line")
       ;;
-    haproxy-*)
+    haproxy-* | haproxyq-*)
       subject_port=$(free_port)
-      write_haproxy_cfg "$dir/haproxy.cfg" "$threads" "$subject_port" "$up"
+      write_haproxy_cfg "$dir/haproxy.cfg" "$threads" "$subject_port" "$up" \
+        "$([[ $subject == haproxyq-* ]] && echo queue-everything)"
       "${pin_serve[@]}" haproxy -db -f "$dir/haproxy.cfg" >"$dir/proxy.out" 2>"$dir/proxy.err" &
       pid=$!; pids+=("$pid")
       ;;
@@ -395,14 +406,16 @@ json.dump(load, sys.stdout)' "$1" "$2"
 }
 
 # --- load generators -------------------------------------------------------------------------------------------------
-# wrk, closed loop: $clients connections, $wrk_threads threads. A load function for run_case.
+# wrk, closed loop: $clients connections, $wrk_threads threads, a response later than $wrk_timeout seconds counted as
+# a timeout. A load function for run_case.
+wrk_timeout=5
 load_wrk() { # warmup|measure URL DIR SECONDS
   local mode=$1 url=$2 dir=$3 secs=$4
   if [[ $mode == warmup ]]; then
-    run_bg "$dir/wrk_warmup.txt" "${pin_load[@]}" wrk -t "$wrk_threads" -c "$clients" --timeout 5s -d "${secs}s" "$url"
+    run_bg "$dir/wrk_warmup.txt" "${pin_load[@]}" wrk -t "$wrk_threads" -c "$clients" --timeout "${wrk_timeout}s" -d "${secs}s" "$url"
     return
   fi
-  run_bg "$dir/wrk.txt" "${pin_load[@]}" wrk -t "$wrk_threads" -c "$clients" --timeout 5s -d "${secs}s" \
+  run_bg "$dir/wrk.txt" "${pin_load[@]}" wrk -t "$wrk_threads" -c "$clients" --timeout "${wrk_timeout}s" -d "${secs}s" \
     -s "$here/report.lua" "$url" || { log "wrk failed: $(tail -3 "$dir/wrk.txt")"; return 1; }
   sed -n 's/^E2E_JSON //p' "$dir/wrk.txt" >"$dir/load.json"
 }

@@ -5,7 +5,7 @@ overload-control scenarios' runs instead.
 
 Usage: python3 benches/e2e/report.py [--kind benchmarks|overload] [--also RESULTS_DIR ...] RESULTS_DIR [OUTPUT.md]
   (stdout without OUTPUT.md; no plot then)
---also (repeatable, --kind overload only) adds the runs of another results directory, scenario by scenario: a
+--also (repeatable) adds the runs of another results directory, scenario by scenario: a
 scenario's runs all come from the first directory that has it (RESULTS_DIR first, then the --also ones in order),
 so every comparison stays within one invocation; the report names each invocation's command and what it ran.
 Each scenario's section is rendered by section_<scenario>.py ("-" in a scenario's name is "_" in its module's;
@@ -20,7 +20,7 @@ import sys
 
 from report_common import markdown_table
 
-SCENARIO_ORDER = ["closed", "capacity", "open", "single", "h2", "idle", "jvm",
+SCENARIO_ORDER = ["closed", "capacity", "open", "single", "h2", "idle", "jvm", "storm",
                   "overload", "fairness", "adaptive", "slow-readers", "retry-after", "endpoints"]
 KINDS = ("benchmarks", "overload")
 
@@ -151,8 +151,9 @@ def render(meta, runs, plot_name):
         "",
         "## Setting",
         "",
-        f"- Command: `{meta['command']}`",
-        f"- Date: {meta['date']}; floodgate at `{meta['git']}`",
+    ]
+    lines += invocations(meta, [n for n, _, _ in secs], "")
+    lines += [
         f"- Machine: {meta['nproc']} CPUs ({meta['cpu']}), {meta['mem']} RAM, kernel {meta['kernel']}, {meta['os']}",
         f"- Other work on the machine: 1-minute load average before each run {load_range(runs)} "
         f"(the benchmark itself accounts for up to about {meta['nproc']} of it)",
@@ -234,6 +235,30 @@ def write_plot(meta, runs, path):
 COMMON_SETTINGS = ("duration", "warmup", "reps", "upstream_threads", "scenarios")
 
 
+def invocations(meta, names, kind_flag):
+    """The Setting lines naming the run.sh invocation(s) the report's scenarios (names) came from."""
+    sources = [src for src in meta.get("sources", []) if set(src["scenarios"]) & set(names)]
+    if len(sources) < 2:
+        return [
+            f"- Command: `{meta['command']}`",
+            f"- Date: {meta['date']}; floodgate at `{meta['git']}`",
+        ]
+    doc = "docs/overload.md" if kind_flag else "docs/benchmarks.md"
+    lines = [
+        f"- Invocations: {len(sources)}, each scenario's runs from one of them (so every comparison below is "
+        "between configurations interleaved in one invocation; numbers from different invocations are not "
+        f"compared), merged by `benches/e2e/report.py {kind_flag}"
+        + " ".join(f"--also {src['dir']}" for src in sources[1:]) + f" {sources[0]['dir']} {doc}`:",
+    ]
+    for src in sources:
+        m = src["meta"]
+        ms = m["settings"]
+        lines.append(
+            f"  - {', '.join(src['scenarios'])}: `{m['command']}`, {m['date']}, floodgate at `{m['git']}`; "
+            + ", ".join(f"{k} = {ms[k]}" for k in COMMON_SETTINGS if k in ms))
+    return lines
+
+
 def render_overload(meta, runs):
     """docs/overload.md: floodgate's overload control measured against itself (and HAProxy where it has a peer)."""
     s = meta["settings"]
@@ -280,24 +305,7 @@ def render_overload(meta, runs):
         "## Setting",
         "",
     ]
-    if sources:
-        lines += [
-            f"- Invocations: {len(sources)}, each scenario's runs from one of them (so every comparison below is "
-            "between configurations interleaved in one invocation; numbers from different invocations are not "
-            "compared), merged by `benches/e2e/report.py --kind overload "
-            + " ".join(f"--also {src['dir']}" for src in sources[1:]) + f" {sources[0]['dir']} docs/overload.md`:",
-        ]
-        for src in sources:
-            m = src["meta"]
-            ms = m["settings"]
-            lines.append(
-                f"  - {', '.join(src['scenarios'])}: `{m['command']}`, {m['date']}, floodgate at `{m['git']}`; "
-                + ", ".join(f"{k} = {ms[k]}" for k in COMMON_SETTINGS if k in ms))
-    else:
-        lines += [
-            f"- Command: `{meta['command']}`",
-            f"- Date: {meta['date']}; floodgate at `{meta['git']}`",
-        ]
+    lines += invocations(meta, names, "--kind overload ")
     lines += [
         f"- Machine: {meta['nproc']} CPUs ({meta['cpu']}), {meta['mem']} RAM, kernel {meta['kernel']}, {meta['os']}",
         f"- Other work on the machine: 1-minute load average before each run {load_range(runs)} "
@@ -350,7 +358,7 @@ def main():
         else:
             also.append(args[1])
         args = args[2:]
-    if kind not in KINDS or len(args) not in (1, 2) or (also and kind != "overload"):
+    if kind not in KINDS or len(args) not in (1, 2):
         print(__doc__, file=sys.stderr)
         sys.exit(2)
     meta, runs = load_many([args[0]] + also) if also else load(args[0])

@@ -125,7 +125,7 @@ for v in "$cap" "$queue" "$queue_timeout" "$duration" "$warmup" "$reps" "$wrk_th
   [[ $v =~ ^[0-9]+$ ]] || { echo "run.sh: not a whole number: $v" >&2; exit 2; }
 done
 for s in $subjects; do
-  case $s in direct | floodgate-[12] | haproxy-[12] | nginx-[12]) ;;
+  case $s in direct | floodgate-[12] | haproxy-[12] | haproxyq-[12] | nginx-[12]) ;;
     *) echo "run.sh: unknown subject: $s" >&2; exit 2 ;;
   esac
 done

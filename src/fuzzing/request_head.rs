@@ -22,6 +22,7 @@ use crate::forward::{self, ClientInfo};
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
 use crate::reload::Plan;
+use crate::upstream_lane::UpstreamLane;
 
 /// Routes of every kind, so that picking one is exercised too; the catch-all means every request is routed.
 const ROUTES: &str = r#"
@@ -83,11 +84,13 @@ fn fixture() -> &'static Fixture {
 /// The proxy `server::Floodgate::bind` would build, without binding anything.
 fn proxy_for(config: &Config) -> Proxy {
     let metrics = Arc::new(Metrics::new());
-    let router = match Plan::starting(config, &metrics) {
+    // Nothing is admitted here, so the lane is never run.
+    let lane = UpstreamLane::new();
+    let router = match Plan::starting(config, &metrics, &lane) {
         Ok(router) => router,
         Err(problem) => panic!("the fixture's configuration is refused: {problem}"),
     };
-    Proxy::new(router, metrics, config.trusted_proxies.clone())
+    Proxy::new(router, metrics, config.trusted_proxies.clone(), lane)
 }
 
 /// Serves `bytes`, sent by a client that then closes its sending side, on one HTTP/1 connection; every request

@@ -92,7 +92,7 @@ impl UpstreamPool {
                     // The handshake may complete just as we give up; the slot stays taken until that
                     // connection is gone too.
                     let close_timeout = self.limits().close_timeout;
-                    tokio::spawn(async move {
+                    self.spawn(async move {
                         abandon_attempt(&attempt, close_timeout).await;
                         drop(attempt);
                         drop(slot);
@@ -148,7 +148,7 @@ impl UpstreamPool {
         let close_now = Arc::new(Notify::new());
         let told_to_close = close_now.clone();
         let pool = self.clone();
-        tokio::spawn(async move {
+        self.spawn(async move {
             tokio::select! {
                 ended = connection => {
                     if let Err(err) = ended {
@@ -179,7 +179,7 @@ impl UpstreamPool {
     /// only once the socket has.
     fn close_then_free(&self, stream: Arc<TcpStream>, slot: Slot) {
         let close_timeout = self.limits().close_timeout;
-        tokio::spawn(async move {
+        self.spawn(async move {
             net::close_and_wait_for_peer(&stream, close_timeout).await;
             drop(stream);
             drop(slot);

@@ -31,7 +31,7 @@ pub(super) async fn run(pool: Weak<UpstreamPool>) {
                 for endpoint in 0..pool.endpoints().len() {
                     if let Some(grant) = pool.check_grant(endpoint) {
                         let path = limits.health_check_path.clone();
-                        tokio::spawn(check(pool.clone(), grant, endpoint, path, interval));
+                        pool.spawn(check(pool.clone(), grant, endpoint, path, interval));
                     }
                 }
             }

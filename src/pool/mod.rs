@@ -57,6 +57,7 @@ use crate::config::{Origin, UpstreamConfig};
 use crate::error::ShedAdvice;
 use crate::metrics::UpstreamMetrics;
 use crate::tls::UpstreamTls;
+use crate::upstream_lane::Spawner;
 
 const CLOSING_NOT_COUNTED: u8 = 0;
 const CLOSING_COUNTED: u8 = 1;
@@ -182,6 +183,9 @@ pub struct UpstreamPool {
     /// Moving average of how long an admitted request holds its slot, in microseconds (0: none seen yet).
     hold_us: AtomicU64,
     adaptive: adaptive::Adaptive,
+    /// Where the pool's tasks run (its connections, their closing, its timers): the upstream lane when floodgate
+    /// builds it, else the runtime it was built in.
+    spawner: Spawner,
 }
 
 impl UpstreamPool {
@@ -204,6 +208,18 @@ impl UpstreamPool {
         limits: UpstreamConfig,
         tls: Option<UpstreamTls>,
         metrics: UpstreamMetrics,
+    ) -> Arc<Self> {
+        Self::with_endpoints_on(name, endpoints, limits, tls, metrics, Spawner::current())
+    }
+
+    /// [`Self::with_endpoints`], its tasks run by `spawner` (floodgate's upstream lane).
+    pub fn with_endpoints_on(
+        name: &str,
+        endpoints: Vec<(Origin, usize)>,
+        limits: UpstreamConfig,
+        tls: Option<UpstreamTls>,
+        metrics: UpstreamMetrics,
+        spawner: Spawner,
     ) -> Arc<Self> {
         let origin = endpoints.first().map_or_else(
             || Origin {
@@ -255,16 +271,22 @@ impl UpstreamPool {
             requests_total: AtomicU64::new(0),
             hold_us: AtomicU64::new(0),
             adaptive,
+            spawner,
         });
         {
             let mut state = pool.lock();
             state.max_connections = state.effective_cap();
         }
-        tokio::spawn(expire_idle(Arc::downgrade(&pool)));
+        pool.spawn(expire_idle(Arc::downgrade(&pool)));
         if pool.endpoints.len() > 1 {
-            tokio::spawn(health::run(Arc::downgrade(&pool)));
+            pool.spawn(health::run(Arc::downgrade(&pool)));
         }
         pool
+    }
+
+    /// Runs `task` where the pool's connections run, whichever task the caller is on.
+    pub(crate) fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        self.spawner.spawn(task);
     }
 
     /// The endpoints with their own caps, as configured.
@@ -305,6 +327,15 @@ impl UpstreamPool {
         place: &Place,
         client_gone: impl Future<Output = ()>,
     ) -> Result<Lease, Refused> {
+        match self.try_admit(priority, patience, place)? {
+            Admitted::Now(lease) => Ok(lease),
+            Admitted::Queued(queued) => queued.wait(patience, client_gone).await,
+        }
+    }
+
+    /// Admission's decision, taken at once: a lease now, a place in the queue (to wait on wherever the caller
+    /// chooses), or a shed.
+    pub fn try_admit(self: &Arc<Self>, priority: bool, patience: Patience, place: &Place) -> Result<Admitted, Refused> {
         if !priority {
             self.requests_total.fetch_add(1, Ordering::Relaxed);
         }
@@ -315,21 +346,22 @@ impl UpstreamPool {
         {
             return Err(Refused::Shed(Shed::Deadline));
         }
-        let ticket = {
-            let mut state = self.lock();
-            if let Some(grant) = self.take_now(&mut state, priority) {
-                drop(state);
-                return Ok(Lease::new(self.clone(), grant));
-            }
-            let now = Instant::now();
-            let ticket = state
-                .queue
-                .join_at(priority, now, patience.client_deadline, place)
-                .map_err(Refused::Shed)?;
-            self.queue_peak.fetch_max(state.queue.len(), Ordering::Relaxed);
-            ticket
-        };
-        self.wait(ticket, patience, client_gone).await
+        let mut state = self.lock();
+        if let Some(grant) = self.take_now(&mut state, priority) {
+            drop(state);
+            return Ok(Admitted::Now(Lease::new(self.clone(), grant)));
+        }
+        let now = Instant::now();
+        let ticket = state
+            .queue
+            .join_at(priority, now, patience.client_deadline, place)
+            .map_err(Refused::Shed)?;
+        self.queue_peak.fetch_max(state.queue.len(), Ordering::Relaxed);
+        drop(state);
+        Ok(Admitted::Queued(Queued {
+            pool: self.clone(),
+            ticket: Some(ticket),
+        }))
     }
 
     /// Admits a retry that must not meet a long-idle connection again (the last one was closed under it): a free
@@ -359,40 +391,11 @@ impl UpstreamPool {
         };
         // Dropped outside the lock; its task frees the slot once the upstream has closed too.
         drop(evicted);
-        self.wait(ticket, Patience::queue(deadline), std::future::pending())
-            .await
-    }
-
-    async fn wait(
-        self: &Arc<Self>,
-        ticket: Ticket<Grant>,
-        patience: Patience,
-        client_gone: impl Future<Output = ()>,
-    ) -> Result<Lease, Refused> {
-        let mut waiting = Waiting {
-            pool: self,
+        let queued = Queued {
+            pool: self.clone(),
             ticket: Some(ticket),
         };
-        let answered = async {
-            match waiting.ticket.as_mut() {
-                // The sender is only dropped with the pool itself.
-                Some(ticket) => (&mut ticket.answer).await.unwrap_or(Err(Shed::QueueTimeout)),
-                None => Err(Shed::QueueTimeout),
-            }
-        };
-        let (gives_up, reason) = patience.gives_up();
-        tokio::select! {
-            biased;
-            answer = answered => {
-                waiting.ticket = None;
-                match answer {
-                    Ok(grant) => Ok(Lease::new(self.clone(), grant)),
-                    Err(shed) => Err(Refused::Shed(shed)),
-                }
-            }
-            _ = tokio::time::sleep_until(gives_up) => Err(Refused::Shed(reason)),
-            _ = client_gone => Err(Refused::ClientGone),
-        }
+        queued.wait(Patience::queue(deadline), std::future::pending()).await
     }
 
     /// The fast path, under the lock: reuse the most recent idle connection, else issue a slot if one is free and
@@ -643,7 +646,7 @@ impl UpstreamPool {
         tracing::warn!(upstream = %self.name, endpoint = %address, ?backoff, "endpoint ejected after failed dials");
         self.metrics.endpoint_ejected(&address);
         // The end is fixed now, not when the task first runs.
-        tokio::spawn(end_ejection(
+        self.spawn(end_ejection(
             Arc::downgrade(self),
             endpoint,
             generation,
@@ -1121,12 +1124,55 @@ fn count_closing(state: &mut PoolState, conn: &Conn) {
 
 /// A request's place in the queue. If it is dropped while waiting (timeout, client gone, cancelled), it leaves
 /// the queue at once, and a grant that raced with its departure is given back rather than lost.
-struct Waiting<'a> {
-    pool: &'a Arc<UpstreamPool>,
+/// What admitting a request gave at once.
+pub enum Admitted {
+    Now(Lease),
+    Queued(Queued),
+}
+
+/// A request's place in its upstream's queue. Dropping it leaves the queue (a grant already on its way goes back
+/// to the pool), so the wait can be given up from anywhere.
+#[must_use = "dropping a place in the queue leaves the queue"]
+pub struct Queued {
+    pool: Arc<UpstreamPool>,
     ticket: Option<Ticket<Grant>>,
 }
 
-impl Drop for Waiting<'_> {
+impl Queued {
+    pub fn pool(&self) -> &Arc<UpstreamPool> {
+        &self.pool
+    }
+
+    /// Waits until a grant is handed over, `patience` runs out, or `client_gone` resolves.
+    pub async fn wait(mut self, patience: Patience, client_gone: impl Future<Output = ()>) -> Result<Lease, Refused> {
+        let answered = async {
+            match self.ticket.as_mut() {
+                // The sender is only dropped with the pool itself.
+                Some(ticket) => (&mut ticket.answer).await.unwrap_or(Err(Shed::QueueTimeout)),
+                None => Err(Shed::QueueTimeout),
+            }
+        };
+        let (gives_up, reason) = patience.gives_up();
+        let result = tokio::select! {
+            biased;
+            answer = answered => Ok(answer),
+            _ = tokio::time::sleep_until(gives_up) => Err(Refused::Shed(reason)),
+            _ = client_gone => Err(Refused::ClientGone),
+        };
+        match result {
+            Ok(answer) => {
+                self.ticket = None;
+                match answer {
+                    Ok(grant) => Ok(Lease::new(self.pool.clone(), grant)),
+                    Err(shed) => Err(Refused::Shed(shed)),
+                }
+            }
+            Err(refused) => Err(refused),
+        }
+    }
+}
+
+impl Drop for Queued {
     fn drop(&mut self) {
         if let Some(mut ticket) = self.ticket.take() {
             if self.pool.lock().queue.leave(ticket.id) {

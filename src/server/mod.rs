@@ -26,6 +26,7 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
 use crate::reload::{self, ConfigSource, Plan, ReloadError, Reloaded};
+use crate::upstream_lane::UpstreamLane;
 
 /// Why floodgate could not start.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +39,8 @@ pub enum StartError {
     },
     #[error("invalid configuration: {0}")]
     Config(#[from] crate::config::ConfigError),
+    #[error("cannot start the upstream lane's thread: {0}")]
+    Lane(#[source] std::io::Error),
 }
 
 /// What the listeners, the admin listener and a reload share.
@@ -84,9 +87,15 @@ impl Floodgate {
     /// [`Floodgate::reload_from`] source, a reload has nothing to read and is refused.
     pub async fn bind(config: Config) -> Result<Floodgate, StartError> {
         let metrics = Arc::new(Metrics::new());
-        let router = Plan::starting(&config, &metrics)?;
+        let lane = UpstreamLane::new();
+        // On a multi-thread runtime, the lane gets its own thread (see upstream_lane); on a current-thread one,
+        // `run` drives it ahead of the client connections.
+        if tokio::runtime::Handle::current().runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread {
+            lane.start_thread().map_err(StartError::Lane)?;
+        }
+        let router = Plan::starting(&config, &metrics, &lane)?;
         let access_log = config.access_log_target() != crate::config::AccessLogTarget::Off;
-        let proxy = Proxy::new(router, metrics, config.trusted_proxies.clone()).with_access_log(access_log);
+        let proxy = Proxy::new(router, metrics, config.trusted_proxies.clone(), lane).with_access_log(access_log);
         proxy.buffers().set_limit(config.max_buffered_bytes);
         // Validation read these files already; reading them again here keeps a file changed in between from
         // slipping through, and this is the copy the listener serves.
@@ -137,7 +146,20 @@ impl Floodgate {
     }
 
     /// Serves until `shutdown` resolves, then drains for at most `shutdown_timeout`.
+    ///
+    /// On a current-thread runtime the upstream lane ([`crate::upstream_lane`]) runs inside this future: await it
+    /// directly in the runtime's `block_on` (as `main` does, with a small `event_interval`), not in a spawned task,
+    /// for the lane to run ahead of the client connections.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), StartError> {
+        let lane = self.state.proxy.lane().run();
+        tokio::select! {
+            biased;
+            () = lane => Ok(()),
+            served = self.serve(shutdown) => served,
+        }
+    }
+
+    async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), StartError> {
         let Floodgate { listener, admin, state } = self;
         let stop = CancellationToken::new();
         let admin_task = tokio::spawn(admin::serve(admin, state.clone(), stop.clone()));

@@ -15,6 +15,7 @@
 #![allow(dead_code)]
 
 pub mod chaos;
+pub mod flood;
 pub mod pki;
 
 use std::collections::BTreeMap;

@@ -68,6 +68,50 @@ public final class JvmUpstream {
         }
     }
 
+    /**
+     * How long the server spent at each number of requests in flight since the last reset (the last entry also takes
+     * every level above it): the share of a window it worked at a proxy's cap N is the time at levels >= N.
+     */
+    static final class LevelClock {
+        static final int LEVELS = 1025;
+        private int level;
+        private long since = System.nanoTime();
+        private long windowStart = since;
+        private long[] timeNs = new long[LEVELS];
+        private int highest;
+
+        synchronized void change(boolean up) {
+            closeSpan(System.nanoTime());
+            level = up ? level + 1 : Math.max(0, level - 1);
+        }
+
+        private void closeSpan(long now) {
+            int at = Math.min(level, LEVELS - 1);
+            timeNs[at] += now - since;
+            highest = Math.max(highest, at);
+            since = now;
+        }
+
+        /** `"window_us":W,"inflight_time_us":[...]`; a reset also starts a new window. */
+        synchronized String read(boolean reset) {
+            long now = System.nanoTime();
+            closeSpan(now);
+            StringBuilder out = new StringBuilder();
+            out.append("\"window_us\":").append((now - windowStart) / 1000).append(",\"inflight_time_us\":[");
+            for (int i = 0; i <= highest; i++) {
+                out.append(i == 0 ? "" : ",").append(timeNs[i] / 1000);
+            }
+            out.append(']');
+            if (reset) {
+                windowStart = now;
+                timeNs = new long[LEVELS];
+                highest = 0;
+            }
+            return out.toString();
+        }
+    }
+
+    static final LevelClock levels = new LevelClock();
     static final PeakGauge conns = new PeakGauge();
     static final PeakGauge inflight = new PeakGauge();
     static final PeakGauge connThreads = new PeakGauge();
@@ -233,6 +277,7 @@ public final class JvmUpstream {
                     return;
                 }
                 inflight.up();
+                levels.change(true);
                 try {
                     if (delayMs > 0) {
                         Thread.sleep(delayMs);
@@ -240,6 +285,7 @@ public final class JvmUpstream {
                     served.incrementAndGet();
                 } finally {
                     inflight.down();
+                    levels.change(false);
                 }
                 out.write(req.keepAlive() ? OK : OK_CLOSE);
                 out.flush();
@@ -272,8 +318,12 @@ public final class JvmUpstream {
     }
 
     static String snapshot() {
+        return snapshot(false);
+    }
+
+    static String snapshot(boolean resetLevels) {
         return String.format(Locale.ROOT,
-                "{\"conns\":%d,\"peak_conns\":%d,\"inflight\":%d,\"peak_inflight\":%d,\"accepted\":%d,\"served\":%d,"
+                "{" + levels.read(resetLevels) + ",\"conns\":%d,\"peak_conns\":%d,\"inflight\":%d,\"peak_inflight\":%d,\"accepted\":%d,\"served\":%d,"
                         + "\"refused\":%d,\"conn_threads\":%d,\"peak_conn_threads\":%d,\"threads\":%d,"
                         + "\"peak_threads\":%d,\"base_threads\":%d,\"os_threads\":%d,\"rss_kb\":%d,\"hwm_kb\":%d,"
                         + "\"hwm_window\":%b,\"delay_ms\":%d}",
@@ -284,7 +334,7 @@ public final class JvmUpstream {
     }
 
     static String reset() {
-        String before = snapshot();
+        String before = snapshot(true);
         conns.reset();
         inflight.reset();
         connThreads.reset();

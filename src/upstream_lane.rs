@@ -1,0 +1,116 @@
+//! The upstream lane: one future that runs every upstream connection and every admitted exchange, scheduled
+//! ahead of the client connections' tasks, so that refusing a flood of new requests never delays the work
+//! already admitted (`docs/storm.md` has the mechanism and the figures).
+//!
+//! On a current-thread runtime the lane is part of the `block_on` future ([`crate::server::Floodgate::run`]),
+//! which tokio polls before each batch of `event_interval` tasks: at light load nothing changes threads; on a
+//! multi-thread runtime it gets a thread and an I/O driver of its own ([`UpstreamLane::start_thread`]). It owns no
+//! policy: what runs here is decided by the proxy and the pool.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::mpsc;
+
+type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Where upstream work is spawned: the lane a running floodgate drives, or, for a pool used on its own (tests,
+/// benches), the tokio runtime it was built in.
+#[derive(Clone)]
+pub enum Spawner {
+    Lane(Arc<UpstreamLane>),
+    Runtime(tokio::runtime::Handle),
+}
+
+impl Spawner {
+    /// The runtime of the caller.
+    pub fn current() -> Spawner {
+        Spawner::Runtime(tokio::runtime::Handle::current())
+    }
+
+    pub fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        match self {
+            Spawner::Lane(lane) => lane.spawn(task),
+            Spawner::Runtime(runtime) => {
+                runtime.spawn(task);
+            }
+        }
+    }
+}
+
+/// The lane's inbox; [`UpstreamLane::run`] is the future that runs what arrives in it.
+pub struct UpstreamLane {
+    inbox: mpsc::UnboundedSender<Task>,
+    /// Taken by the one [`UpstreamLane::run`].
+    tasks: Mutex<Option<mpsc::UnboundedReceiver<Task>>>,
+}
+
+impl UpstreamLane {
+    pub fn new() -> Arc<UpstreamLane> {
+        let (inbox, tasks) = mpsc::unbounded_channel();
+        Arc::new(UpstreamLane {
+            inbox,
+            tasks: Mutex::new(Some(tasks)),
+        })
+    }
+
+    /// Runs `task` in the lane. Once the lane has stopped (floodgate is exiting), the task is dropped unrun.
+    pub fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        let _ = self.inbox.send(Box::pin(task));
+    }
+
+    /// Runs the lane's tasks until the returned future is dropped, or the lane is and its last task has ended; to
+    /// be polled as (part of) a current-thread runtime's `block_on` future. Once the lane runs (here or on its own
+    /// thread), the returned future runs nothing and never ends.
+    pub fn run(&self) -> impl Future<Output = ()> + Send + 'static {
+        let tasks = self
+            .tasks
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        async move {
+            let Some(mut inbox) = tasks else {
+                return std::future::pending().await;
+            };
+            let mut running = FuturesUnordered::new();
+            let mut open = true;
+            std::future::poll_fn(move |cx| {
+                while open {
+                    match inbox.poll_recv(cx) {
+                        Poll::Ready(Some(task)) => running.push(task),
+                        Poll::Ready(None) => open = false,
+                        Poll::Pending => break,
+                    }
+                }
+                // Every task that is ready runs now; FuturesUnordered yields by itself after a pass over all of
+                // them, and tokio's cooperative budget bounds the rest.
+                loop {
+                    match running.poll_next_unpin(cx) {
+                        Poll::Ready(Some(())) => {}
+                        Poll::Ready(None) if !open => return Poll::Ready(()),
+                        Poll::Ready(None) | Poll::Pending => return Poll::Pending,
+                    }
+                }
+            })
+            .await
+        }
+    }
+
+    /// Runs the lane on a thread of its own, with its own current-thread runtime (and so its own I/O driver for
+    /// the upstream sockets, which its tasks open). The thread ends once the lane is dropped and its tasks are done.
+    pub fn start_thread(&self) -> std::io::Result<()> {
+        let lane = self.run();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        std::thread::Builder::new()
+            .name("floodgate-upstream".into())
+            .spawn(move || {
+                runtime.block_on(lane);
+                // A DNS lookup left in the blocking pool must not hold the process's exit.
+                runtime.shutdown_background();
+            })?;
+        Ok(())
+    }
+}
