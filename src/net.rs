@@ -237,6 +237,17 @@ pub async fn close_and_wait_for_peer(stream: &TcpStream, limit: Duration) -> boo
     peer_closed
 }
 
+/// Whether the peer has closed its side of `stream` (or the socket failed), by looking without waiting and without
+/// consuming anything: pending data (a pipelined request) means it has not.
+pub fn peer_has_closed(stream: &TcpStream) -> bool {
+    let mut byte = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+    match SockRef::from(stream).peek(&mut byte) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(err) => err.kind() != io::ErrorKind::WouldBlock && err.kind() != io::ErrorKind::Interrupted,
+    }
+}
+
 /// Resolves once the peer has closed its side of `stream` (or the socket failed), without consuming any of the
 /// data waiting to be read: it watches a duplicate of the socket, whose readiness is its own.
 pub async fn peer_closed(stream: &TcpStream) {

@@ -202,8 +202,8 @@ impl Proxy {
             patience,
             arrived,
             class: place.class,
-            // hyper notices a vanished HTTP/1 client by itself unless a body is still unread; then we watch.
-            watch_client: client.http1_stream.clone().filter(|_| body_unread),
+            http1_socket: client.http1_stream.clone(),
+            body_unread,
             request: upstream_request,
             access,
             // An HTTP/2 client can stop a stream without blocking its socket; its body gets a watchdog.
@@ -366,8 +366,10 @@ struct AdmittedExchange {
     patience: Patience,
     arrived: tokio::time::Instant,
     class: u8,
-    /// An HTTP/1 client's socket, watched while the request waits with its body still unread.
-    watch_client: Option<Arc<tokio::net::TcpStream>>,
+    /// An HTTP/1 client's socket: watched while the request waits with its body still unread (hyper notices a
+    /// vanished client by itself otherwise), and looked at once more when the request's turn comes.
+    http1_socket: Option<Arc<tokio::net::TcpStream>>,
+    body_unread: bool,
     request: Request<RequestBody>,
     access: Option<Box<Entry>>,
     watch_body: bool,
@@ -385,7 +387,8 @@ impl AdmittedExchange {
             patience,
             arrived,
             class,
-            watch_client,
+            http1_socket,
+            body_unread,
             request,
             mut access,
             watch_body,
@@ -397,9 +400,9 @@ impl AdmittedExchange {
                 let counters = queued.pool().metrics.requests.clone();
                 let client_gone = async {
                     let socket_closed = async {
-                        match &watch_client {
-                            Some(stream) => net::peer_closed(stream).await,
-                            None => std::future::pending().await,
+                        match &http1_socket {
+                            Some(stream) if body_unread => net::peer_closed(stream).await,
+                            _ => std::future::pending().await,
                         }
                     };
                     tokio::select! {
@@ -408,6 +411,13 @@ impl AdmittedExchange {
                     }
                 };
                 match queued.wait(patience, client_gone).await {
+                    // In a storm the client's task may not have run since its client left (clients that give up
+                    // close): a request nobody waits for any more is not sent. Its lease goes to the next waiter.
+                    Ok(lease) if http1_socket.as_deref().is_some_and(net::peer_has_closed) => {
+                        drop(lease);
+                        client_left(&counters, access, answer);
+                        return;
+                    }
                     Ok(lease) => lease,
                     Err(Refused::Shed(shed)) => {
                         if let Err(Err((_, access))) = answer.send(Err((ProxyError::Shed(shed), access))) {
@@ -416,9 +426,7 @@ impl AdmittedExchange {
                         return;
                     }
                     Err(Refused::ClientGone) => {
-                        // Nobody will read this answer; it is counted as the client's abort.
-                        forward::complete(&counters, None, access, Outcome::ClientAbort, 0);
-                        let _ = answer.send(Ok(forward::local_response(&ProxyError::Shed(Shed::QueueTimeout), None)));
+                        client_left(&counters, access, answer);
                         return;
                     }
                 }
@@ -434,6 +442,13 @@ impl AdmittedExchange {
             forward::complete(&pool.metrics.requests, None, access, Outcome::ClientAbort, 0);
         }
     }
+}
+
+/// A queued request's client left: counted as its abort, and answered (if its task still waits) with an answer
+/// nobody will read.
+fn client_left(counters: &OutcomeCounters, access: Option<Box<Entry>>, answer: oneshot::Sender<Answer>) {
+    forward::complete(counters, None, access, Outcome::ClientAbort, 0);
+    let _ = answer.send(Ok(forward::local_response(&ProxyError::Shed(Shed::QueueTimeout), None)));
 }
 
 /// The sending loop, with the retry rules: a request the upstream never received is retried on another

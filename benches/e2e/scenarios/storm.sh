@@ -11,7 +11,7 @@
 #   storm_upstreams  upstream kinds: bench (examples/bench_upstream.rs), jvm (benches/e2e/jvm/)      [bench jvm]
 #   storm_delay      service time, ms                                         [50]
 #   storm_timeout    wrk's client timeout, s                                  [2]
-#   storm_duration   measured seconds per run (its own, for a steady window at 16,000 clients)       [8]
+#   storm_duration   measured seconds per run (its own, for a steady window at 16,000 clients)       [10]
 #   storm_warmup     warm-up seconds per run                                  [3]
 # Cap, queue and queue timeout are run.sh's -n, -q and -T (8, 1024, 2 s).
 
@@ -20,7 +20,7 @@
 : "${storm_upstreams:=bench jvm}"
 : "${storm_delay:=50}"
 : "${storm_timeout:=2}"
-: "${storm_duration:=8}"
+: "${storm_duration:=10}"
 : "${storm_warmup:=3}"
 storm_fd_limit=$(ulimit -Hn) # run.sh raises the soft limit to it before the runs
 
