@@ -551,6 +551,16 @@ enum Source {
     Memory(Box<Buffered>),
 }
 
+/// How an exchange's body ended, for what becomes of its connection.
+enum Ending {
+    /// Read to its end: the connection may be reused.
+    Whole,
+    /// The upstream's side failed (reset, bad framing): it is done with the request; the connection is closed.
+    Failed,
+    /// Given up before its end: the upstream may still be working, so the slot waits for it to close.
+    GivenUp,
+}
+
 /// An upstream response in flight: its body, the lease it holds until the end, and how the end is counted.
 struct Relay {
     inner: Option<Source>,
@@ -674,9 +684,15 @@ impl Relay {
 
     /// Ends the exchange: the lease goes back (reused or closed) and the outcome is counted, once.
     fn finish(&mut self, outcome: Outcome, reusable: bool) {
+        self.end(outcome, if reusable { Ending::Whole } else { Ending::Failed });
+    }
+
+    fn end(&mut self, outcome: Outcome, ending: Ending) {
         if let Some(mut lease) = self.lease.take() {
-            if !reusable {
-                lease.forbid_reuse();
+            match ending {
+                Ending::Whole => {}
+                Ending::Failed => lease.forbid_reuse(),
+                Ending::GivenUp => lease.abandon(),
             }
         }
         if let Some(done) = self.completion.take() {
@@ -685,12 +701,12 @@ impl Relay {
     }
 
     /// The stream stopped moving for too long: dropping the unread body makes hyper close the upstream
-    /// connection, whose task then frees the slot.
+    /// connection, whose task frees the slot once the upstream, which may still be sending, has closed too.
     fn cut_off(&mut self, outcome: Outcome) {
         self.inner = None;
         self.rest = None;
         self.cut_off = true;
-        self.finish(outcome, false);
+        self.end(outcome, Ending::GivenUp);
     }
 
     /// The answer was dropped before its end. An empty body (HEAD, 204, 304) is complete; otherwise the client
@@ -921,17 +937,19 @@ async fn drain_then_release(mut body: Incoming, mut lease: Lease) {
                 Ok(frame) => {
                     read += frame.data_ref().map_or(0, |d| d.len() as u64);
                     if read > max_bytes {
-                        return false;
+                        return Ending::GivenUp;
                     }
                 }
-                Err(_) => return false,
+                Err(_) => return Ending::Failed,
             }
         }
-        true
+        Ending::Whole
     })
     .await;
-    if !matches!(drained, Ok(true)) {
-        lease.forbid_reuse();
+    match drained.unwrap_or(Ending::GivenUp) {
+        Ending::Whole => {}
+        Ending::Failed => lease.forbid_reuse(),
+        Ending::GivenUp => lease.abandon(),
     }
     // The body first: a connection whose response is still open must not go back to the pool.
     drop(body);
@@ -1065,9 +1083,12 @@ pub async fn to_client(
     // One byte past the length: the read then ends at the body's end, never at the limit.
     let read = buffer::fill(&mut body, limit.saturating_add(1), idle_timeout, reservation).await;
     // The body first: a connection whose response is still open must not go back to the pool.
-    let complete = read.as_ref().is_ok_and(Buffered::is_complete);
-    if !complete {
-        lease.forbid_reuse();
+    match &read {
+        Ok(buffered) if buffered.is_complete() => {}
+        // Failed on the upstream's side: it is done with the request.
+        Err(ReadError::Body(_)) => lease.forbid_reuse(),
+        // Stalled, or going on past its length: the upstream may still be sending.
+        _ => lease.abandon(),
     }
     drop(body);
     drop(lease);

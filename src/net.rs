@@ -212,11 +212,12 @@ pub fn shutdown_write(stream: &TcpStream) -> io::Result<()> {
 }
 
 /// Closes our side and waits for the peer's end of stream, discarding anything it still sends, for at most
-/// `limit`; past that the socket is set to reset on close. Returns whether the peer closed in time.
-pub async fn close_and_wait_for_peer(stream: &TcpStream, limit: Duration) -> bool {
+/// `limit` (`None`: for as long as it takes; the socket's keep-alive still ends it if the peer's host is gone);
+/// past that the socket is set to reset on close. Returns whether the peer closed in time.
+pub async fn close_and_wait_for_peer(stream: &TcpStream, limit: Option<Duration>) -> bool {
     let _ = shutdown_write(stream);
     let mut scratch = [0u8; 4096];
-    let peer_closed = tokio::time::timeout(limit, async {
+    let peer_closed = async {
         loop {
             if stream.readable().await.is_err() {
                 return;
@@ -228,9 +229,14 @@ pub async fn close_and_wait_for_peer(stream: &TcpStream, limit: Duration) -> boo
                 Err(_) => return,
             }
         }
-    })
-    .await
-    .is_ok();
+    };
+    let peer_closed = match limit {
+        Some(limit) => tokio::time::timeout(limit, peer_closed).await.is_ok(),
+        None => {
+            peer_closed.await;
+            true
+        }
+    };
     if !peer_closed {
         let _ = SockRef::from(stream).set_linger(Some(Duration::ZERO));
     }

@@ -10,7 +10,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use arc_swap::{ArcSwap, Guard};
+use std::future::Future;
+use std::pin::Pin;
+
 use http::{header, Method, Request, Response, Version};
+use http_body_util::BodyExt;
 use hyper::body::{Body, Incoming};
 use tokio::sync::oneshot;
 
@@ -505,13 +509,20 @@ async fn send(
         let dispatched = Instant::now();
         let in_flight = pool.in_flight();
         let upload = request.body().upload();
-        match tokio::time::timeout(limit, conn.sender.try_send_request(request)).await {
-            Err(_) => {
-                lease.forbid_reuse();
+        let mut responded = Box::pin(conn.sender.try_send_request(request));
+        let answered = tokio::select! {
+            answered = &mut responded => Ok(answered),
+            () = tokio::time::sleep(limit) => Err(()),
+        };
+        match answered {
+            Err(()) => {
                 // The upstream was ready for more body and the client had not sent it: the client is the slow one.
                 if upload.as_ref().is_some_and(UploadProgress::awaiting_client) {
+                    lease.abandon();
                     return Err(ProxyError::ClientTooSlow(limit));
                 }
+                // The upstream may still be working on it: its late answer is waited for, and read, elsewhere.
+                pool.spawn(finish_abandoned(responded, lease));
                 return Err(ProxyError::UpstreamTimeout(limit));
             }
             Ok(Ok(response)) => {
@@ -544,6 +555,40 @@ async fn send(
                 return Err(forward::client_body_failure(&err).unwrap_or(ProxyError::Upstream(err)));
             }
         }
+    }
+}
+
+/// An exchange whose client was answered `504`: the upstream is still working on it, and a thread-per-connection
+/// upstream runs it on a thread of its own until it is done. The lease (and its slot) is kept until then: the late
+/// answer is read and discarded within `abort_drain_timeout` and `abort_drain_bytes`, and the connection reused if
+/// it is whole; otherwise it is closed once the upstream has closed its side. So the upstream never works on more
+/// requests than the cap, and no new connection is dialled beside one still busy.
+async fn finish_abandoned<F>(response: Pin<Box<F>>, mut lease: Lease)
+where
+    F: Future<Output = Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<RequestBody>>>>,
+{
+    let (max_bytes, limit) = {
+        let limits = lease.pool().limits();
+        (limits.abort_drain_bytes, limits.abort_drain_timeout)
+    };
+    let read_whole = tokio::time::timeout(limit, async {
+        let response = response.await.ok()?;
+        let reusable = forward::keeps_alive(response.version(), response.headers());
+        let mut body = response.into_body();
+        let mut read: u64 = 0;
+        while let Some(frame) = body.frame().await {
+            read += frame.ok()?.data_ref().map_or(0, |data| data.len() as u64);
+            if read > max_bytes {
+                return None;
+            }
+        }
+        Some(reusable)
+    })
+    .await;
+    match read_whole {
+        Ok(Some(true)) => {}
+        Ok(Some(false)) => lease.forbid_reuse(),
+        Ok(None) | Err(_) => lease.abandon(),
     }
 }
 

@@ -293,10 +293,12 @@ async fn upstream_closing_idle_keep_alive_connections_early_is_invisible_to_idem
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hung_upstream_answers_every_queued_request_504_within_request_timeout_and_frees_each_slot() {
     let upstream = Upstream::start().await;
-    let proxy = Proxy::for_upstream(
-        &upstream,
-        2,
+    let proxy = Proxy::start_with_env(
         &[
+            "--upstream",
+            &upstream.url(),
+            "--max-connections",
+            "2",
             "--max-queue",
             "100",
             "--queue-timeout",
@@ -304,11 +306,14 @@ async fn hung_upstream_answers_every_queued_request_504_within_request_timeout_a
             "--request-timeout",
             "300ms",
         ],
+        // A timed-out exchange keeps its slot while its late answer may still come (abort_drain_timeout), then
+        // until the upstream has closed the connection; this upstream closes as soon as floodgate does.
+        &[("FLOODGATE__UPSTREAMS__DEFAULT__ABORT_DRAIN_TIMEOUT", "100ms")],
     )
     .await;
 
-    // Four rounds of two: each round's slots come back only because the previous round timed out. A 503 would
-    // mean a request waited out the 30 s queue timeout instead.
+    // Four rounds of two: each round's slots come back only because the previous round timed out and the
+    // upstream let go of it. A 503 would mean a request waited out the 30 s queue timeout instead.
     let tasks: Vec<_> = (0..8)
         .map(|i| {
             let addr = proxy.listen;

@@ -6,7 +6,7 @@
 //! the upstream counts them. For an `https://` upstream the TLS session runs over the same shared socket, so
 //! none of that changes; a handshake that fails or runs out of time closes the socket before the slot goes.
 
-use std::sync::atomic::AtomicU8;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use hyper::client::conn::http1;
@@ -31,6 +31,9 @@ pub struct Conn {
     /// Tells the connection's task to stop driving hyper's connection now, even mid-request (see
     /// [`Conn::close_now`]).
     close_now: Arc<Notify>,
+    /// Set before `close_now` when an exchange was given up mid-way: the upstream may still be working on it,
+    /// so the socket (and the slot) is held until the upstream closes its side, however long that takes.
+    upstream_working: Arc<AtomicBool>,
     born: Instant,
     pub(super) served: u64,
     /// The endpoint it is connected to (an index into [`UpstreamPool::endpoints`]).
@@ -46,6 +49,13 @@ impl Conn {
     /// it. hyper's connection outlives its sender while a request body is still going out (an upstream that
     /// answered early, an exchange cut off by a timeout), and the slot would stay taken for as long.
     pub(super) fn close_now(&self) {
+        self.close_now.notify_one();
+    }
+
+    /// [`Conn::close_now`] for an exchange given up mid-way: the slot is held until the upstream has closed its
+    /// side, which a thread-per-connection server does only once it has finished the request.
+    pub(super) fn close_when_upstream_done(&self) {
+        self.upstream_working.store(true, Ordering::Release);
         self.close_now.notify_one();
     }
 
@@ -147,6 +157,8 @@ impl UpstreamPool {
         let counted_closing = closing.clone();
         let close_now = Arc::new(Notify::new());
         let told_to_close = close_now.clone();
+        let upstream_working = Arc::new(AtomicBool::new(false));
+        let wait_for_upstream = upstream_working.clone();
         let pool = self.clone();
         self.spawn(async move {
             tokio::select! {
@@ -158,7 +170,8 @@ impl UpstreamPool {
                 // Dropping hyper's connection drops whatever it was still doing; the socket is closed below.
                 () = told_to_close.notified() => {}
             }
-            net::close_and_wait_for_peer(&stream, close_timeout).await;
+            let limit = (!wait_for_upstream.load(Ordering::Acquire)).then_some(close_timeout);
+            net::close_and_wait_for_peer(&stream, limit).await;
             // Order matters: the socket is closed before the slot is given back (and the connection stops counting
             // as closing in the same step).
             drop(stream);
@@ -168,6 +181,7 @@ impl UpstreamPool {
             sender,
             closing,
             close_now,
+            upstream_working,
             born: Instant::now(),
             served: 0,
             endpoint,
@@ -180,7 +194,7 @@ impl UpstreamPool {
     fn close_then_free(&self, stream: Arc<TcpStream>, slot: Slot) {
         let close_timeout = self.limits().close_timeout;
         self.spawn(async move {
-            net::close_and_wait_for_peer(&stream, close_timeout).await;
+            net::close_and_wait_for_peer(&stream, Some(close_timeout)).await;
             drop(stream);
             drop(slot);
         });
@@ -233,6 +247,13 @@ fn start_connect(address: std::net::SocketAddr) -> std::io::Result<TcpStream> {
         Some(socket2::Protocol::TCP),
     )?;
     socket.set_nonblocking(true)?;
+    // A connection whose slot waits for the upstream to close (an abandoned exchange) is ended by these probes if
+    // the upstream's host is gone, rather than never.
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(std::time::Duration::from_secs(60))
+        .with_interval(std::time::Duration::from_secs(10))
+        .with_retries(3);
+    socket.set_tcp_keepalive(&keepalive)?;
     match socket.connect(&address.into()) {
         Ok(()) => {}
         Err(err) if err.raw_os_error() == Some(libc::EINPROGRESS) => {}
@@ -245,7 +266,7 @@ fn start_connect(address: std::net::SocketAddr) -> std::io::Result<TcpStream> {
 /// upstream's side); if not, reset it so a late handshake cannot complete.
 async fn abandon_attempt(attempt: &TcpStream, close_timeout: std::time::Duration) {
     if attempt.peer_addr().is_ok() {
-        net::close_and_wait_for_peer(attempt, close_timeout).await;
+        net::close_and_wait_for_peer(attempt, Some(close_timeout)).await;
     } else {
         let _ = socket2::SockRef::from(attempt).set_linger(Some(std::time::Duration::ZERO));
     }

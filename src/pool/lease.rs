@@ -56,6 +56,8 @@ pub struct Lease {
     held: Held,
     reused: bool,
     reusable: bool,
+    /// Given up mid-exchange: the upstream may still be working (see [`Lease::abandon`]).
+    abandoned: bool,
     /// The request body, if it had one: the connection is reusable only once it is all sent.
     upload: Option<UploadProgress>,
     pool: Arc<UpstreamPool>,
@@ -72,6 +74,7 @@ impl Lease {
             held,
             reused,
             reusable: true,
+            abandoned: false,
             upload: None,
             pool,
         }
@@ -122,6 +125,14 @@ impl Lease {
         self.reusable = false;
     }
 
+    /// The exchange was given up before the upstream was done with it (no answer in time, a stalled or unread
+    /// body): the connection is closed, and its slot held until the upstream closes its side, so that the
+    /// upstream never works on more requests at once than the cap, even when it finishes abandoned ones late.
+    pub fn abandon(&mut self) {
+        self.reusable = false;
+        self.abandoned = true;
+    }
+
     /// Reuse the connection only if this request body has been sent in full by the time the lease ends.
     pub fn reuse_once_sent(&mut self, upload: UploadProgress) {
         self.upload = Some(upload);
@@ -137,7 +148,7 @@ impl Drop for Lease {
                 if self.reusable && sent && conn.is_usable(&self.pool.limits()) {
                     self.pool.put_idle(conn);
                 } else {
-                    self.pool.lease_released(Some(&conn));
+                    self.pool.lease_released(Some((&conn, self.abandoned)));
                 }
             }
             // The lease leaves the count before its unused slot is freed, so the slot can go to a waiter the

@@ -769,13 +769,18 @@ impl UpstreamPool {
     }
 
     /// A lease ended without a connection to hand on: `closing`, if any, was given up on by the exchange (its
-    /// task is told to close it now, and it counts as closing until that task has freed its slot; the
+    /// task is told to close it now, or once the upstream has closed its side when the exchange was abandoned
+    /// mid-way, and it counts as closing until that task has freed its slot; the
     /// connection's state moves under the pool's lock on both sides, so a task that finished first is never
     /// counted). The lease leaves the count, which may let a waiter the adaptive limit held back in.
-    pub(crate) fn lease_released(self: &Arc<Self>, closing: Option<&Conn>) {
+    pub(crate) fn lease_released(self: &Arc<Self>, closing: Option<(&Conn, bool)>) {
         let mut state = self.lock();
-        if let Some(conn) = closing {
-            conn.close_now();
+        if let Some((conn, abandoned)) = closing {
+            if abandoned {
+                conn.close_when_upstream_done();
+            } else {
+                conn.close_now();
+            }
             count_closing(&mut state, conn);
         }
         state.leased = state.leased.saturating_sub(1);

@@ -308,6 +308,7 @@ struct UpstreamShared {
     accepted: AtomicUsize,
     inflight_now: AtomicUsize,
     inflight_peak: AtomicUsize,
+    finish_before_close: bool,
     requests: AtomicUsize,
     rejected: AtomicUsize,
     killed: AtomicUsize,
@@ -415,13 +416,17 @@ pub struct UpstreamOptions {
     /// SO_SNDBUF of accepted sockets (inherited from the listener), to keep
     /// kernel buffering small in back-pressure tests.
     pub send_buffer: Option<u32>,
+    /// Behave like a thread-per-connection server: a request in progress is finished (and answered) before a
+    /// FIN from the proxy is acted on, and only then is the connection closed (hyper's half-close).
+    pub finish_before_close: bool,
 }
 
 /// A counting HTTP/1.1 origin server on 127.0.0.1 (ephemeral port).
 ///
 /// Paths (the first segment that is a known command counts, so `/a/stall`
 /// and `/stall` are the same):
-/// `/delay/{ms}`, `/status/{code}`, `/bytes/{n}`, `/echo`, `/echo-stream`,
+/// `/delay/{ms}`, `/work/{ms}` (like `delay`, but the work outlives a reset connection), `/status/{code}`,
+/// `/bytes/{n}`, `/echo`, `/echo-stream`,
 /// `/headers`, `/close`, `/stall`, `/stall-body/{n}`, `/drop`, `/knee/{k}/{ms}`;
 /// anything else: 200 `ok`.
 ///
@@ -452,6 +457,7 @@ pub struct Upstream {
 
 const COMMANDS: &[&str] = &[
     "delay",
+    "work",
     "status",
     "bytes",
     "echo",
@@ -519,6 +525,7 @@ impl Upstream {
             idle_closes: AtomicUsize::new(0),
             bytes_streamed: Arc::new(AtomicU64::new(0)),
             close_every: AtomicBool::new(opts.close_every),
+            finish_before_close: opts.finish_before_close,
             reset_per_mille: AtomicU64::new(opts.reset_per_mille),
             rng: Mutex::new(opts.seed),
             idle_close_ms: AtomicU64::new(opts.idle_close.map_or(0, |d| d.as_millis() as u64)),
@@ -760,7 +767,9 @@ async fn serve_connection(stream: TcpStream, shared: Arc<UpstreamShared>, info: 
         shared: shared.clone(),
         info: info.clone(),
     };
-    let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
+    let conn = hyper::server::conn::http1::Builder::new()
+        .half_close(shared.finish_before_close)
+        .serve_connection(TokioIo::new(stream), svc);
     tokio::pin!(conn);
     let mut graceful = shared.graceful.subscribe();
     let mut closing_idle = false;
@@ -972,7 +981,9 @@ async fn handle(
         return reset_connection(&shared, &info).await;
     }
 
-    let _inflight = InflightGuard::new(&shared);
+    // `/work` counts its own work, which outlives this handler.
+    let is_work = req.uri().path().split('/').any(|segment| segment == "work");
+    let _inflight = (!is_work).then(|| InflightGuard::new(&shared));
     let mut resp = route(&shared, &info, &recorded, req).await;
     if shared.close_every.load(Ordering::SeqCst) {
         resp.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
@@ -1004,6 +1015,18 @@ async fn route(
         Some(("delay", Some(ms))) => {
             let ms: u64 = ms.parse().unwrap_or(0);
             tokio::time::sleep(Duration::from_millis(ms)).await;
+            text_response(StatusCode::OK, "ok")
+        }
+        Some(("work", Some(ms))) => {
+            // The work of a thread-per-connection server: it runs to its end, counted in flight, even if the
+            // connection is reset meanwhile (this handler is then dropped, the work is not).
+            let ms: u64 = ms.parse().unwrap_or(0);
+            let inflight = InflightGuard::new(shared);
+            let work = tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                drop(inflight);
+            });
+            let _ = work.await;
             text_response(StatusCode::OK, "ok")
         }
         Some(("status", Some(code))) => {
