@@ -49,6 +49,10 @@ pub enum ProxyError {
     UpstreamTimeout(Duration),
     #[error("upstream response body went on past its Content-Length")]
     UpstreamBodyTooLong,
+    /// A response whose framing cannot be trusted (both Content-Length and Transfer-Encoding), or one no request
+    /// asked for (101 without an upgrade).
+    #[error("upstream response is malformed: {0}")]
+    UpstreamMalformed(&'static str),
     /// The upstream side stopped with the exchange on it: floodgate is exiting.
     #[error("the exchange was abandoned: floodgate is shutting down")]
     Abandoned,
@@ -137,6 +141,7 @@ impl ProxyError {
             | ProxyError::UpstreamTls(_)
             | ProxyError::Upstream(_)
             | ProxyError::UpstreamBodyTooLong
+            | ProxyError::UpstreamMalformed(_)
             | ProxyError::Abandoned => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
         }
@@ -162,7 +167,10 @@ impl ProxyError {
             ProxyError::Connect(_) => "upstream connect failed\n",
             ProxyError::ConnectTimeout(_) => "upstream connect timeout\n",
             ProxyError::UpstreamTls(_) => "upstream TLS handshake failed\n",
-            ProxyError::Upstream(_) | ProxyError::UpstreamBodyTooLong | ProxyError::Abandoned => "upstream error\n",
+            ProxyError::Upstream(_)
+            | ProxyError::UpstreamBodyTooLong
+            | ProxyError::UpstreamMalformed(_)
+            | ProxyError::Abandoned => "upstream error\n",
             ProxyError::UpstreamTimeout(_) => "upstream timeout\n",
         }
     }
@@ -188,6 +196,7 @@ impl ProxyError {
             | ProxyError::UpstreamTls(_)
             | ProxyError::Upstream(_)
             | ProxyError::UpstreamBodyTooLong
+            | ProxyError::UpstreamMalformed(_)
             | ProxyError::Abandoned => Outcome::UpstreamError,
             ProxyError::UpstreamTimeout(_) => Outcome::UpstreamTimeout,
         }

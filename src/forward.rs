@@ -572,6 +572,8 @@ struct Relay {
     /// `NonZeroUsize`: half the size of `Option<usize>`, which keeps the relay (one per response) small.
     max_frame: Option<std::num::NonZeroUsize>,
     rest: Option<Bytes>,
+    /// A frame read before the head went out (see [`to_client`]), handed on first.
+    first: Option<Frame<Bytes>>,
 }
 
 /// HTTP/2 asks for the next frame only once the client has room for the last one; small frames make that
@@ -587,6 +589,21 @@ impl Relay {
     fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         if self.cut_off {
             return Poll::Ready(Some(Err(CutOff.into())));
+        }
+        if let Some(first) = self.first.take() {
+            if let (Some(data), Some(entry)) = (
+                first.data_ref(),
+                self.completion.as_mut().and_then(|done| done.access.as_mut()),
+            ) {
+                entry.relayed(data.len());
+            }
+            if self.source_ended() {
+                self.finish(Outcome::Ok, true);
+            }
+            return Poll::Ready(Some(Ok(match first.into_data() {
+                Ok(data) => self.bounded(data),
+                Err(frame) => frame,
+            })));
         }
         if let Some(rest) = self.rest.take() {
             return Poll::Ready(Some(Ok(self.bounded(rest))));
@@ -660,21 +677,38 @@ impl Relay {
         Frame::data(data)
     }
 
-    fn is_end_stream(&self) -> bool {
-        let source_ended = match &self.inner {
+    fn source_ended(&self) -> bool {
+        match &self.inner {
             None => true,
             Some(Source::Upstream(inner)) => inner.is_end_stream(),
             Some(Source::Memory(memory)) => memory.is_empty(),
-        };
-        !self.cut_off && self.rest.is_none() && source_ended
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        !self.cut_off && self.first.is_none() && self.rest.is_none() && self.source_ended()
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.inner {
+        let hint = match &self.inner {
             None => SizeHint::default(),
             Some(Source::Upstream(inner)) => inner.size_hint(),
             Some(Source::Memory(memory)) => SizeHint::with_exact(memory.remaining()),
+        };
+        let held = self
+            .first
+            .as_ref()
+            .and_then(Frame::data_ref)
+            .map_or(0, |data| data.len() as u64);
+        if held == 0 {
+            return hint;
         }
+        let mut with_held = SizeHint::new();
+        with_held.set_lower(hint.lower().saturating_add(held));
+        if let Some(upper) = hint.upper() {
+            with_held.set_upper(upper.saturating_add(held));
+        }
+        with_held
     }
 
     /// Counted already: by its end, a cut-off or its client leaving.
@@ -825,6 +859,14 @@ impl UpstreamBody {
         Self::relaying(Source::Upstream(inner), Some(lease), completion, watch, idle_timeout)
     }
 
+    /// A frame read ahead of the body, to be handed on before the rest.
+    pub fn starting_with(mut self, first: Option<Frame<Bytes>>) -> Self {
+        if first.is_some() {
+            self.relay.with_mut(|relay| relay.first = first);
+        }
+        self
+    }
+
     /// A body already read in full: no lease is held; an HTTP/2 stream that stops taking it is still cut off
     /// after `idle_timeout`, which gives its memory back.
     pub fn buffered(body: Buffered, completion: Completion, watch: bool, idle_timeout: Duration) -> Self {
@@ -847,6 +889,7 @@ impl UpstreamBody {
                 .then(|| std::num::NonZeroUsize::new(WATCHED_FRAME_BYTES))
                 .flatten(),
             rest: None,
+            first: None,
         };
         let relay = if watch && !relay.is_end_stream() {
             let watched = Arc::new(Watched {
@@ -1040,6 +1083,23 @@ pub fn local_response(error: &ProxyError, advice: Option<&ShedAdvice>) -> Respon
     response
 }
 
+/// How long a streamed response's first chunk is waited for before its head goes out: long enough for one that
+/// arrived with the head, short enough not to hold back a stream whose first event comes later.
+const FIRST_FRAME_WAIT: Duration = Duration::from_millis(1);
+
+/// Why a response head cannot be passed on, if it cannot: its framing is ambiguous (RFC 9112 §6.3: a message with
+/// both is a smuggling or splitting attempt, to be handled as an error), or it switches protocols when nothing
+/// asked it to (floodgate forwards no upgrade).
+fn malformed(parts: &http::response::Parts) -> Option<&'static str> {
+    if parts.status == StatusCode::SWITCHING_PROTOCOLS {
+        return Some("101 Switching Protocols to a request that asked for no upgrade");
+    }
+    if parts.headers.contains_key(header::TRANSFER_ENCODING) && parts.headers.contains_key(header::CONTENT_LENGTH) {
+        return Some("both Content-Length and Transfer-Encoding");
+    }
+    None
+}
+
 /// Turns the upstream's response into the client's, deciding whether the connection may be reused. A body whose
 /// Content-Length is within the upstream's `buffer_response_bytes` (and fits the global bound) is read in full
 /// first, at the upstream's speed, and the lease given back before the client is sent anything: a slow client
@@ -1054,6 +1114,11 @@ pub async fn to_client(
     budget: &Arc<BufferBudget>,
 ) -> Result<Response<ResponseBody>, (ProxyError, Option<Box<Entry>>)> {
     let (mut parts, mut body) = response.into_parts();
+    if let Some(malformed) = malformed(&parts) {
+        // Nothing has reached the client yet: it gets a 502, not a response that lies about itself.
+        lease.forbid_reuse();
+        return Err((ProxyError::UpstreamMalformed(malformed), access));
+    }
     if !keeps_alive(parts.version, &parts.headers) {
         lease.forbid_reuse();
     }
@@ -1075,10 +1140,18 @@ pub async fn to_client(
         _ => None,
     };
     let Some(reservation) = reservation else {
-        return Ok(Response::from_parts(
-            parts,
-            ResponseBody::upstream(UpstreamBody::new(body, lease, completion, watch)),
-        ));
+        // Streamed: a first chunk that is already here is looked at before the head goes out, so that a body
+        // broken from its first byte is a 502 rather than a head followed by nothing.
+        let first = match tokio::time::timeout(FIRST_FRAME_WAIT, body.frame()).await {
+            Ok(Some(Err(err))) => {
+                lease.forbid_reuse();
+                return Err((ProxyError::Upstream(err), completion.access));
+            }
+            Ok(Some(Ok(frame))) => Some(frame),
+            Ok(None) | Err(_) => None,
+        };
+        let streamed = UpstreamBody::new(body, lease, completion, watch).starting_with(first);
+        return Ok(Response::from_parts(parts, ResponseBody::upstream(streamed)));
     };
     // One byte past the length: the read then ends at the body's end, never at the limit.
     let read = buffer::fill(&mut body, limit.saturating_add(1), idle_timeout, reservation).await;

@@ -6,6 +6,7 @@ mod support;
 use std::time::Duration;
 
 use http::StatusCode;
+use support::scripted::{ScriptedUpstream, Then};
 use support::*;
 
 /// An upstream that finishes every request it started before it acts on a close, as a thread-per-connection
@@ -81,4 +82,140 @@ async fn past_the_drain_a_timed_out_exchange_holds_its_slot_until_the_upstream_c
     assert_eq!(upstream.peak_connections(), 1);
     // The first connection was closed (the answer was not waited for); the second request had a new one.
     assert_eq!(upstream.accepted(), 2);
+}
+
+// --- Broken framing: a 502 while nothing has been sent, an honest cut after ---------------------------------------
+
+const GET: &[u8] = b"GET /x HTTP/1.1\r\nHost: app\r\n\r\n";
+const WAIT: Duration = Duration::from_secs(5);
+
+/// One request from a raw HTTP/1 client through floodgate in front of `answer`: the status it got (`None`: none,
+/// only a closed connection), and the proxy and upstream for further looks.
+async fn status_through(answer: &[u8], then: Then) -> (Option<u16>, Proxy, ScriptedUpstream) {
+    let upstream = ScriptedUpstream::start(answer.to_vec(), then).await;
+    let proxy = Proxy::start(&["--upstream", &upstream.url(), "--max-connections", "2"]).await;
+    let mut conn = RawConn::connect(proxy.listen).await;
+    conn.write(GET).await.unwrap();
+    let status = conn.read_response(false, WAIT).await.ok().map(|resp| resp.status);
+    (status, proxy, upstream)
+}
+
+async fn upstream_errors(proxy: &Proxy) -> f64 {
+    proxy.outcome_count("default", "upstream_error").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_with_both_content_length_and_chunked_is_a_502() {
+    let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n\
+                   b\r\nhello world\r\n0\r\n\r\n";
+    let (status, proxy, _up) = status_through(answer, Then::Close).await;
+    assert_eq!(status, Some(502));
+    assert_eq!(upstream_errors(&proxy).await, 1.0);
+    assert_eq!(proxy.outcome_count("default", "ok").await, 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_buffered_body_is_a_502() {
+    let (status, proxy, _up) = status_through(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhello", Then::Close).await;
+    assert_eq!(status, Some(502));
+    assert_eq!(upstream_errors(&proxy).await, 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_streamed_body_is_cut_not_ended_and_counted_as_the_upstreams_error() {
+    // Larger than buffer_response_bytes (64 KiB): it streams, so the head has gone by the time the body fails.
+    let mut answer = b"HTTP/1.1 200 OK\r\nContent-Length: 200000\r\n\r\n".to_vec();
+    answer.extend(std::iter::repeat_n(b'a', 100_000));
+    let upstream = ScriptedUpstream::start(answer, Then::Close).await;
+    let proxy = Proxy::start(&["--upstream", &upstream.url(), "--max-connections", "2"]).await;
+    let (bytes, end) = raw_exchange(proxy.listen, GET, WAIT).await;
+    assert_eq!(first_status(&bytes), Some(200));
+    let head_end = bytes
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|at| at + 4)
+        .unwrap();
+    assert!(
+        bytes.len() - head_end < 200_000,
+        "a short body reached the client as a whole one"
+    );
+    assert!(
+        matches!(end, ReadEnd::Eof | ReadEnd::Reset),
+        "the connection was not closed: {end:?}"
+    );
+    wait_until("the exchange is counted", WAIT, || async {
+        upstream_errors(&proxy).await == 1.0
+    })
+    .await;
+    assert_eq!(proxy.outcome_count("default", "ok").await, 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_101_to_a_request_that_asked_for_no_upgrade_is_a_502() {
+    let answer = b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n";
+    let upstream = ScriptedUpstream::start(answer.to_vec(), Then::KeepOpen).await;
+    let proxy = Proxy::start(&["--upstream", &upstream.url(), "--max-connections", "2"]).await;
+    // Pipelined: the second request must be answered too.
+    let two = [GET, GET].concat();
+    let mut conn = RawConn::connect(proxy.listen).await;
+    conn.write(&two).await.unwrap();
+    let first = conn.read_response(false, WAIT).await.unwrap();
+    assert_eq!(first.status, 502);
+    let second = conn.read_response(false, WAIT).await.unwrap();
+    assert_eq!(second.status, 502);
+    assert_eq!(upstream_errors(&proxy).await, 2.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunked_response_whose_first_chunk_is_bad_is_a_502() {
+    for (what, body) in [
+        ("an invalid size", &b"zz\r\nhello\r\n0\r\n\r\n"[..]),
+        (
+            "a 100 KB chunk extension",
+            &[b"5;".as_slice(), &[b'x'; 100_000], b"\r\nhello\r\n0\r\n\r\n"].concat()[..],
+        ),
+    ] {
+        let answer = [&b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"[..], body].concat();
+        let (status, proxy, _up) = status_through(&answer, Then::Close).await;
+        assert_eq!(status, Some(502), "{what}");
+        assert_eq!(upstream_errors(&proxy).await, 1.0, "{what}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http2_a_response_with_both_framings_is_a_502_not_a_content_length_that_lies() {
+    let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n\
+                   b\r\nhello world\r\n0\r\n\r\n";
+    let upstream = ScriptedUpstream::start(answer.to_vec(), Then::Close).await;
+    let proxy = Proxy::start(&["--upstream", &upstream.url(), "--max-connections", "2"]).await;
+    let mut h2 = H2Conn::connect(proxy.listen).await;
+    let resp = h2.try_get("/x").await.unwrap();
+    assert_eq!(resp.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(upstream_errors(&proxy).await, 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http2_a_short_streamed_body_ends_in_a_stream_error_not_a_clean_end() {
+    let mut answer = b"HTTP/1.1 200 OK\r\nContent-Length: 200000\r\n\r\n".to_vec();
+    answer.extend(std::iter::repeat_n(b'a', 100_000));
+    let upstream = ScriptedUpstream::start(answer, Then::Close).await;
+    let proxy = Proxy::start(&["--upstream", &upstream.url(), "--max-connections", "2"]).await;
+    let mut h2 = H2Conn::connect(proxy.listen).await;
+    let req = http::Request::get(format!("http://{}/x", proxy.listen))
+        .body(body_empty())
+        .unwrap();
+    // The stream is reset either after the head (the body then fails) or, when the reset overtakes the head in
+    // the h2 layer's send queue, before it; never ended as if whole.
+    if let Ok(resp) = h2.send(req).await {
+        assert_eq!(resp.status(), StatusCode::OK);
+        let body = http_body_util::BodyExt::collect(resp.into_body()).await;
+        assert!(
+            body.is_err(),
+            "a body 100,000 bytes short of its content-length ended cleanly"
+        );
+    }
+    wait_until("the exchange is counted", WAIT, || async {
+        upstream_errors(&proxy).await == 1.0
+    })
+    .await;
 }

@@ -17,6 +17,7 @@
 pub mod chaos;
 pub mod flood;
 pub mod pki;
+pub mod scripted;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
