@@ -2,10 +2,11 @@
 //! serving requests.
 //!
 //! Owns the three client-side deadlines: `first_byte_timeout` (handled before this, while sniffing),
-//! `header_read_timeout` from the first byte of a request head until the request is dispatched, and
-//! `client_idle_timeout` between requests. hyper's own header timer also runs while a keep-alive connection is
-//! idle, so it cannot give the two their own values; this replaces it for HTTP/1 and HTTP/2 alike. It never
-//! closes anything itself: it tells the connection's task which deadline passed.
+//! `header_read_timeout` from the first byte of a request head until the request is dispatched (for HTTP/2, from
+//! a header block's first frame to its last, see `h2_frames`), and `client_idle_timeout` between requests.
+//! hyper's own header timer also runs while a keep-alive connection is idle, so it cannot give the two their own
+//! values; this replaces it for HTTP/1 and HTTP/2 alike. It never closes anything itself: it tells the
+//! connection's task which deadline passed.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -34,6 +35,8 @@ pub struct ClientActivity {
     /// Milliseconds since `started`.
     idle_since: AtomicU64,
     head_since: AtomicU64,
+    /// An HTTP/2 header block left open, since when: it bounds the connection whatever else is in flight.
+    block_since: AtomicU64,
     changed: Notify,
 }
 
@@ -45,6 +48,7 @@ impl ClientActivity {
             in_flight: AtomicUsize::new(0),
             idle_since: AtomicU64::new(0),
             head_since: AtomicU64::new(if head_started { 0 } else { NO_HEAD }),
+            block_since: AtomicU64::new(NO_HEAD),
             changed: Notify::new(),
         })
     }
@@ -64,28 +68,74 @@ impl ClientActivity {
         InFlight(self.clone())
     }
 
+    /// An HTTP/2 header block opened (a HEADERS frame without END_HEADERS).
+    pub fn header_block_started(&self) {
+        if self.block_since.load(Ordering::Acquire) == NO_HEAD {
+            self.block_since.store(self.now_ms(), Ordering::Release);
+            self.changed.notify_one();
+        }
+    }
+
+    /// The open HTTP/2 header block ended (a CONTINUATION with END_HEADERS).
+    pub fn header_block_ended(&self) {
+        self.block_since.store(NO_HEAD, Ordering::Release);
+        self.changed.notify_one();
+    }
+
     /// Resolves when a deadline passes.
     pub async fn expired(&self, header_read_timeout: Duration, idle_timeout: Duration) -> Expired {
+        loop {
+            let block = self.block_since.load(Ordering::Acquire);
+            let head = self.head_since.load(Ordering::Acquire);
+            let idle = self.in_flight.load(Ordering::Acquire) == 0;
+            let block_deadline = (block != NO_HEAD).then(|| self.at(block, header_read_timeout));
+            let own_deadline = match (idle, head) {
+                (false, _) => None,
+                (true, NO_HEAD) => Some((
+                    self.at(self.idle_since.load(Ordering::Acquire), idle_timeout),
+                    Expired::Idle,
+                )),
+                (true, head) => Some((self.at(head, header_read_timeout), Expired::HeaderRead)),
+            };
+            let next = match (block_deadline, own_deadline) {
+                (Some(block), Some((own, _))) if block <= own => Some((block, Expired::HeaderRead)),
+                (Some(block), None) => Some((block, Expired::HeaderRead)),
+                (_, own) => own,
+            };
+            let Some((deadline, expiry)) = next else {
+                self.changed.notified().await;
+                continue;
+            };
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => {
+                    let unchanged = self.block_since.load(Ordering::Acquire) == block
+                        && self.head_since.load(Ordering::Acquire) == head
+                        && (self.in_flight.load(Ordering::Acquire) == 0) == idle;
+                    if unchanged {
+                        return expiry;
+                    }
+                }
+                _ = self.changed.notified() => {}
+            }
+        }
+    }
+
+    /// Resolves once no request has been in flight for `quiet`: how long a connection closing politely waits for
+    /// a peer that does not answer its goodbye.
+    pub async fn quiet_for(&self, quiet: Duration) {
+        let from = self.now_ms();
         loop {
             if self.in_flight.load(Ordering::Acquire) > 0 {
                 self.changed.notified().await;
                 continue;
             }
-            let head = self.head_since.load(Ordering::Acquire);
-            let (deadline, expiry) = if head == NO_HEAD {
-                (
-                    self.at(self.idle_since.load(Ordering::Acquire), idle_timeout),
-                    Expired::Idle,
-                )
-            } else {
-                (self.at(head, header_read_timeout), Expired::HeaderRead)
-            };
+            let since = self.idle_since.load(Ordering::Acquire).max(from);
             tokio::select! {
-                _ = tokio::time::sleep_until(deadline) => {
-                    let unchanged = self.in_flight.load(Ordering::Acquire) == 0
-                        && self.head_since.load(Ordering::Acquire) == head;
-                    if unchanged {
-                        return expiry;
+                _ = tokio::time::sleep_until(self.at(since, quiet)) => {
+                    if self.in_flight.load(Ordering::Acquire) == 0
+                        && self.idle_since.load(Ordering::Acquire).max(from) == since
+                    {
+                        return;
                     }
                 }
                 _ = self.changed.notified() => {}

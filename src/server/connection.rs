@@ -19,6 +19,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use super::activity::{ClientActivity, Expired};
+use super::h2_frames::FrameWatch;
 use crate::config::Config;
 use crate::error::Outcome;
 use crate::forward::ClientInfo;
@@ -27,6 +28,9 @@ use crate::proxy::Proxy;
 use crate::tls::ALPN_H2;
 
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// How long an idle connection closing politely waits for its peer to finish the goodbye (see `drive`).
+const GOODBYE_GRACE: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Protocol {
@@ -151,7 +155,6 @@ async fn serve_io<I>(
         Protocol::Http2 => None,
     };
     attach(&mut io, observer);
-    let io = TokioIo::new(io);
     // peer_closed watches the socket itself, so it works under TLS as well: the client's FIN is what it waits
     // for, whatever (close_notify included) comes before it.
     let http1_stream = (protocol == Protocol::Http1).then_some(stream);
@@ -170,6 +173,10 @@ async fn serve_io<I>(
         })
     };
     let deadlines = activity.expired(config.header_read_timeout, config.client_idle_timeout);
+    // A peer that does not answer a polite goodbye (HTTP/2's GOAWAY and PING) is cut off after this, once no
+    // request of its own is in flight: it would otherwise hold its connection, and a place among
+    // max_client_connections, for as long as it stays silent.
+    let goodbye = activity.quiet_for(GOODBYE_GRACE);
     let result = match protocol {
         Protocol::Http1 => {
             let mut builder = http1::Builder::new();
@@ -178,8 +185,8 @@ async fn serve_io<I>(
                 .header_read_timeout(None)
                 .max_header_size(config.max_header_bytes)
                 .keep_alive(true);
-            let conn = builder.serve_connection(io, service);
-            drive(conn, deadlines, shutdown, |c| c.graceful_shutdown()).await
+            let conn = builder.serve_connection(TokioIo::new(io), service);
+            drive(conn, deadlines, goodbye, shutdown, |c| c.graceful_shutdown()).await
         }
         Protocol::Http2 => {
             let mut builder = http2::Builder::new(TokioExecutor::new());
@@ -187,8 +194,8 @@ async fn serve_io<I>(
                 .timer(TokioTimer::new())
                 .max_concurrent_streams(config.max_concurrent_streams)
                 .max_header_list_size(u32::try_from(config.max_header_bytes).unwrap_or(u32::MAX));
-            let conn = builder.serve_connection(io, service);
-            drive(conn, deadlines, shutdown, |c| c.graceful_shutdown()).await
+            let conn = builder.serve_connection(TokioIo::new(FrameWatch::new(io, activity.clone())), service);
+            drive(conn, deadlines, goodbye, shutdown, |c| c.graceful_shutdown()).await
         }
     };
     match result {
@@ -204,6 +211,9 @@ async fn serve_io<I>(
             tracing::debug!(%peer, "request head not complete within header_read_timeout; closing");
             proxy.metrics.client_side(Outcome::ClientTimeout, None);
         }
+        Ended::GoodbyeUnanswered => {
+            tracing::debug!(%peer, "client did not complete the connection's goodbye; closing");
+        }
         Ended::Closed => {}
     }
 }
@@ -212,14 +222,17 @@ enum Ended {
     Closed,
     Error(hyper::Error),
     HeaderTimeout,
+    GoodbyeUnanswered,
 }
 
 /// Polls a hyper connection while watching its deadlines and the shutdown signal. Idle expiry and shutdown ask
-/// hyper to finish gracefully (HTTP/1: after the current response; HTTP/2: GOAWAY); an incomplete request head
-/// past its deadline drops the connection.
+/// hyper to finish gracefully (HTTP/1: after the current response; HTTP/2: GOAWAY), and an idle connection whose
+/// peer does not complete that goodbye is dropped after `goodbye`; an incomplete request head past its deadline
+/// drops the connection.
 async fn drive<C>(
     conn: C,
     deadlines: impl std::future::Future<Output = Expired>,
+    goodbye: impl std::future::Future<Output = ()>,
     shutdown: CancellationToken,
     graceful: impl Fn(std::pin::Pin<&mut C>),
 ) -> Ended
@@ -227,9 +240,21 @@ where
     C: std::future::Future<Output = hyper::Result<()>>,
 {
     tokio::pin!(conn);
-    tokio::pin!(deadlines);
+    // Both wait on the connection's activity, one at a time: the deadlines until the goodbye starts.
+    let mut deadlines = Some(Box::pin(deadlines));
+    let mut goodbye = Some(Box::pin(goodbye));
     let mut closing = false;
     loop {
+        let waiting = async {
+            match (closing, deadlines.as_mut(), goodbye.as_mut()) {
+                (false, Some(deadlines), _) => Wait::Expired(deadlines.await),
+                (true, _, Some(goodbye)) => {
+                    goodbye.await;
+                    Wait::GoodbyeUnanswered
+                }
+                _ => std::future::pending().await,
+            }
+        };
         tokio::select! {
             result = conn.as_mut() => {
                 return match result {
@@ -237,17 +262,25 @@ where
                     Err(err) => Ended::Error(err),
                 };
             }
-            expired = &mut deadlines, if !closing => match expired {
-                Expired::HeaderRead => return Ended::HeaderTimeout,
-                Expired::Idle => {
+            waited = waiting => match waited {
+                Wait::Expired(Expired::HeaderRead) => return Ended::HeaderTimeout,
+                Wait::Expired(Expired::Idle) => {
                     closing = true;
+                    deadlines = None;
                     graceful(conn.as_mut());
                 }
+                Wait::GoodbyeUnanswered => return Ended::GoodbyeUnanswered,
             },
             _ = shutdown.cancelled(), if !closing => {
                 closing = true;
+                deadlines = None;
                 graceful(conn.as_mut());
             }
         }
     }
+}
+
+enum Wait {
+    Expired(Expired),
+    GoodbyeUnanswered,
 }

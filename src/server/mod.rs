@@ -7,6 +7,7 @@
 
 pub mod activity;
 mod connection;
+mod h2_frames;
 
 use std::future::Future;
 use std::net::SocketAddr;

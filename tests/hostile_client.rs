@@ -1,0 +1,105 @@
+//! What a hostile client cannot make floodgate do: hold a connection past every deadline, lock the admin port, or
+//! make it hold memory outside its bounds.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut out = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+    out.extend([kind, flags]);
+    out.extend(stream.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// An h2c client that sends the preface and its SETTINGS, then `then`, then nothing at all: it acknowledges
+/// nothing and answers no PING.
+async fn silent_h2c(addr: std::net::SocketAddr, then: &[u8]) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let mut hello = PREFACE.to_vec();
+    hello.extend(frame(0x4, 0, 0, &[]));
+    hello.extend_from_slice(then);
+    stream.write_all(&hello).await.unwrap();
+    stream
+}
+
+/// Reads and discards until floodgate closes the connection; the time that took, or `None` within `limit`.
+async fn closed_within(stream: &mut TcpStream, limit: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    let mut buf = [0u8; 4096];
+    tokio::time::timeout(limit, async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return started.elapsed(),
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_http2_connections_are_closed_after_the_idle_timeout_and_let_new_clients_in() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start_with_env(
+        &[
+            "--upstream",
+            &upstream.url(),
+            "--max-connections",
+            "2",
+            "--client-idle-timeout",
+            "1s",
+        ],
+        &[("FLOODGATE__MAX_CLIENT_CONNECTIONS", "4")],
+    )
+    .await;
+    let mut silent = Vec::new();
+    for _ in 0..4 {
+        silent.push(silent_h2c(proxy.listen, &[]).await);
+    }
+    for stream in &mut silent {
+        let took = closed_within(stream, Duration::from_secs(10)).await;
+        // Idle timeout, then the goodbye's grace (2 s): never for as long as the client stays silent.
+        assert!(took.is_some(), "a silent HTTP/2 connection was still open after 10 s");
+    }
+    // Their places among max_client_connections are free again.
+    assert_eq!(get(proxy.listen, "/after").await.status, http::StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_header_block_left_open_is_cut_at_header_read_timeout() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(
+        &upstream,
+        2,
+        &["--header-read-timeout", "1s", "--client-idle-timeout", "60s"],
+    )
+    .await;
+    // HEADERS on stream 1 without END_HEADERS (:method GET, :scheme http, :path /), and no CONTINUATION.
+    let mut stream = silent_h2c(proxy.listen, &frame(0x1, 0x0, 1, &[0x82, 0x86, 0x84])).await;
+    let took = closed_within(&mut stream, Duration::from_secs(8)).await;
+    let took = took.expect("an open header block held the connection for 8 s");
+    assert!(
+        took >= Duration::from_millis(900),
+        "cut before header_read_timeout: {took:?}"
+    );
+    assert_eq!(upstream.requests(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_request_in_flight_is_not_cut_by_an_idle_or_goodbye_deadline() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 2, &["--client-idle-timeout", "1s"]).await;
+    let mut h2 = H2Conn::connect(proxy.listen).await;
+    // Longer than the idle timeout and its goodbye's grace together.
+    let resp = h2.try_get("/delay/3500").await.unwrap();
+    assert_eq!(resp.status, http::StatusCode::OK);
+}
