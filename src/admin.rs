@@ -81,8 +81,56 @@ impl UpstreamStatus {
 /// proxy needs.
 const MAX_ADMIN_CONNECTIONS: usize = 64;
 
+/// A probe or a scrape sends its request as soon as it has connected: a connection that has not sent a whole
+/// request head this long after connecting, or after its last answer, is closed.
+const ADMIN_HEAD_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The admin connections open, oldest first, so that a full house makes room for a new connection by closing the
+/// oldest one that is not being answered: connections that merely sit there cannot keep probes out.
+#[derive(Default)]
+struct AdminConnections {
+    open: std::sync::Mutex<std::collections::VecDeque<AdminConnection>>,
+    next_id: std::sync::atomic::AtomicU64,
+}
+
+struct AdminConnection {
+    id: u64,
+    /// A request is being answered on it.
+    busy: Arc<std::sync::atomic::AtomicBool>,
+    close: Arc<tokio::sync::Notify>,
+}
+
+impl AdminConnections {
+    /// Room for one more, by closing the oldest idle connection if need be; `None` when every one is busy.
+    fn admit(&self) -> Option<AdminConnection> {
+        let mut open = self.open.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if open.len() >= MAX_ADMIN_CONNECTIONS {
+            let oldest_idle = open.iter().position(|conn| !conn.busy.load(Ordering::Acquire))?;
+            if let Some(evicted) = open.remove(oldest_idle) {
+                evicted.close.notify_one();
+            }
+        }
+        let conn = AdminConnection {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            busy: Arc::default(),
+            close: Arc::default(),
+        };
+        open.push_back(AdminConnection {
+            id: conn.id,
+            busy: conn.busy.clone(),
+            close: conn.close.clone(),
+        });
+        Some(conn)
+    }
+
+    fn closed(&self, id: u64) {
+        let mut open = self.open.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        open.retain(|conn| conn.id != id);
+    }
+}
+
 pub async fn serve(listener: TcpListener, state: Arc<State>, stop: CancellationToken) {
-    let room = Arc::new(tokio::sync::Semaphore::new(MAX_ADMIN_CONNECTIONS));
+    let connections = Arc::new(AdminConnections::default());
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -92,21 +140,32 @@ pub async fn serve(listener: TcpListener, state: Arc<State>, stop: CancellationT
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             continue;
         };
-        let Ok(permit) = room.clone().try_acquire_owned() else {
+        let Some(conn) = connections.admit() else {
             continue;
         };
         let state = state.clone();
+        let connections = connections.clone();
         tokio::spawn(async move {
-            let _permit = permit;
+            let busy = conn.busy.clone();
             let service = service_fn(move |request| {
                 let state = state.clone();
-                async move { Ok::<_, Infallible>(answer(&state, request).await) }
+                let busy = busy.clone();
+                async move {
+                    busy.store(true, Ordering::Release);
+                    let answer = answer(&state, request).await;
+                    busy.store(false, Ordering::Release);
+                    Ok::<_, Infallible>(answer)
+                }
             });
-            let _ = http1::Builder::new()
+            let serving = http1::Builder::new()
                 .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(10))
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+                .header_read_timeout(ADMIN_HEAD_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                _ = serving => {}
+                () = conn.close.notified() => {}
+            }
+            connections.closed(conn.id);
         });
     }
 }

@@ -103,3 +103,50 @@ async fn an_http2_request_in_flight_is_not_cut_by_an_idle_or_goodbye_deadline() 
     let resp = h2.try_get("/delay/3500").await.unwrap();
     assert_eq!(resp.status, http::StatusCode::OK);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sockets_that_hold_the_admin_port_silently_cannot_keep_probes_out() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 2, &[]).await;
+    let admin = proxy.admin;
+    // 64 connections (the admin listener's whole budget) that send nothing, each reopened as soon as it is
+    // closed.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let connected = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut holders = Vec::new();
+    for _ in 0..64 {
+        let stop = stop.clone();
+        let connected = connected.clone();
+        holders.push(tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                let Ok(mut held) = TcpStream::connect(admin).await else {
+                    continue;
+                };
+                connected.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut buf = [0u8; 64];
+                tokio::select! {
+                    _ = held.read(&mut buf) => {}
+                    () = stop.cancelled() => return,
+                }
+            }
+        }));
+    }
+    wait_until_sync("the holders fill the admin listener", Duration::from_secs(5), || {
+        connected.load(std::sync::atomic::Ordering::SeqCst) >= 64
+    })
+    .await;
+    let mut answered = 0;
+    for _ in 0..30 {
+        let probe = tokio::time::timeout(Duration::from_secs(1), try_get(admin, "/healthz")).await;
+        if matches!(probe, Ok(Ok(resp)) if resp.status == http::StatusCode::OK) {
+            answered += 1;
+        }
+        // A probe every 100 ms, as a kubelet's would come every few seconds.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.cancel();
+    for holder in holders {
+        let _ = holder.await;
+    }
+    assert_eq!(answered, 30, "only {answered} of 30 probes answered");
+}

@@ -445,6 +445,12 @@ fn kubernetes_sidecar_agrees_with_its_configuration() {
             .as_u64()
             .map_or_else(|| container_port(floodgate, str_of(port, "port")), |p| p as u16);
         assert_eq!(port, admin_port(&config), "{probe} port");
+        // One missed probe (a lost packet, a flood at the admin port) must not take the pod out or restart it.
+        let threshold = floodgate[probe]["failureThreshold"].as_u64().unwrap_or(3);
+        assert!(
+            threshold >= 2,
+            "{probe}: failureThreshold {threshold} fails the pod at the first missed probe"
+        );
     }
 
     // Termination: floodgate's preStop sleep, then its drain, fit in the grace period, and the application
