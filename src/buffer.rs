@@ -68,6 +68,17 @@ impl BufferBudget {
             bytes: wanted,
         })
     }
+
+    /// Counts `bytes` floodgate holds whether or not they fit (a queued HTTP/2 upload's stream window: the client
+    /// may fill it whatever floodgate does), so that the gauge shows them and optional buffering makes room.
+    pub fn hold(self: &Arc<Self>, bytes: u64) -> Reservation {
+        let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+        self.used.inc_by(bytes);
+        Reservation {
+            budget: self.clone(),
+            bytes,
+        }
+    }
 }
 
 /// Bytes taken from the [`BufferBudget`] until dropped.

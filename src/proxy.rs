@@ -198,6 +198,15 @@ impl Proxy {
             }
             Err(Refused::ClientGone) => return self.answer_error(&pool, ProxyError::ClientGone, access),
         };
+        // A queued HTTP/2 upload's stream window may fill while it waits: floodgate holds those bytes, so they count.
+        let window_held = match &admitted {
+            Admitted::Queued(_) if body_unread && !is_http1 => {
+                let window = u64::from(crate::server::HTTP2_STREAM_WINDOW);
+                let hint = upstream_request.body().size_hint();
+                Some(self.buffers.hold(hint.upper().map_or(window, |left| left.min(window))))
+            }
+            _ => None,
+        };
         // Everything from the wait in the queue to the response (its body too, when it is buffered) runs on the
         // upstream side: a freed connection reaches the next queued request, and that request the upstream,
         // without waiting for any client connection's task to be scheduled.
@@ -208,6 +217,7 @@ impl Proxy {
             class: place.class,
             http1_socket: client.http1_stream.clone(),
             body_unread,
+            window_held,
             request: upstream_request,
             access,
             // An HTTP/2 client can stop a stream without blocking its socket; its body gets a watchdog.
@@ -374,6 +384,8 @@ struct AdmittedExchange {
     /// vanished client by itself otherwise), and looked at once more when the request's turn comes.
     http1_socket: Option<Arc<tokio::net::TcpStream>>,
     body_unread: bool,
+    /// A queued HTTP/2 upload's stream window, counted in the buffer budget until the request leaves the queue.
+    window_held: Option<crate::buffer::Reservation>,
     request: Request<RequestBody>,
     access: Option<Box<Entry>>,
     watch_body: bool,
@@ -393,6 +405,7 @@ impl AdmittedExchange {
             class,
             http1_socket,
             body_unread,
+            window_held,
             request,
             mut access,
             watch_body,
@@ -436,6 +449,8 @@ impl AdmittedExchange {
                 }
             }
         };
+        // Out of the queue: the body now streams upstream, at the upstream's pace.
+        drop(window_held);
         let pool = lease.pool().clone();
         pool.metrics.queue_waited_in(class, arrived.elapsed());
         if let Some(entry) = access.as_mut() {

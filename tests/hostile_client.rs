@@ -150,3 +150,53 @@ async fn sockets_that_hold_the_admin_port_silently_cannot_keep_probes_out() {
     }
     assert_eq!(answered, 30, "only {answered} of 30 probes answered");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_http2_uploads_hold_no_more_than_their_stream_windows_and_count_them() {
+    const UPLOADS: usize = 100;
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &["--max-queue", "200", "--queue-timeout", "30s"]).await;
+    // The one slot is busy, so every upload waits in the queue with its body unread.
+    let busy = tokio::spawn(get(proxy.listen, "/stall"));
+    wait_until_sync("the slot is busy", Duration::from_secs(5), || upstream.inflight() == 1).await;
+    let before = proxy.rss_kib();
+    let mut uploads = Vec::new();
+    for i in 0..UPLOADS {
+        let mut h2 = H2Conn::connect(proxy.listen).await;
+        let uri = format!("http://{}/echo?upload={i}", proxy.listen);
+        uploads.push(tokio::spawn(async move {
+            // 10 MB each, sent as fast as flow control lets it.
+            let req = http::Request::post(uri).body(body_pattern(10_000_000)).unwrap();
+            let _ = h2.send(req).await;
+        }));
+    }
+    proxy
+        .wait_queue_depth("default", UPLOADS as u64, Duration::from_secs(10))
+        .await;
+    let window = 65_535.0;
+    let counted = metric_sum(&parse_metrics(&proxy.metrics().await), "floodgate_buffered_bytes", &[]);
+    assert!(
+        counted >= UPLOADS as f64 * window,
+        "queued uploads' windows counted as {counted} buffered bytes"
+    );
+    let pid_rss = || proxy.rss_kib();
+    let after = wait_until_stable(
+        "floodgate's RSS",
+        Duration::from_secs(10),
+        Duration::from_millis(500),
+        pid_rss,
+    )
+    .await;
+    let grown_mib = after.saturating_sub(before) as f64 / 1024.0;
+    eprintln!("RSS {before} -> {after} KiB (+{grown_mib:.1} MiB) with {UPLOADS} queued 10 MB HTTP/2 uploads");
+    // 100 windows of 64 KiB are 6.25 MiB; hyper's default 1 MiB windows let the same uploads add about 100 MiB.
+    assert!(
+        grown_mib < 40.0,
+        "{UPLOADS} queued uploads grew floodgate by {grown_mib:.1} MiB"
+    );
+    upstream.release_stalled();
+    let _ = busy.await;
+    for upload in uploads {
+        upload.abort();
+    }
+}

@@ -29,6 +29,10 @@ use crate::tls::ALPN_H2;
 
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
+/// HTTP/2 flow-control windows (RFC 9113 §6.9.2's default for a stream); see where they are set.
+pub const HTTP2_STREAM_WINDOW: u32 = 65_535;
+const HTTP2_CONNECTION_WINDOW: u32 = 4 * HTTP2_STREAM_WINDOW;
+
 /// How long an idle connection closing politely waits for its peer to finish the goodbye (see `drive`).
 const GOODBYE_GRACE: Duration = Duration::from_secs(2);
 
@@ -193,6 +197,11 @@ async fn serve_io<I>(
             builder
                 .timer(TokioTimer::new())
                 .max_concurrent_streams(config.max_concurrent_streams)
+                // What a client may send before anyone reads it is what a request waiting in the queue can make
+                // floodgate hold: the protocol's default per stream, not hyper's 1 MiB, and four times that per
+                // connection.
+                .initial_stream_window_size(HTTP2_STREAM_WINDOW)
+                .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
                 .max_header_list_size(u32::try_from(config.max_header_bytes).unwrap_or(u32::MAX));
             let conn = builder.serve_connection(TokioIo::new(FrameWatch::new(io, activity.clone())), service);
             drive(conn, deadlines, goodbye, shutdown, |c| c.graceful_shutdown()).await

@@ -7,6 +7,7 @@
 
 pub mod activity;
 mod connection;
+pub use connection::HTTP2_STREAM_WINDOW;
 mod h2_frames;
 
 use std::future::Future;
