@@ -289,3 +289,22 @@ upstream = "a"
     }
     assert_eq!(a.requests(), 1);
 }
+
+#[test]
+fn a_port_in_use_is_reported_once_and_exits_1() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let (status, stdout, stderr) = run_to_exit(
+        &["--upstream", "127.0.0.1:9", "--listen", &addr, "--admin", "127.0.0.1:0"],
+        Duration::from_secs(10),
+    );
+    assert_eq!(status.code(), Some(1), "stdout: {stdout}; stderr: {stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(lines[0].contains(&format!("cannot listen on {addr}")), "{stderr}");
+    assert_eq!(
+        lines[0].matches("in use").count(),
+        1,
+        "the reason is given twice: {stderr}"
+    );
+}

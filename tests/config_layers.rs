@@ -400,3 +400,61 @@ fn the_admin_token_is_checked_and_never_shown() {
     assert!(problems[0].contains("admin_token:"), "{problems:?}");
     assert!(!run.stderr.contains(short), "{}", run.stderr);
 }
+
+/// floodgate with `args`, allowed `max_processes` threads in all (itself included), through util-linux's `prlimit`:
+/// as root, run as `nobody`, whose count holds floodgate alone (root's own limit is not enforced); otherwise the
+/// limit is 1, below what the user running the tests already has, so that no thread at all can be made.
+fn floodgate_with_few_threads(args: &[&str], env: &[(&str, &str)], max_processes: u32) -> Run {
+    let root = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|out| out.stdout.trim_ascii() == b"0");
+    let mut command = if root {
+        let mut command = std::process::Command::new("setpriv");
+        command.args(["--reuid=65534", "--regid=65534", "--clear-groups", "prlimit"]);
+        command
+    } else {
+        std::process::Command::new("prlimit")
+    };
+    let limit = if root { max_processes } else { 1 };
+    command
+        .arg(format!("--nproc={limit}"))
+        .arg(floodgate_bin())
+        .args(args)
+        .envs(env.iter().copied());
+    let (status, stdout, stderr) = run_command_to_exit(command, Duration::from_secs(20));
+    Run { status, stdout, stderr }
+}
+
+#[test]
+fn a_runtime_that_cannot_get_its_threads_is_one_line_and_exit_1_not_a_panic_or_a_hang() {
+    let ports = [
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+        "--upstream",
+        "127.0.0.1:9",
+    ];
+    // Some worker threads start and then the rest cannot (tokio panics there, and its unwinding waits forever on
+    // the ones it started); then none at all.
+    for max_processes in [8, 1] {
+        let mut args = ports.to_vec();
+        args.extend(["--threads", "64"]);
+        let run = floodgate_with_few_threads(&args, &[], max_processes);
+        assert_eq!(run.status.code(), Some(1), "limit {max_processes}: {}", run.stderr);
+        let lines = run.problems();
+        assert_eq!(lines.len(), 1, "limit {max_processes}: {}", run.stderr);
+        assert!(
+            lines[0].starts_with("floodgate: cannot start the runtime: "),
+            "limit {max_processes}: {lines:?}"
+        );
+        assert!(!run.stdout.contains("floodgate ready"), "{}", run.stdout);
+    }
+    // The access log's writer thread is the first one made: the same, under its own name.
+    let run = floodgate_with_few_threads(&ports, &[("FLOODGATE__ACCESS_LOG", "stderr")], 1);
+    assert_eq!(run.status.code(), Some(1), "{}", run.stderr);
+    let lines = run.problems();
+    assert_eq!(lines.len(), 1, "{}", run.stderr);
+    assert!(lines[0].starts_with("floodgate: cannot start "), "{lines:?}");
+}
