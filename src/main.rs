@@ -84,7 +84,7 @@ struct LayerArgs {
     /// Longest to let in-flight and queued requests finish on SIGTERM/SIGINT.
     #[arg(long, value_parser = humantime::parse_duration)]
     shutdown_timeout: Option<Duration>,
-    /// Runtime worker threads (default: one per CPU).
+    /// Runtime worker threads, 1 to 1024 (default: one per CPU).
     #[arg(long)]
     threads: Option<usize>,
     /// Log lines as readable text or as one JSON object each.
@@ -403,8 +403,8 @@ fn run_demo(args: floodgate::demo::DemoArgs) -> ExitCode {
     }
 }
 
-/// The access log's destination, opened now so that a path that cannot be written stops start-up (exit 2, one
-/// line naming the key) rather than losing every line later.
+/// The access log's destination, opened before anything starts. Validation tried the path already, so that `check`
+/// refuses it too; one that stopped opening since still stops start-up (exit 2, one line naming the key).
 fn open_access_log(config: &Config) -> Result<Option<Box<dyn Write + Send>>, ExitCode> {
     use floodgate::config::AccessLogTarget;
     match config.access_log_target() {
