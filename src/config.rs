@@ -5,9 +5,10 @@
 //! Owns the defaults (stated again in `config/floodgate.toml`), the environment mapping, the parsing of humane
 //! durations, the validation that refuses a configuration with one line per problem, each naming its key, and
 //! the redaction of [`Secret`] values wherever a configuration is shown. It never reads the network and never
-//! starts anything; the only files it reads besides the configuration are the TLS ones it names (and the system's
-//! root certificates, for an `https://` upstream without `tls_ca`), checked through [`crate::tls`] so that
-//! `floodgate check` refuses what start-up would. What it returns is trusted by every other module.
+//! starts anything; the only files it touches besides the configuration are the TLS ones it names (and the
+//! system's root certificates, for an `https://` upstream without `tls_ca`), checked through [`crate::tls`], and
+//! the `access_log` file, opened to append (and removed again if that created it), so that `floodgate check`
+//! refuses what start-up would. What it returns is trusted by every other module.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -22,7 +23,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize, Serializer};
 
 /// A configuration problem, always naming the key it is about.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[error("{key}: {message}")]
 pub struct ConfigError {
     pub key: String,
@@ -231,7 +232,9 @@ pub struct Config {
     pub admin: SocketAddr,
     /// Tokio worker threads; `None` lets the runtime use one per CPU.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "integer::option")]
     pub threads: Option<usize>,
+    #[serde(deserialize_with = "integer::deserialize")]
     pub max_client_connections: usize,
     #[serde(with = "humantime_serde")]
     pub first_byte_timeout: Duration,
@@ -239,7 +242,9 @@ pub struct Config {
     pub header_read_timeout: Duration,
     #[serde(with = "humantime_serde")]
     pub client_idle_timeout: Duration,
+    #[serde(deserialize_with = "integer::deserialize")]
     pub max_header_bytes: usize,
+    #[serde(deserialize_with = "integer::deserialize")]
     pub max_concurrent_streams: u32,
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
@@ -268,6 +273,7 @@ pub struct Config {
     pub tls_certificates: Vec<TlsCertificateConfig>,
     /// Bytes of request and response bodies held in memory at once, over all requests and upstreams (see
     /// `buffer_request_bytes` and `buffer_response_bytes`); a body that does not fit what is left streams.
+    #[serde(deserialize_with = "integer::deserialize")]
     pub max_buffered_bytes: u64,
     pub upstreams: BTreeMap<String, UpstreamConfig>,
     pub routes: Vec<RouteConfig>,
@@ -352,6 +358,7 @@ pub struct EndpointConfig {
     /// `http://host:port`, `https://host:port` or a bare `host:port`, as an upstream's `url`.
     pub url: String,
     /// Never more than this many connections to this endpoint.
+    #[serde(deserialize_with = "integer::deserialize")]
     pub max_connections: usize,
 }
 
@@ -366,6 +373,7 @@ pub struct UpstreamConfig {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub endpoints: Vec<EndpointConfig>,
     /// With several endpoints: this many consecutive failed dials eject an endpoint for a while; 0: never.
+    #[serde(deserialize_with = "integer::deserialize")]
     pub eject_after: u32,
     /// How long a first ejection lasts; each repeated one (no successful dial in between) lasts twice as long.
     #[serde(with = "humantime_serde")]
@@ -379,7 +387,9 @@ pub struct UpstreamConfig {
     /// How often each endpoint is checked, and how long one check may take.
     #[serde(with = "humantime_serde")]
     pub health_check_interval: Duration,
+    #[serde(deserialize_with = "integer::deserialize")]
     pub max_connections: usize,
+    #[serde(deserialize_with = "integer::deserialize")]
     pub max_queue: usize,
     #[serde(with = "humantime_serde")]
     pub queue_timeout: Duration,
@@ -398,16 +408,20 @@ pub struct UpstreamConfig {
     pub grpc_timeout: bool,
     /// The status of an answer shed for capacity (queue full, queue timeout, CoDel overload). A request shed for
     /// its own deadline gets 504.
+    #[serde(deserialize_with = "integer::deserialize")]
     pub shed_status: u16,
     /// What makes two requests the same client for fair sharing: `client_ip`, `header:NAME` or `route`; empty:
     /// no fairness, one shared FIFO lane. Parsed once, with the configuration: see [`FairKey`].
     #[serde(with = "fair_key_text")]
     pub fair_key: Option<FairKey>,
     /// Grants per round for particular keys (default 1 each).
+    #[serde(deserialize_with = "integer::map")]
     pub fair_weights: BTreeMap<String, u32>,
     /// Most requests one key may have waiting (beyond: `quota_status`); 0: no per-key bound.
+    #[serde(deserialize_with = "integer::deserialize")]
     pub fair_max_queue: usize,
     /// The status of an answer shed for a key's quota.
+    #[serde(deserialize_with = "integer::deserialize")]
     pub quota_status: u16,
     /// A request header whose value (0-9) is the request's priority class, higher served first; empty: none,
     /// every request has its route's class.
@@ -423,11 +437,13 @@ pub struct UpstreamConfig {
     #[serde(with = "humantime_serde")]
     pub body_idle_timeout: Duration,
     /// 0 means unlimited.
+    #[serde(deserialize_with = "integer::deserialize")]
     pub max_requests_per_connection: u64,
     /// 0 means unlimited.
     #[serde(with = "humantime_serde")]
     pub max_connection_lifetime: Duration,
     /// How much of a response the proxy still reads after its client went away, to keep the connection.
+    #[serde(deserialize_with = "integer::deserialize")]
     pub abort_drain_bytes: u64,
     #[serde(with = "humantime_serde")]
     pub abort_drain_timeout: Duration,
@@ -435,6 +451,7 @@ pub struct UpstreamConfig {
     /// `min_connections` and `max_connections` with the response times observed (see [`crate::pool`]).
     pub adaptive_limit: AdaptiveLimit,
     /// The lowest the adaptive limit goes.
+    #[serde(deserialize_with = "integer::deserialize")]
     pub min_connections: usize,
     /// How often the adaptive limit is worked out again, from the responses since.
     #[serde(with = "humantime_serde")]
@@ -463,9 +480,11 @@ pub struct UpstreamConfig {
     pub tls_server_name: Option<String>,
     /// A request body of at most this many bytes is read in full before the request is admitted, so a slow
     /// uploader never holds a slot; 0 turns it off.
+    #[serde(deserialize_with = "integer::deserialize")]
     pub buffer_request_bytes: u64,
     /// A response body of at most this many bytes (by its Content-Length) is read in full at upstream speed and
     /// the connection given back before the client is sent it; 0 turns it off.
+    #[serde(deserialize_with = "integer::deserialize")]
     pub buffer_response_bytes: u64,
 }
 
@@ -521,45 +540,63 @@ impl Default for UpstreamConfig {
 impl UpstreamConfig {
     /// The endpoints the pool of upstream `name` dials, each with its own cap: every `endpoints` entry, or the one
     /// `url` with no cap of its own (`usize::MAX`: the upstream's `max_connections` alone bounds it). The first
-    /// problem found is named by its key.
+    /// problem found is named by its key; validation reports them all (see [`UpstreamConfig::endpoint_problems`]).
     pub fn endpoint_list(&self, name: &str) -> Result<Vec<(Origin, usize)>, ConfigError> {
+        self.endpoint_problems(name).map_err(|problems| {
+            problems
+                .into_iter()
+                .next()
+                .unwrap_or_else(|| ConfigError::new(format!("upstreams.{name}"), "no usable endpoint"))
+        })
+    }
+
+    /// [`UpstreamConfig::endpoint_list`] with every problem, never an empty list of them.
+    fn endpoint_problems(&self, name: &str) -> Result<Vec<(Origin, usize)>, Vec<ConfigError>> {
         let key = |field: &str| format!("upstreams.{name}.{field}");
         match (self.url.is_empty(), self.endpoints.is_empty()) {
             (false, false) => {
-                return Err(ConfigError::new(
+                return Err(vec![ConfigError::new(
                     key("endpoints"),
                     "give either url or endpoints, not both",
-                ))
+                )])
             }
             (true, true) => {
-                return Err(ConfigError::new(
+                return Err(vec![ConfigError::new(
                     key("url"),
                     "missing (e.g. \"http://127.0.0.1:9000\", or endpoints = [{ url = ..., max_connections = ... }])",
-                ))
+                )])
             }
             (false, true) => {
-                let origin = Origin::parse(&self.url).map_err(|message| ConfigError::new(key("url"), message))?;
+                let origin = Origin::parse(&self.url).map_err(|message| vec![ConfigError::new(key("url"), message)])?;
                 return Ok(vec![(origin, usize::MAX)]);
             }
             (true, false) => {}
         }
+        let mut problems = Vec::new();
         let mut list: Vec<(Origin, usize)> = Vec::with_capacity(self.endpoints.len());
         for (index, endpoint) in self.endpoints.iter().enumerate() {
             let at = |field: &str| key(&format!("endpoints[{index}].{field}"));
-            let origin = Origin::parse(&endpoint.url).map_err(|message| ConfigError::new(at("url"), message))?;
             if endpoint.max_connections == 0 {
-                return Err(ConfigError::new(at("max_connections"), "must be at least 1"));
+                problems.push(ConfigError::new(at("max_connections"), "must be at least 1"));
             }
+            let origin = match Origin::parse(&endpoint.url) {
+                Ok(origin) => origin,
+                Err(message) => {
+                    problems.push(ConfigError::new(at("url"), message));
+                    continue;
+                }
+            };
             if list.iter().any(|(seen, _)| *seen == origin) {
-                return Err(ConfigError::new(at("url"), "the same endpoint is listed twice"));
+                problems.push(ConfigError::new(at("url"), "the same endpoint is listed twice"));
+                continue;
             }
             if let Some((first, _)) = list.first() {
                 // One TLS client serves every endpoint: one scheme, and one name to verify.
                 if first.scheme != origin.scheme {
-                    return Err(ConfigError::new(at("url"), "every endpoint must use the same scheme"));
-                }
-                if origin.scheme == Scheme::Https && first.host != origin.host && self.tls_server_name.is_none() {
-                    return Err(ConfigError::new(
+                    problems.push(ConfigError::new(at("url"), "every endpoint must use the same scheme"));
+                } else if origin.scheme == Scheme::Https && first.host != origin.host && self.tls_server_name.is_none()
+                {
+                    problems.push(ConfigError::new(
                         at("url"),
                         "https:// endpoints with different hosts need tls_server_name (the one name verified)",
                     ));
@@ -567,7 +604,11 @@ impl UpstreamConfig {
             }
             list.push((origin, endpoint.max_connections));
         }
-        Ok(list)
+        if problems.is_empty() {
+            Ok(list)
+        } else {
+            Err(problems)
+        }
     }
 
     /// The admission queue's bound and discipline.
@@ -661,6 +702,102 @@ mod fair_key_text {
     }
 }
 
+/// Integer keys. The `config` crate would read `4.5` as 5, `0.5` as 1 and `true` or `"yes"` as 1; these take an
+/// integer, or a string that is one (all the environment can give), and refuse the rest naming what they got.
+mod integer {
+    use std::collections::BTreeMap;
+    use std::fmt;
+    use std::marker::PhantomData;
+
+    use serde::de::{self, Deserialize, Deserializer, Unexpected, Visitor};
+
+    /// An integer type a key may have, with its range for the refusal.
+    pub trait Whole: TryFrom<i128> {
+        const MIN: i128;
+        const MAX: i128;
+    }
+
+    macro_rules! whole {
+        ($($t:ty),*) => {$(
+            impl Whole for $t {
+                const MIN: i128 = <$t>::MIN as i128;
+                const MAX: i128 = <$t>::MAX as i128;
+            }
+        )*};
+    }
+    whole!(u8, u16, u32, u64, usize);
+
+    struct Int<T>(T);
+
+    struct IntVisitor<T>(PhantomData<T>);
+
+    impl<T: Whole> IntVisitor<T> {
+        fn fit<E: de::Error>(value: i128) -> Result<Int<T>, E> {
+            match T::try_from(value) {
+                Ok(value) => Ok(Int(value)),
+                Err(_) => Err(E::custom(format!(
+                    "invalid value: integer `{value}`, expected an integer from {} to {}",
+                    T::MIN,
+                    T::MAX
+                ))),
+            }
+        }
+    }
+
+    impl<T: Whole> Visitor<'_> for IntVisitor<T> {
+        type Value = Int<T>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("an integer")
+        }
+
+        fn visit_i64<E: de::Error>(self, value: i64) -> Result<Int<T>, E> {
+            Self::fit(value.into())
+        }
+
+        fn visit_u64<E: de::Error>(self, value: u64) -> Result<Int<T>, E> {
+            Self::fit(value.into())
+        }
+
+        fn visit_i128<E: de::Error>(self, value: i128) -> Result<Int<T>, E> {
+            Self::fit(value)
+        }
+
+        fn visit_u128<E: de::Error>(self, value: u128) -> Result<Int<T>, E> {
+            match i128::try_from(value) {
+                Ok(value) => Self::fit(value),
+                Err(_) => Self::fit(i128::MAX),
+            }
+        }
+
+        fn visit_str<E: de::Error>(self, text: &str) -> Result<Int<T>, E> {
+            match text.parse::<i128>() {
+                Ok(value) => Self::fit(value),
+                Err(_) => Err(E::invalid_type(Unexpected::Str(text), &self)),
+            }
+        }
+    }
+
+    impl<'de, T: Whole> Deserialize<'de> for Int<T> {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            deserializer.deserialize_any(IntVisitor(PhantomData))
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>, T: Whole>(deserializer: D) -> Result<T, D::Error> {
+        Int::deserialize(deserializer).map(|Int(value)| value)
+    }
+
+    pub fn option<'de, D: Deserializer<'de>, T: Whole>(deserializer: D) -> Result<Option<T>, D::Error> {
+        Option::<Int<T>>::deserialize(deserializer).map(|value| value.map(|Int(value)| value))
+    }
+
+    pub fn map<'de, D: Deserializer<'de>, T: Whole>(deserializer: D) -> Result<BTreeMap<String, T>, D::Error> {
+        let map = BTreeMap::<String, Int<T>>::deserialize(deserializer)?;
+        Ok(map.into_iter().map(|(key, Int(value))| (key, value)).collect())
+    }
+}
+
 /// Picks an upstream by Host and/or path prefix; neither means catch-all.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -672,7 +809,7 @@ pub struct RouteConfig {
     pub upstream: String,
     /// The priority class (0-9, higher served first) of requests on this route, unless the upstream's
     /// `priority_header` gives another.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "is_zero", deserialize_with = "integer::deserialize")]
     pub priority: u8,
 }
 
@@ -901,24 +1038,34 @@ impl Config {
                 return Err(ConfigErrors(problems));
             }
         };
-        let mut config = match raw.clone().try_deserialize::<Config>() {
-            Ok(config) => config,
+        let (mut config, refused) = match raw.clone().try_deserialize::<Config>() {
+            Ok(config) => (config, Vec::new()),
             Err(err) => {
-                let mut found = config::Source::collect(&raw)
-                    .map(|table| value_problems(&table))
-                    .unwrap_or_default();
+                let table = config::Source::collect(&raw).unwrap_or_default();
+                let mut found = value_problems(&table);
                 if found.is_empty() {
                     found.push(config_problem(err, ""));
                 }
                 for problem in &mut found {
                     env_layer.annotate(problem);
                 }
-                problems.extend(found);
-                return Err(ConfigErrors(problems));
+                // The rest is still validated, without the refused values, so that one edit fixes everything.
+                match without_refused(table, &found).try_deserialize::<Config>() {
+                    Ok(config) => (config, found),
+                    Err(_) => {
+                        problems.extend(found);
+                        return Err(ConfigErrors(problems));
+                    }
+                }
             }
         };
         config.apply(overrides);
-        for mut problem in config.validate() {
+        let checked = config.validate();
+        problems.extend(refused.iter().cloned());
+        for mut problem in checked {
+            if refused.iter().any(|value| hides(&value.key, &problem.key)) {
+                continue;
+            }
             if !overrides.sets(&problem.key) {
                 env_layer.annotate(&mut problem);
             }
@@ -1014,7 +1161,12 @@ impl Config {
         problems.count("max_concurrent_streams", u128::from(self.max_concurrent_streams), false);
         problems.count("max_buffered_bytes", u128::from(self.max_buffered_bytes), true);
         if let Some(threads) = self.threads {
-            problems.count("threads", threads as u128, false);
+            if !(1..=MAX_THREADS).contains(&threads) {
+                problems.push("threads", format!("must be from 1 to {MAX_THREADS}"));
+            }
+        }
+        if let Some(problem) = listeners_clash(self.listen, self.admin) {
+            problems.push("admin", problem);
         }
         // Checked here rather than when logging starts, so that `floodgate check` reports it too.
         if let Err(err) = tracing_subscriber::EnvFilter::builder().parse(&self.log_level) {
@@ -1022,6 +1174,10 @@ impl Config {
         }
         if self.access_log.trim().is_empty() {
             problems.push("access_log", "must be off, stdout, stderr or a file path");
+        } else if let AccessLogTarget::File(path) = self.access_log_target() {
+            if let Err(err) = try_access_log(&path) {
+                problems.push("access_log", format!("cannot open {} to append: {err}", path.display()));
+            }
         }
         // The files are read here so that `floodgate check` refuses what start-up would.
         if let Err(found) = crate::tls::listener_config(self) {
@@ -1060,7 +1216,7 @@ impl Config {
                 );
             }
             let key = |field: &str| format!("upstreams.{name}.{field}");
-            match upstream.endpoint_list(name) {
+            match upstream.endpoint_problems(name) {
                 Ok(endpoints) => {
                     if let Some((origin, _)) = endpoints.first() {
                         if let Err(found) = crate::tls::upstream_client(name, upstream, origin) {
@@ -1068,7 +1224,7 @@ impl Config {
                         }
                     }
                 }
-                Err(problem) => problems.0.push(problem),
+                Err(found) => problems.0.extend(found),
             }
             if !upstream.health_check_path.is_empty()
                 && (!upstream.health_check_path.starts_with('/')
@@ -1164,6 +1320,30 @@ impl Config {
     }
 }
 
+/// The most runtime worker threads. More than the CPUs only adds switching between them, and the largest machines
+/// have a few hundred; the bound keeps a typo (`100000`) from asking the OS for that many threads and stacks.
+pub const MAX_THREADS: usize = 1024;
+
+/// Why the admin listener cannot bind beside the client one, if it cannot: the same port on the same address, or
+/// on any address when either is a wildcard (`0.0.0.0`, `[::]`, which takes the port on every address).
+fn listeners_clash(listen: SocketAddr, admin: SocketAddr) -> Option<String> {
+    let overlap = listen.ip() == admin.ip() || listen.ip().is_unspecified() || admin.ip().is_unspecified();
+    (listen.port() != 0 && listen.port() == admin.port() && overlap)
+        .then(|| format!("{admin} is also where listen ({listen}) binds; give the admin listener another port"))
+}
+
+/// Opens the access log as start-up will (to append, creating it), so that `floodgate check` refuses a path start-up
+/// could not open; a file that did not exist is removed again, for `check` to leave nothing behind.
+fn try_access_log(path: &Path) -> std::io::Result<()> {
+    let mut options = std::fs::OpenOptions::new();
+    options.append(true);
+    match options.clone().create_new(true).open(path) {
+        Ok(_) => std::fs::remove_file(path),
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => options.open(path).map(drop),
+        Err(err) => Err(err),
+    }
+}
+
 /// Upstream names end up in variable names: `FLOODGATE__UPSTREAMS__<NAME>__URL` is lowercased and split at every
 /// `__`, so a name with an upper-case letter, a `__` or an `_` at either end could not be reached from there.
 pub fn is_addressable_name(name: &str) -> bool {
@@ -1210,31 +1390,38 @@ impl Problems {
     }
 }
 
-/// serde stops at the first bad value. Deserializing one key at a time finds every one, so that a single
-/// `floodgate check` lists them all rather than one per edit. Sorted by key: the table's order is a hash's.
+/// serde stops at the first bad value. Deserializing one key at a time, and the entries of a refused list or table
+/// one at a time, finds every one, so that a single `floodgate check` lists them all rather than one per edit.
+/// Sorted by key: the table's order is a hash's.
 fn value_problems(table: &config::Map<String, config::Value>) -> Vec<ConfigError> {
     let mut problems = Vec::new();
     for (key, value) in table {
         match key.as_str() {
-            "upstreams" => {
-                match value.clone().into_table() {
-                    Ok(upstreams) => {
-                        for (name, upstream) in upstreams {
-                            let within = format!("upstreams.{name}");
-                            match upstream.into_table() {
-                                Ok(fields) => problems.extend(fields.into_iter().filter_map(|(field, value)| {
-                                    one_key_problem::<UpstreamConfig>(&within, field, value)
-                                })),
-                                Err(err) => problems.push(config_problem(err, &within)),
+            "upstreams" => match value.clone().into_table() {
+                Ok(upstreams) => {
+                    for (name, upstream) in upstreams {
+                        let within = format!("upstreams.{name}");
+                        match upstream.into_table() {
+                            Ok(fields) => {
+                                for (field, value) in fields {
+                                    let path = format!("{within}.{field}");
+                                    let check =
+                                        |value| one_key_problem::<UpstreamConfig>(&within, field.clone(), value);
+                                    problems.extend(split_problems(&path, value, &check));
+                                }
                             }
+                            Err(err) => problems.push(config_problem(err, &within)),
                         }
                     }
-                    Err(err) => problems.push(config_problem(err, "upstreams")),
                 }
-            }
+                Err(err) => problems.push(config_problem(err, "upstreams")),
+            },
             "routes" => problems.extend(entry_problems::<RouteConfig>("routes", value)),
             "tls_certificates" => problems.extend(entry_problems::<TlsCertificateConfig>("tls_certificates", value)),
-            _ => problems.extend(one_key_problem::<Config>("", key.clone(), value.clone())),
+            _ => {
+                let check = |value| one_key_problem::<Config>("", key.clone(), value);
+                problems.extend(split_problems(key, value.clone(), &check));
+            }
         }
     }
     problems.sort_by(|a, b| a.key.cmp(&b.key));
@@ -1244,18 +1431,161 @@ fn value_problems(table: &config::Map<String, config::Value>) -> Vec<ConfigError
 /// The problems of each entry of the list of tables `list`, named `list[index]`.
 fn entry_problems<T: DeserializeOwned>(list: &str, value: &config::Value) -> Vec<ConfigError> {
     match value.clone().into_array() {
-        Ok(entries) => entries
-            .into_iter()
-            .enumerate()
-            .filter_map(|(index, entry)| {
-                entry
-                    .try_deserialize::<T>()
-                    .err()
-                    .map(|err| config_problem(err, &format!("{list}[{index}]")))
-            })
-            .collect(),
+        Ok(entries) => {
+            let mut problems = Vec::new();
+            for (index, entry) in entries.into_iter().enumerate() {
+                let at = format!("{list}[{index}]");
+                let check =
+                    |entry: config::Value| entry.try_deserialize::<T>().err().map(|err| config_problem(err, &at));
+                problems.extend(split_problems(&at, entry, &check));
+            }
+            problems
+        }
         Err(err) => vec![config_problem(err, list)],
     }
+}
+
+/// The configuration's `table` without the values `refused` names: each top-level key or upstream field, and a
+/// whole `routes` or `tls_certificates` list for a refused entry (taking one out would renumber the others).
+fn without_refused(mut table: config::Map<String, config::Value>, refused: &[ConfigError]) -> config::Value {
+    for problem in refused {
+        let mut parts = problem.key.split(['.', '[']);
+        let top = parts.next().unwrap_or_default();
+        let (name, field) = (parts.next(), parts.next());
+        match (top, name) {
+            ("upstreams", Some(name)) => {
+                if let Some(config::ValueKind::Table(upstreams)) = table.get_mut(top).map(|value| &mut value.kind) {
+                    match (field, upstreams.get_mut(name).map(|value| &mut value.kind)) {
+                        (Some(field), Some(config::ValueKind::Table(fields))) => {
+                            fields.remove(field);
+                        }
+                        _ => {
+                            upstreams.remove(name);
+                        }
+                    }
+                }
+            }
+            _ => {
+                table.remove(top);
+            }
+        }
+    }
+    config::Value::from(table)
+}
+
+/// Whether a problem validation found at `key` may be the work of a default standing in for the value refused at
+/// `refused`: the keys are of one family (see [`family`]), or a whole upstream (or all) went, which routes name.
+fn hides(refused: &str, key: &str) -> bool {
+    let (refused, key) = (family(refused), family(key));
+    match refused.as_str() {
+        _ if refused == key => true,
+        "upstreams" => key == "routes" || key.starts_with("upstreams"),
+        upstream if upstream.starts_with("upstreams.") && !upstream.contains('/') => {
+            key == "routes" || key.starts_with(&format!("{upstream}/"))
+        }
+        _ => false,
+    }
+}
+
+/// Keys that validation checks together: an upstream's url, endpoints and TLS keys; its max and min connections;
+/// the listener's TLS keys; listen and admin; all of routes. Any other key is a family of its own.
+fn family(key: &str) -> String {
+    let head = |key: &str| key.split(['.', '[']).next().unwrap_or_default().to_string();
+    if let Some(rest) = key.strip_prefix("upstreams.") {
+        let Some((name, field)) = rest.split_once('.') else {
+            return format!("upstreams.{}", head(rest));
+        };
+        let field = match head(field).as_str() {
+            "url" | "endpoints" | "tls_ca" | "tls_client_cert" | "tls_client_key" | "tls_server_name" => {
+                "origin".into()
+            }
+            "max_connections" | "min_connections" => "connections".into(),
+            other => other.to_string(),
+        };
+        return format!("upstreams.{name}/{field}");
+    }
+    match head(key).as_str() {
+        "tls_cert" | "tls_key" | "tls_certificates" => "tls".into(),
+        "listen" | "admin" => "listeners".into(),
+        other => other.to_string(),
+    }
+}
+
+/// Tells what is wrong with a value in its place in the configuration, if anything.
+type Check<'a> = dyn Fn(config::Value) -> Option<ConfigError> + 'a;
+
+/// The problems of `value`, whose key is `path`: the one `check` finds or, in a list or a table, one for each entry
+/// that is refused, named by its own key (`trusted_proxies[2]`, `upstreams.api.fair_weights.gold`).
+fn split_problems(path: &str, value: config::Value, check: &Check<'_>) -> Vec<ConfigError> {
+    let Some(problem) = check(value.clone()) else {
+        return Vec::new();
+    };
+    let origin = value.origin().map(str::to_string);
+    let found = match value.kind {
+        config::ValueKind::Array(items) => {
+            // Each item alone in a list of one, where its problems are named `path[0]`.
+            let first = format!("{path}[0]");
+            let mut found = Vec::new();
+            for (index, item) in items.into_iter().enumerate() {
+                let alone = |item| check(config::Value::new(origin.as_ref(), vec![item]));
+                found.extend(split_problems(&first, item, &alone).into_iter().map(|mut problem| {
+                    if let Some(rest) = problem.key.strip_prefix(&first) {
+                        problem.key = format!("{path}[{index}]{rest}");
+                    }
+                    problem
+                }));
+            }
+            found
+        }
+        config::ValueKind::Table(entries) => table_problems(path, entries, origin.as_ref(), problem.clone(), check),
+        _ => Vec::new(),
+    };
+    if found.is_empty() {
+        vec![problem]
+    } else {
+        found
+    }
+}
+
+/// The refused entries of a table, found by taking out the one each refusal names until the rest passes: not each
+/// entry alone, as a struct's other fields may be required. `first` is the table's own refusal.
+fn table_problems(
+    path: &str,
+    entries: config::Map<String, config::Value>,
+    origin: Option<&String>,
+    first: ConfigError,
+    check: &Check<'_>,
+) -> Vec<ConfigError> {
+    let mut rest = entries;
+    let mut refused = Vec::new();
+    let mut problem = Some(first);
+    while let Some(current) = problem.take() {
+        let named = current
+            .key
+            .strip_prefix(path)
+            .and_then(|key| key.strip_prefix('.'))
+            .and_then(|key| key.split(['.', '[']).next())
+            .and_then(|name| rest.remove_entry(name));
+        // A refusal no entry left explains: a required field, taken out here.
+        let Some((name, value)) = named else { break };
+        refused.push((name, value, current));
+        problem = check(config::Value::new(origin, rest.clone()));
+    }
+    let mut found = Vec::new();
+    for (name, value, problem) in refused {
+        if matches!(value.kind, config::ValueKind::Array(_) | config::ValueKind::Table(_)) {
+            // Among the entries that passed, so that only its own problems show.
+            let within = |value| {
+                let mut entries = rest.clone();
+                entries.insert(name.clone(), value);
+                check(config::Value::new(origin, entries))
+            };
+            found.extend(split_problems(&format!("{path}.{name}"), value, &within));
+        } else {
+            found.push(problem);
+        }
+    }
+    found
 }
 
 /// The problem with `key = value` alone in a `T` (whose other keys take their defaults), named `within.key`.
@@ -1576,10 +1906,50 @@ idle_timeout = 30
                 "listen",
                 "upstreams.api.max_connections",
                 "upstreams.api.queue_timeout",
-                "upstreams.web.idle_timeout"
+                "upstreams.web.idle_timeout",
+                // Found by validating the rest: the file has no [[routes]].
+                "routes"
             ]
         );
         assert!(err.problems().iter().all(|p| !p.to_string().contains('\n')));
+    }
+
+    #[test]
+    fn a_refused_value_hides_only_what_its_default_could_cause() {
+        let text = r#"
+first_byte_timeout = "0s"
+listen = 5
+admin = "127.0.0.1:8080"
+[upstreams.api]
+url = "http://127.0.0.1:9000"
+max_connections = 2.5
+min_connections = 6
+connect_timeout = "0s"
+[upstreams.web]
+endpoints = 3
+tls_server_name = "web.internal"
+max_queue = 2
+min_connections = 0
+[[routes]]
+upstream = "api"
+[[routes]]
+upstream = "web"
+"#;
+        let err = Config::load_toml(text, "test", &Overrides::default()).unwrap_err();
+        let keys: Vec<&str> = err.problems().iter().map(|p| p.key.as_str()).collect();
+        // Not min_connections against the default 8, nor url missing nor tls_server_name on http://, nor admin on
+        // the default listen's port: those are the defaults standing in for the refused values.
+        assert_eq!(
+            keys,
+            [
+                "listen",
+                "upstreams.api.max_connections",
+                "upstreams.web.endpoints",
+                "first_byte_timeout",
+                "upstreams.api.connect_timeout",
+                "upstreams.web.min_connections"
+            ]
+        );
     }
 
     #[test]

@@ -84,7 +84,7 @@ struct LayerArgs {
     /// Longest to let in-flight and queued requests finish on SIGTERM/SIGINT.
     #[arg(long, value_parser = humantime::parse_duration)]
     shutdown_timeout: Option<Duration>,
-    /// Runtime worker threads (default: one per CPU).
+    /// Runtime worker threads, 1 to 1024 (default: one per CPU).
     #[arg(long)]
     threads: Option<usize>,
     /// Log lines as readable text or as one JSON object each.
@@ -182,7 +182,7 @@ fn main() -> ExitCode {
     match cli.command {
         Some(Command::Demo(args)) => {
             // The demo's output is its table; the proxy's own info lines would only interleave with it.
-            let _guard = init_logging(LogFormat::Human, "warn", None);
+            init_logging(LogFormat::Human, "warn", None);
             return run_demo(args);
         }
         Some(Command::Check(args)) => return run_check(args.or(cli.layers)),
@@ -198,9 +198,18 @@ fn main() -> ExitCode {
         Ok(writer) => writer,
         Err(code) => return code,
     };
-    // Held to the end of main: dropping it flushes the access lines still queued.
-    let _access_guard = init_logging(config.log_format, &config.log_level, access_log);
-    let runtime = match build_runtime(config.threads) {
+    // The guard is held to the end of main: dropping it flushes the access lines still queued.
+    let (access_log, _access_guard) =
+        match access_log.map(|writer| without_panic(|| tracing_appender::non_blocking(writer))) {
+            None => (None, None),
+            Some(Ok((writer, guard))) => (Some(writer), Some(guard)),
+            Some(Err(err)) => {
+                eprintln!("floodgate: cannot start the access log's writer thread: {err}");
+                return ExitCode::from(1);
+            }
+        };
+    init_logging(config.log_format, &config.log_level, access_log);
+    let runtime = match start_runtime(config.threads) {
         Ok(runtime) => runtime,
         Err(err) => {
             eprintln!("floodgate: cannot start the runtime: {err}");
@@ -321,6 +330,11 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
 /// See `build_runtime` and `floodgate::upstream_lane`.
 const LANE_EVERY_TASKS: u32 = 8;
 
+/// [`build_runtime`], with a thread the OS refuses as an error rather than a panic (see [`without_panic`]).
+fn start_runtime(threads: Option<usize>) -> Result<tokio::runtime::Runtime, String> {
+    without_panic(move || build_runtime(threads)).and_then(|built| built.map_err(|err| err.to_string()))
+}
+
 fn build_runtime(threads: Option<usize>) -> std::io::Result<tokio::runtime::Runtime> {
     // One thread: the current-thread scheduler, which hands a woken task over without the work-stealing
     // machinery (atomics, a parked worker to unpark) that a single worker cannot use anyway.
@@ -342,8 +356,39 @@ fn build_runtime(threads: Option<usize>) -> std::io::Result<tokio::runtime::Runt
     builder.build()
 }
 
+/// Runs `make` on a thread of its own and returns what it made, or the message it panicked with. tokio and
+/// tracing-appender panic when the OS refuses them a thread (a process or memory limit), and tokio's unwinding then
+/// waits forever for the workers it did start: here that is one line, and the stuck thread ends with the process.
+fn without_panic<T: Send + 'static>(make: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
+    let (sender, receiver) = std::sync::mpsc::channel();
+    let panicked = sender.clone();
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = match (payload.downcast_ref::<&str>(), payload.downcast_ref::<String>()) {
+            (Some(text), _) => text.to_string(),
+            (None, Some(text)) => text.clone(),
+            (None, None) => "panicked".to_string(),
+        };
+        let _ = panicked.send(Err(message.split_whitespace().collect::<Vec<_>>().join(" ")));
+    }));
+    let started = std::thread::Builder::new()
+        .name("floodgate-start".to_string())
+        .spawn(move || {
+            let _ = sender.send(Ok(make()));
+        });
+    let result = match started {
+        Ok(_) => receiver
+            .recv()
+            .unwrap_or_else(|_| Err("the start-up thread ended without a result".to_string())),
+        Err(err) => Err(format!("cannot create a thread: {err}")),
+    };
+    std::panic::set_hook(previous);
+    result
+}
+
 fn run_demo(args: floodgate::demo::DemoArgs) -> ExitCode {
-    let runtime = match build_runtime(None) {
+    let runtime = match start_runtime(None) {
         Ok(runtime) => runtime,
         Err(err) => {
             eprintln!("floodgate: cannot start the runtime: {err}");
@@ -362,8 +407,8 @@ fn run_demo(args: floodgate::demo::DemoArgs) -> ExitCode {
     }
 }
 
-/// The access log's destination, opened now so that a path that cannot be written stops start-up (exit 2, one
-/// line naming the key) rather than losing every line later.
+/// The access log's destination, opened before anything starts. Validation tried the path already, so that `check`
+/// refuses it too; one that stopped opening since still stops start-up (exit 2, one line naming the key).
 fn open_access_log(config: &Config) -> Result<Option<Box<dyn Write + Send>>, ExitCode> {
     use floodgate::config::AccessLogTarget;
     match config.access_log_target() {
@@ -390,11 +435,7 @@ fn open_access_log(config: &Config) -> Result<Option<Box<dyn Write + Send>>, Exi
 /// non-blocking writer, lossy): a destination that cannot keep up loses lines instead of stalling requests. The
 /// ordinary log stays synchronous on stderr: it is rare (shedding warnings are rate-limited), and its last lines
 /// before an exit must not be lost.
-fn init_logging(
-    format: LogFormat,
-    level: &str,
-    access: Option<Box<dyn Write + Send>>,
-) -> Option<tracing_appender::non_blocking::WorkerGuard> {
+fn init_logging(format: LogFormat, level: &str, access: Option<tracing_appender::non_blocking::NonBlocking>) {
     use std::io::IsTerminal;
     use tracing_subscriber::filter::filter_fn;
     use tracing_subscriber::layer::SubscriberExt;
@@ -439,8 +480,7 @@ fn init_logging(
     };
     layers.push(log.with_filter(filter).boxed());
 
-    let guard = access.map(|writer| {
-        let (writer, guard) = tracing_appender::non_blocking(writer);
+    if let Some(writer) = access {
         let access = match format {
             LogFormat::Human => fmt::layer().with_writer(writer).with_ansi(false).boxed(),
             LogFormat::Json => fmt::layer()
@@ -453,8 +493,6 @@ fn init_logging(
         };
         let only_access = filter_fn(|metadata| metadata.target() == floodgate::access::TARGET);
         layers.push(access.with_filter(only_access).boxed());
-        guard
-    });
+    }
     tracing_subscriber::registry().with(layers).init();
-    guard
 }

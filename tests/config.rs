@@ -35,10 +35,14 @@ fn assert_rejected(config: &str, extra_args: &[&str], must_name: &[&str]) -> Str
     lines[0].to_owned()
 }
 
+/// With its route: every problem gets a line of its own, and a missing route would be a second one.
 const GOOD_UPSTREAM: &str = r#"
 [upstreams.api]
 url = "http://127.0.0.1:9"
 max_connections = 4
+
+[[routes]]
+upstream = "api"
 "#;
 
 #[test]
@@ -53,6 +57,9 @@ fn unknown_upstream_key_is_rejected_naming_it() {
 [upstreams.api]
 url = "http://127.0.0.1:9"
 max_conections = 4
+
+[[routes]]
+upstream = "api"
 "#;
     assert_rejected(config, &[], &["max_conections"]);
 }
@@ -77,6 +84,9 @@ fn negative_max_connections_is_rejected_naming_the_key() {
 [upstreams.api]
 url = "http://127.0.0.1:9"
 max_connections = -1
+
+[[routes]]
+upstream = "api"
 "#;
     assert_rejected(config, &[], &["max_connections"]);
 }
@@ -88,6 +98,9 @@ fn unparsable_duration_is_rejected_naming_the_key() {
 url = "http://127.0.0.1:9"
 max_connections = 4
 queue_timeout = "5 parsecs"
+
+[[routes]]
+upstream = "api"
 "#;
     assert_rejected(config, &[], &["queue_timeout"]);
 }
@@ -288,4 +301,55 @@ upstream = "a"
         assert!(got[0].eq_ignore_ascii_case(host), "Host {:?}, expected {host}", got[0]);
     }
     assert_eq!(a.requests(), 1);
+}
+
+#[test]
+fn a_port_in_use_is_reported_once_and_exits_1() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let (status, stdout, stderr) = run_to_exit(
+        &["--upstream", "127.0.0.1:9", "--listen", &addr, "--admin", "127.0.0.1:0"],
+        Duration::from_secs(10),
+    );
+    assert_eq!(status.code(), Some(1), "stdout: {stdout}; stderr: {stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(lines[0].contains(&format!("cannot listen on {addr}")), "{stderr}");
+    assert_eq!(
+        lines[0].matches("in use").count(),
+        1,
+        "the reason is given twice: {stderr}"
+    );
+}
+
+#[test]
+fn listen_and_admin_on_one_port_are_refused_by_check_as_start_up_would_fail() {
+    // A port free now, given to both listeners.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    for (listen, admin) in [
+        (format!("127.0.0.1:{port}"), format!("127.0.0.1:{port}")),
+        (format!("0.0.0.0:{port}"), format!("127.0.0.1:{port}")),
+    ] {
+        let config = format!("listen = \"{listen}\"\nadmin = \"{admin}\"\n{GOOD_UPSTREAM}");
+        let line = support::pki::assert_refused(&config, "admin");
+        assert!(line.contains("listen"), "{line}");
+    }
+    // Port 0 picks a free port for each: no clash.
+    let (status, _, stderr) = run_to_exit(
+        &[
+            "check",
+            "--upstream",
+            "127.0.0.1:9",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+        ],
+        Duration::from_secs(10),
+    );
+    assert_eq!(status.code(), Some(0), "{stderr}");
 }

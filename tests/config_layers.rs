@@ -120,6 +120,9 @@ listen = "nowhere"
 url = "http://127.0.0.1:9"
 max_connections = "many"
 queue_timeout = "5 parsecs"
+
+[[routes]]
+upstream = "api"
 "#,
     );
     let run = check(&["--config", &bad_values.path_str()], &[]);
@@ -399,4 +402,284 @@ fn the_admin_token_is_checked_and_never_shown() {
     assert_eq!(problems.len(), 1, "{problems:?}");
     assert!(problems[0].contains("admin_token:"), "{problems:?}");
     assert!(!run.stderr.contains(short), "{}", run.stderr);
+}
+
+/// A file that starts on ephemeral ports (in case start-up accepts it) with upstream `api` and its route; `top`
+/// goes before the tables, `api` inside `[upstreams.api]`, `rest` after the route.
+fn file_with(top: &str, api: &str, rest: &str) -> String {
+    format!(
+        "listen = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n{top}\n[upstreams.api]\nurl = \"http://127.0.0.1:9\"\n\
+         {api}\n\n[[routes]]\nupstream = \"api\"\n{rest}\n"
+    )
+}
+
+#[test]
+fn integer_keys_refuse_fractions_and_booleans_in_the_file() {
+    for (top, api, rest, key) in [
+        ("", "max_connections = 4.5", "", "upstreams.api.max_connections"),
+        ("", "max_connections = 0.5", "", "upstreams.api.max_connections"),
+        ("", "max_connections = true", "", "upstreams.api.max_connections"),
+        ("", "max_queue = 2.5", "", "upstreams.api.max_queue"),
+        ("", "shed_status = 503.0", "", "upstreams.api.shed_status"),
+        (
+            "",
+            "fair_weights = { gold = 2.5 }",
+            "",
+            "upstreams.api.fair_weights.gold",
+        ),
+        ("threads = 2.0", "", "", "threads"),
+        ("max_concurrent_streams = false", "", "", "max_concurrent_streams"),
+        ("max_buffered_bytes = 1e6", "", "", "max_buffered_bytes"),
+        ("", "", "priority = 1.5", "routes[0].priority"),
+    ] {
+        let line = pki::assert_refused(&file_with(top, api, rest), key);
+        assert!(line.contains("expected an integer"), "{line}");
+    }
+    // A whole number stays a whole number; in quotes it is still the integer it spells.
+    let run = check(
+        &[
+            "--config",
+            &TempConfig::new(&file_with("", "max_connections = \"4\"", "")).path_str(),
+        ],
+        &[],
+    );
+    assert_eq!(
+        upstream(&run.effective(), "api")["max_connections"].as_integer(),
+        Some(4)
+    );
+}
+
+#[test]
+fn integer_keys_refuse_fractions_and_booleans_from_the_environment() {
+    let file = file_with("", "", "");
+    for (variable, value, key) in [
+        (
+            "FLOODGATE__UPSTREAMS__API__MAX_CONNECTIONS",
+            "true",
+            "upstreams.api.max_connections",
+        ),
+        (
+            "FLOODGATE__UPSTREAMS__API__MAX_CONNECTIONS",
+            "4.5",
+            "upstreams.api.max_connections",
+        ),
+        ("FLOODGATE__UPSTREAMS__API__MAX_QUEUE", "yes", "upstreams.api.max_queue"),
+        ("FLOODGATE__UPSTREAMS__API__MAX_QUEUE", "2.5", "upstreams.api.max_queue"),
+        ("FLOODGATE__THREADS", "on", "threads"),
+    ] {
+        let line = pki::assert_refused_with_env(&file, key, &[(variable, value)]);
+        assert!(line.contains(variable), "{line}");
+    }
+    let run = check(
+        &["--config", &TempConfig::new(&file).path_str()],
+        &[("FLOODGATE__UPSTREAMS__API__MAX_QUEUE", "7")],
+    );
+    assert_eq!(upstream(&run.effective(), "api")["max_queue"].as_integer(), Some(7));
+}
+
+#[test]
+fn threads_beyond_the_bound_are_refused_by_check_and_start_up_alike() {
+    pki::assert_refused(&file_with("threads = 100000", "", ""), "threads");
+    pki::assert_refused(&file_with("threads = 1025", "", ""), "threads");
+    let run = check(
+        &[
+            "--config",
+            &TempConfig::new(&file_with("threads = 1024", "", "")).path_str(),
+        ],
+        &[],
+    );
+    assert_eq!(run.effective()["threads"].as_integer(), Some(1024));
+    // As a flag too.
+    for args in [
+        &["check", "--upstream", "127.0.0.1:9", "--threads", "100000"][..],
+        &[
+            "--upstream",
+            "127.0.0.1:9",
+            "--threads",
+            "100000",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+        ],
+    ] {
+        let run = floodgate(args, &[]);
+        assert_eq!(run.status.code(), Some(2), "{args:?}: {}", run.stderr);
+        let lines = run.problems();
+        assert_eq!(lines.len(), 1, "{args:?}: {lines:?}");
+        assert!(lines[0].contains(" threads: "), "{lines:?}");
+    }
+}
+
+/// floodgate with `args`, allowed `max_processes` threads in all (itself included), through util-linux's `prlimit`:
+/// as root, run as `nobody`, whose count holds floodgate alone (root's own limit is not enforced); otherwise the
+/// limit is 1, below what the user running the tests already has, so that no thread at all can be made.
+fn floodgate_with_few_threads(args: &[&str], env: &[(&str, &str)], max_processes: u32) -> Run {
+    let root = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|out| out.stdout.trim_ascii() == b"0");
+    let mut command = if root {
+        let mut command = std::process::Command::new("setpriv");
+        command.args(["--reuid=65534", "--regid=65534", "--clear-groups", "prlimit"]);
+        command
+    } else {
+        std::process::Command::new("prlimit")
+    };
+    let limit = if root { max_processes } else { 1 };
+    command
+        .arg(format!("--nproc={limit}"))
+        .arg(floodgate_bin())
+        .args(args)
+        .envs(env.iter().copied());
+    let (status, stdout, stderr) = run_command_to_exit(command, Duration::from_secs(20));
+    Run { status, stdout, stderr }
+}
+
+#[test]
+fn a_runtime_that_cannot_get_its_threads_is_one_line_and_exit_1_not_a_panic_or_a_hang() {
+    let ports = [
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+        "--upstream",
+        "127.0.0.1:9",
+    ];
+    // Some worker threads start and then the rest cannot (tokio panics there, and its unwinding waits forever on
+    // the ones it started); then none at all.
+    for max_processes in [8, 1] {
+        let mut args = ports.to_vec();
+        args.extend(["--threads", "64"]);
+        let run = floodgate_with_few_threads(&args, &[], max_processes);
+        assert_eq!(run.status.code(), Some(1), "limit {max_processes}: {}", run.stderr);
+        let lines = run.problems();
+        assert_eq!(lines.len(), 1, "limit {max_processes}: {}", run.stderr);
+        assert!(
+            lines[0].starts_with("floodgate: cannot start the runtime: "),
+            "limit {max_processes}: {lines:?}"
+        );
+        assert!(!run.stdout.contains("floodgate ready"), "{}", run.stdout);
+    }
+    // The access log's writer thread is the first one made: the same, under its own name.
+    let run = floodgate_with_few_threads(&ports, &[("FLOODGATE__ACCESS_LOG", "stderr")], 1);
+    assert_eq!(run.status.code(), Some(1), "{}", run.stderr);
+    let lines = run.problems();
+    assert_eq!(lines.len(), 1, "{}", run.stderr);
+    assert!(lines[0].starts_with("floodgate: cannot start "), "{lines:?}");
+}
+
+#[test]
+fn check_refuses_an_access_log_that_start_up_could_not_open() {
+    let dir = pki::TempDir::new();
+    let missing = dir.0.join("no-such-dir").join("access.log");
+    let line = pki::assert_refused(
+        &file_with(&format!("access_log = {:?}", missing.display().to_string()), "", ""),
+        "access_log",
+    );
+    assert!(line.contains("no-such-dir"), "{line}");
+    // A directory is no file to append to.
+    pki::assert_refused(
+        &file_with(&format!("access_log = {:?}", dir.0.display().to_string()), "", ""),
+        "access_log",
+    );
+
+    // A file that can be opened passes, and check leaves it as it was: an existing one keeps its lines, a new one
+    // is not created.
+    let existing = dir.write("existing.log", "an old line\n");
+    let new = dir.0.join("new.log").display().to_string();
+    for path in [&existing, &new] {
+        let file = TempConfig::new(&file_with(&format!("access_log = {path:?}"), "", ""));
+        check(&["--config", &file.path_str()], &[]).effective();
+    }
+    assert_eq!(std::fs::read_to_string(&existing).unwrap(), "an old line\n");
+    assert!(!Path::new(&new).exists(), "check created {new}");
+}
+
+/// `check` and start-up both exit 2 with the same problems, one line each; returns the lines.
+fn assert_refused_with_lines(config: &str, env: &[(&str, &str)]) -> Vec<String> {
+    let file = TempConfig::new(config);
+    let path = file.path_str();
+    let checked = check(&["--config", &path], env);
+    let started = floodgate(&["--config", &path], env);
+    for run in [&checked, &started] {
+        assert_eq!(
+            run.status.code(),
+            Some(2),
+            "stdout: {}; stderr: {}",
+            run.stdout,
+            run.stderr
+        );
+    }
+    assert_eq!(checked.problems(), started.problems());
+    checked.problems().iter().map(|line| line.to_string()).collect()
+}
+
+#[test]
+fn every_bad_trusted_proxies_entry_is_reported_not_only_the_first() {
+    let lines = assert_refused_with_lines(
+        &file_with(
+            r#"trusted_proxies = ["10.0.0.0/8", "nope", "300.1.1.1", "10.0.0.0/99"]"#,
+            "",
+            "",
+        ),
+        &[],
+    );
+    let keys = ["trusted_proxies[1]: ", "trusted_proxies[2]: ", "trusted_proxies[3]: "];
+    assert_eq!(lines.len(), keys.len(), "{lines:#?}");
+    for (line, key) in lines.iter().zip(keys) {
+        assert!(line.contains(key), "{line} does not name {key}");
+    }
+    let lines = assert_refused_with_lines(
+        &file_with("", "", ""),
+        &[("FLOODGATE__TRUSTED_PROXIES", "nope, 10.0.0.0/8, 300.1.1.1")],
+    );
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    assert!(lines[0].contains("trusted_proxies[0]: ") && lines[0].contains("FLOODGATE__TRUSTED_PROXIES"));
+    assert!(lines[1].contains("trusted_proxies[2]: "), "{lines:#?}");
+}
+
+#[test]
+fn a_bad_value_does_not_hide_the_problems_of_other_keys() {
+    let config = r#"
+listen = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+max_header_bytes = 0
+fair_weights_typo = 1
+
+[upstreams.api]
+url = "http://127.0.0.1:9"
+max_connections = 4.5
+fair_weights = { a = 0.5, b = 2, c = "x" }
+
+[upstreams.web]
+endpoints = [
+    { url = "ftp://127.0.0.1:1", max_connections = 1 },
+    { url = "http://127.0.0.1:2", max_connections = 0 },
+]
+
+[[routes]]
+upstream = "api"
+
+[[routes]]
+upstream = "nowhere"
+"#;
+    let lines = assert_refused_with_lines(config, &[]);
+    let keys = [
+        "fair_weights_typo: ",
+        "upstreams.api.fair_weights.a: ",
+        "upstreams.api.fair_weights.c: ",
+        "upstreams.api.max_connections: ",
+        "max_header_bytes: ",
+        "upstreams.web.endpoints[0].url: ",
+        "upstreams.web.endpoints[1].max_connections: ",
+        "routes[1].upstream: ",
+    ];
+    assert_eq!(lines.len(), keys.len(), "{lines:#?}");
+    for key in keys {
+        assert!(
+            lines.iter().any(|line| line.contains(key)),
+            "no line names {key}: {lines:#?}"
+        );
+    }
 }

@@ -30,18 +30,19 @@ use crate::proxy::Proxy;
 use crate::reload::{self, ConfigSource, Plan, ReloadError, Reloaded};
 use crate::upstream_lane::UpstreamLane;
 
-/// Why floodgate could not start.
+/// Why floodgate could not start. Each message leaves its cause to the error's source, which a chain printer
+/// (`anyhow`'s `{:#}`) adds after it: saying it in both printed it twice.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}")]
     Bind {
         addr: SocketAddr,
         #[source]
         source: std::io::Error,
     },
-    #[error("invalid configuration: {0}")]
+    #[error("invalid configuration")]
     Config(#[from] crate::config::ConfigError),
-    #[error("cannot start the upstream lane's thread: {0}")]
+    #[error("cannot start the upstream lane's thread")]
     Lane(#[source] std::io::Error),
 }
 

@@ -1567,9 +1567,18 @@ pub fn run_to_exit(args: &[&str], timeout: Duration) -> (ExitStatus, String, Str
 
 /// [`run_to_exit`] with `env` added to the environment floodgate inherits.
 pub fn run_to_exit_with_env(args: &[&str], env: &[(&str, &str)], timeout: Duration) -> (ExitStatus, String, String) {
-    let mut child = Command::new(floodgate_bin())
-        .args(args)
-        .envs(env.iter().copied())
+    let mut command = Command::new(floodgate_bin());
+    command.args(args).envs(env.iter().copied());
+    run_command_to_exit(command, timeout)
+}
+
+/// [`run_to_exit`] for a command built by the caller (floodgate behind `setpriv`, `sh -c 'ulimit …; exec …'`).
+pub fn run_command_to_exit(mut command: Command, timeout: Duration) -> (ExitStatus, String, String) {
+    let args: Vec<String> = command
+        .get_args()
+        .map(|arg| arg.to_string_lossy().into_owned())
+        .collect();
+    let mut child = command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
