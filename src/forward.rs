@@ -247,9 +247,12 @@ fn plain_host(bytes: &[u8]) -> bool {
 /// hyper decodes the `chunked` transfer coding and no other, and Transfer-Encoding is hop-by-hop: a body sent with
 /// another coding (gzip, say) would reach the upstream with that coding undeclared. RFC 9112 §6.1 answers a coding
 /// the server does not understand with 501. `identity` (a no-op from older RFCs) passes. A list whose last coding
-/// is not chunked, and Transfer-Encoding on HTTP/1.0, hyper refuses itself (400).
+/// is not chunked, and Transfer-Encoding on HTTP/1.0, hyper refuses itself (400). Empty list elements
+/// (`,chunked`) are no coding: RFC 9110 §5.6.1 has recipients ignore them.
 pub fn check_transfer_coding(headers: &HeaderMap) -> Result<(), ProxyError> {
-    let understood = |coding: &str| coding.eq_ignore_ascii_case("chunked") || coding.eq_ignore_ascii_case("identity");
+    let understood = |coding: &str| {
+        coding.is_empty() || coding.eq_ignore_ascii_case("chunked") || coding.eq_ignore_ascii_case("identity")
+    };
     let all_understood = headers.get_all(header::TRANSFER_ENCODING).iter().all(|line| {
         line.to_str()
             .is_ok_and(|line| line.split(',').map(str::trim).all(understood))

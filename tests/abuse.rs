@@ -416,6 +416,50 @@ async fn transfer_encodings_other_than_one_final_chunked_are_refused_and_repeats
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_transfer_encoding_list_elements_are_ignored_and_the_body_goes_upstream_chunked() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &[]).await;
+    let body = "3\r\nabc\r\n0\r\n\r\n";
+    // RFC 9110 §5.6.1: a recipient ignores empty list elements.
+    let accepted = [
+        ("a leading comma", "Transfer-Encoding: ,chunked\r\n"),
+        ("a leading comma and a space", "Transfer-Encoding: , chunked\r\n"),
+        ("an empty element between", "Transfer-Encoding: identity,,chunked\r\n"),
+        (
+            "an empty line before chunked",
+            "Transfer-Encoding: ,\r\nTransfer-Encoding: chunked\r\n",
+        ),
+    ];
+    for (i, (what, framing)) in accepted.iter().enumerate() {
+        let resp = answer(proxy.listen, &framed(framing, body)).await.unwrap();
+        assert_eq!(resp.status, 200, "{what}: {resp:?}");
+        assert_eq!(resp.text(), "3", "{what}: the upstream read the decoded body");
+        let seen = upstream.recorded();
+        assert_eq!(seen.len(), i + 1, "{what}: {seen:?}");
+        let last = &seen[i];
+        assert_eq!(
+            last.header_all("transfer-encoding"),
+            vec!["chunked"],
+            "{what}: {last:?}"
+        );
+        assert!(last.header("content-length").is_none(), "{what}: {last:?}");
+    }
+    // An empty element does not hide a coding floodgate cannot pass on.
+    let resp = answer(proxy.listen, &framed("Transfer-Encoding: gzip,,chunked\r\n", body))
+        .await
+        .unwrap();
+    assert_eq!(resp.status, 501, "{resp:?}");
+    // hyper reads only the last element of the last line, so an empty one there hides the final chunked from it:
+    // refused (400), which is the safe side of the rule, before floodgate sees the request.
+    let resp = answer(proxy.listen, &framed("Transfer-Encoding: chunked,\r\n", body))
+        .await
+        .unwrap();
+    assert_eq!(resp.status, 400, "{resp:?}");
+    assert_eq!(upstream.requests(), accepted.len(), "{:?}", upstream.recorded());
+    assert_still_sound(&proxy, &upstream, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conflicting_or_malformed_content_lengths_are_refused_and_identical_repeats_go_upstream_once() {
     let upstream = Upstream::start().await;
     let proxy = Proxy::for_upstream(&upstream, 1, &[]).await;

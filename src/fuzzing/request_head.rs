@@ -188,7 +188,9 @@ async fn on_request(proxy: &Proxy, client: &ClientInfo, request: Request<Incomin
                 .iter()
                 .flat_map(|line| line.as_bytes().split(|&b| b == b','))
                 .map(<[u8]>::trim_ascii)
+                .filter(|coding| !coding.is_empty())
                 .collect();
+            // An empty list element is no coding (RFC 9110 §5.6.1): never the reason for a refusal.
             assert!(
                 !codings
                     .iter()
