@@ -134,10 +134,7 @@ pub fn upstream_head(
     client: &ClientInfo,
     default_host: &HeaderValue,
 ) -> Result<(), ProxyError> {
-    // RFC 9112 §3.2.4: the asterisk form is for OPTIONS alone; another method with it is no valid request line.
-    if parts.uri.path() == "*" && parts.method != Method::OPTIONS {
-        return Err(ProxyError::AsteriskTarget);
-    }
+    check_target(&parts.method, &parts.uri)?;
     let host = match (parts.uri.authority(), parts.headers.get(header::HOST)) {
         // RFC 9110 §4.2.4: userinfo in a request target is an error; it must never become the upstream's Host.
         (Some(authority), _) if authority.as_str().contains('@') => return Err(ProxyError::InvalidHost),
@@ -159,6 +156,23 @@ pub fn upstream_head(
     parts.uri = origin_form(&parts.uri, &parts.method);
     parts.version = Version::HTTP_11;
     Ok(())
+}
+
+/// The request target's form (RFC 9112 §3.2): origin or absolute form, `*` for OPTIONS. Authority form is for
+/// CONNECT alone, refused before this as a tunnel; elsewhere it would be routed by an authority that is no target.
+/// An absolute form names an `http` or `https` origin (the listener, not the scheme, says how the client came, so
+/// `https://` on a plain listener is served as `http://` is); a proxy in front of origins serves no other scheme.
+pub fn check_target(method: &Method, uri: &Uri) -> Result<(), ProxyError> {
+    // RFC 9112 §3.2.4: the asterisk form is for OPTIONS alone; another method with it is no valid request line.
+    if uri.path() == "*" && method != Method::OPTIONS {
+        return Err(ProxyError::AsteriskTarget);
+    }
+    match uri.scheme_str() {
+        Some(scheme) if scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https") => Ok(()),
+        Some(_) => Err(ProxyError::UnsupportedScheme),
+        None if uri.authority().is_some() => Err(ProxyError::AuthorityFormTarget),
+        None => Ok(()),
+    }
 }
 
 fn origin_form(uri: &Uri, method: &Method) -> Uri {

@@ -189,6 +189,63 @@ async fn bare_lf_line_endings_are_accepted_and_reach_the_upstream_as_a_normal_re
     assert_still_sound(&proxy, &upstream, 1).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authority_form_targets_and_schemes_other_than_http_get_400_and_never_reach_the_upstream() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &[]).await;
+    // RFC 9112 §3.2.3: authority form is for CONNECT alone (CONNECT itself is refused as a tunnel, 501); a proxy
+    // in front of an origin serves http and https targets and nothing else.
+    let cases: &[(&str, &[u8])] = &[
+        (
+            "authority form on GET",
+            b"GET evil.example:81 HTTP/1.1\r\nHost: x\r\n\r\n",
+        ),
+        (
+            "authority form on OPTIONS",
+            b"OPTIONS evil.example:81 HTTP/1.1\r\nHost: x\r\n\r\n",
+        ),
+        (
+            "authority form on POST",
+            b"POST evil.example:81 HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nab",
+        ),
+        (
+            "gopher scheme",
+            b"GET gopher://evil.example/x HTTP/1.1\r\nHost: x\r\n\r\n",
+        ),
+        ("ftp scheme", b"GET ftp://evil.example/ HTTP/1.1\r\nHost: x\r\n\r\n"),
+        (
+            "ws scheme without Upgrade",
+            b"GET ws://evil.example/ HTTP/1.1\r\nHost: x\r\n\r\n",
+        ),
+    ];
+    for (what, request) in cases {
+        let resp = answer(proxy.listen, request)
+            .await
+            .unwrap_or_else(|e| panic!("{what}: no answer: {e}"));
+        assert_eq!(resp.status, 400, "{what}: {:?} answered {resp:?}", show(request));
+    }
+    // HTTP/2 carries the scheme as `:scheme`.
+    let mut h2 = H2Conn::connect(proxy.listen).await;
+    let resp = h2.try_get_uri("gopher://evil.example/h2").await.unwrap();
+    assert_eq!(resp.status, StatusCode::BAD_REQUEST, "{}", resp.text());
+    assert_eq!(upstream.requests(), 0, "{:?}", upstream.recorded());
+
+    // https in absolute form on a plain listener is served as http is: the scheme names the origin, and what
+    // goes upstream (X-Forwarded-Proto included) depends on how the client reached floodgate, not on it.
+    for target in ["https://app.example/abs-https", "HTTP://app.example/abs-http-upper"] {
+        let request = format!("GET {target} HTTP/1.1\r\nHost: x\r\n\r\n");
+        let resp = answer(proxy.listen, request.as_bytes()).await.unwrap();
+        assert_eq!(resp.status, 200, "{target}: {resp:?}");
+    }
+    let seen = upstream.recorded_with_prefix("/abs-");
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    for r in &seen {
+        assert_eq!(r.header_all("host"), vec!["app.example"], "{r:?}");
+        assert_eq!(r.header_all("x-forwarded-proto"), vec!["http"], "{r:?}");
+    }
+    assert_still_sound(&proxy, &upstream, 1).await;
+}
+
 /// A request head of `fields` lines of 64 bytes each, plus the request line and Host.
 fn head_with_fields(path: &str, fields: usize) -> Vec<u8> {
     let mut head = format!("GET {path} HTTP/1.1\r\nHost: client.test\r\n").into_bytes();

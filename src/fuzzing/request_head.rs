@@ -181,6 +181,17 @@ async fn on_request(proxy: &Proxy, client: &ClientInfo, request: Request<Incomin
                 "refused for an invalid Host: {client_head:?}"
             );
         }
+        Err(ProxyError::AuthorityFormTarget) => assert!(
+            client_head.uri.scheme().is_none() && client_head.uri.authority().is_some(),
+            "refused for an authority-form target: {client_head:?}"
+        ),
+        Err(ProxyError::UnsupportedScheme) => assert!(
+            client_head
+                .uri
+                .scheme_str()
+                .is_some_and(|s| !s.eq_ignore_ascii_case("http") && !s.eq_ignore_ascii_case("https")),
+            "refused for its scheme: {client_head:?}"
+        ),
         Err(ProxyError::UnsupportedTransferCoding) => {
             let codings: Vec<&[u8]> = client_head
                 .headers

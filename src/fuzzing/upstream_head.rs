@@ -85,6 +85,14 @@ pub(super) fn check(client_head: &ClientHead, sent: &Parts, client: &ClientInfo,
         !target.bytes().any(|b| b <= b' ' || b == 0x7f),
         "request target {target:?} would break the request line"
     );
+    // Only origin form, `*` and absolute form naming an http(s) origin are served; authority form is CONNECT's.
+    let client_scheme = client_head.uri.scheme_str();
+    assert!(
+        client_scheme.is_some_and(|scheme| scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https"))
+            || (client_scheme.is_none() && client_head.uri.authority().is_none()),
+        "the client's target {:?} is forwarded",
+        client_head.uri
+    );
     // An absolute URI's empty path becomes `/`.
     let client_path = match client_head.uri.path() {
         "" => "/",
