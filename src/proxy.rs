@@ -240,7 +240,7 @@ impl Proxy {
         }
         // Before routing: an authority-form target must not pick a route by its authority.
         forward::check_target(request.method(), request.uri())?;
-        forward::check_host(request.headers())?;
+        forward::check_host(request.uri(), request.headers())?;
         forward::check_transfer_coding(request.headers())?;
         let host = forward::target_host(request.uri(), request.headers());
         let router = self.router();

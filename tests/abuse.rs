@@ -246,6 +246,54 @@ async fn authority_form_targets_and_schemes_other_than_http_get_400_and_never_re
     assert_still_sound(&proxy, &upstream, 1).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hosts_with_a_port_past_65535_or_an_empty_label_get_400_and_never_reach_the_upstream() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &[]).await;
+    // A port is a 16-bit number (RFC 6335): past it, one reader wraps it and another refuses it. A name with an
+    // empty label other than the final root one is no DNS name; routing and the upstream might read it apart.
+    let refused = [
+        ("port 99999", "GET / HTTP/1.1\r\nHost: x:99999\r\n\r\n"),
+        ("port 65536", "GET / HTTP/1.1\r\nHost: x:65536\r\n\r\n"),
+        (
+            "port past u64",
+            "GET / HTTP/1.1\r\nHost: x:99999999999999999999999\r\n\r\n",
+        ),
+        ("port with a letter", "GET / HTTP/1.1\r\nHost: x:8o\r\n\r\n"),
+        (
+            "IPv6 literal, port 70000",
+            "GET / HTTP/1.1\r\nHost: [::1]:70000\r\n\r\n",
+        ),
+        (
+            "absolute form, port 99999",
+            "GET http://x:99999/ HTTP/1.1\r\nHost: x\r\n\r\n",
+        ),
+        ("two trailing dots", "GET / HTTP/1.1\r\nHost: secret.internal..\r\n\r\n"),
+        ("a leading dot", "GET / HTTP/1.1\r\nHost: .secret.internal\r\n\r\n"),
+        ("an empty inner label", "GET / HTTP/1.1\r\nHost: a..b\r\n\r\n"),
+        ("the root alone", "GET / HTTP/1.1\r\nHost: .\r\n\r\n"),
+    ];
+    for (what, request) in refused {
+        let resp = answer(proxy.listen, request.as_bytes())
+            .await
+            .unwrap_or_else(|e| panic!("{what}: no answer: {e}"));
+        assert_eq!(resp.status, 400, "{what}: {request:?} answered {resp:?}");
+    }
+    let mut h2 = H2Conn::connect(proxy.listen).await;
+    let resp = h2.try_get_uri("http://x:99999/h2").await.unwrap();
+    assert_eq!(resp.status, StatusCode::BAD_REQUEST, "{}", resp.text());
+    assert_eq!(upstream.requests(), 0, "{:?}", upstream.recorded());
+
+    // The ends of the range, and a name's one trailing dot, pass.
+    for host in ["x:65535", "x:0", "[::1]:443", "app.example."] {
+        let request = format!("GET /port-ok HTTP/1.1\r\nHost: {host}\r\n\r\n");
+        let resp = answer(proxy.listen, request.as_bytes()).await.unwrap();
+        assert_eq!(resp.status, 200, "{host}: {resp:?}");
+    }
+    assert_eq!(upstream.recorded_with_prefix("/port-ok").len(), 4);
+    assert_still_sound(&proxy, &upstream, 1).await;
+}
+
 /// A request head of `fields` lines of 64 bytes each, plus the request line and Host.
 fn head_with_fields(path: &str, fields: usize) -> Vec<u8> {
     let mut head = format!("GET {path} HTTP/1.1\r\nHost: client.test\r\n").into_bytes();
