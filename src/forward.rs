@@ -1,11 +1,11 @@
 //! Forwarding: the request as the upstream sees it, and the bodies relayed both ways.
 //!
-//! Owns header rewriting (hop-by-hop headers removed, `X-Forwarded-*` set, Host kept), the request body that
-//! times out when the client stops sending (sent from memory when it was read before admission), and the
-//! response body that holds the lease until its last byte read from the upstream: it returns the connection when
-//! the body ends, and when the client leaves early it reads the rest of the response (bounded) so the connection
-//! can still be reused. A response small enough to buffer is read in full first and relayed from memory without
-//! a lease. It never decides admission or counts connections.
+//! Owns header rewriting (hop-by-hop headers removed, `X-Forwarded-*` set, Host kept less a trailing dot, an
+//! HTTP/2 cookie joined into one line), the request body that times out when the client stops sending (sent from
+//! memory when it was read before admission), and the response body that holds the lease until its last byte read
+//! from the upstream: it returns the connection when the body ends, and when the client leaves early it reads the
+//! rest of the response (bounded) so the connection can still be reused. A response small enough to buffer is read
+//! in full first and relayed from memory without a lease. It never decides admission or counts connections.
 
 use std::future::Future;
 use std::io::ErrorKind;
@@ -149,6 +149,10 @@ pub fn upstream_head(
         Some(bare) => HeaderValue::from_bytes(&bare).unwrap_or(host),
         None => host,
     };
+    // RFC 9113 §8.2.3 (RFC 9114 §4.2.1 for HTTP/3): a cookie split into fields goes to HTTP/1.1 as one line.
+    if matches!(parts.version, Version::HTTP_2 | Version::HTTP_3) {
+        join_cookie(&mut parts.headers);
+    }
     // A message with both framings is a smuggling attempt's tell; the upstream only ever sees one of them.
     if parts.headers.contains_key(header::TRANSFER_ENCODING) {
         parts.headers.remove(header::CONTENT_LENGTH);
@@ -223,11 +227,26 @@ fn set_forwarded(headers: &mut HeaderMap, client: &ClientInfo, host: HeaderValue
 
 /// All lines of a field as one, joined by commas as RFC 9110 §5.3 reads them; `None` without any.
 fn one_line(headers: &HeaderMap, name: &HeaderName) -> Option<HeaderValue> {
+    joined(headers, name, b", ")
+}
+
+/// All lines of a field as one, `separator` between them; `None` without any.
+fn joined(headers: &HeaderMap, name: &HeaderName, separator: &[u8]) -> Option<HeaderValue> {
     let mut lines = headers.get_all(name).iter();
     let first = lines.next()?.clone();
     lines.try_fold(first, |joined, line| {
-        HeaderValue::from_bytes(&[joined.as_bytes(), b", ", line.as_bytes()].concat()).ok()
+        HeaderValue::from_bytes(&[joined.as_bytes(), separator, line.as_bytes()].concat()).ok()
     })
+}
+
+/// Cookie is no comma list (RFC 6265 §5.4): its crumbs are joined by `; `.
+fn join_cookie(headers: &mut HeaderMap) {
+    if headers.get_all(header::COOKIE).iter().nth(1).is_none() {
+        return;
+    }
+    if let Some(cookie) = joined(headers, &header::COOKIE, b"; ") {
+        headers.insert(header::COOKIE, cookie);
+    }
 }
 
 /// RFC 9112 §3.2: more than one Host line, or a target host (Host, or the URI's authority that wins over it) that

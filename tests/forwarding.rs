@@ -5,7 +5,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use http::{Method, StatusCode, Version};
+use http::{Method, Request, StatusCode, Version};
 use support::*;
 
 const UP: &str = "default";
@@ -454,6 +454,32 @@ async fn trusted_proxy_x_forwarded_for_on_several_lines_keeps_every_hop() {
         vec!["1.2.3.4", "5.6.7.8", "9.9.9.9", "127.0.0.1"],
         "{r:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cookie_fields_of_an_http2_request_go_upstream_joined_into_one_line() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &[]).await;
+    // RFC 9113 §8.2.3: HTTP/2 may split Cookie into one field per crumb; HTTP/1.1 wants one line, joined by "; ".
+    let mut h2 = H2Conn::connect(proxy.listen).await;
+    let request = Request::builder()
+        .uri(format!("http://{}/headers?cookies=h2", proxy.listen))
+        .header("cookie", "a=1")
+        .header("cookie", "b=2")
+        .header("cookie", "c=3")
+        .header("x-multi", "one")
+        .header("x-multi", "two")
+        .body(body_empty())
+        .unwrap();
+    let resp = collect(h2.send(request).await.unwrap()).await.unwrap();
+    assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+    let seen = upstream.recorded_with_prefix("/headers");
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let r = &seen[0];
+    assert_eq!(r.header_all("cookie"), vec!["a=1; b=2; c=3"], "{r:?}");
+    // Only Cookie: any other repeated field keeps its lines.
+    assert_eq!(r.header_all("x-multi"), vec!["one", "two"], "{r:?}");
+    assert_eq!(upstream.rejected(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -188,12 +188,39 @@ pub(super) fn check(client_head: &ClientHead, sent: &Parts, client: &ClientInfo,
         .filter_map(|option| HeaderName::from_bytes(option).ok())
         .collect();
     let chunked = client_head.headers.contains_key(header::TRANSFER_ENCODING);
+    // RFC 9113 §8.2.3: an HTTP/2 (or HTTP/3) cookie split into fields goes upstream as one line, joined by "; ".
+    let joins_cookie =
+        matches!(client_head.version, Version::HTTP_2 | Version::HTTP_3) && !named.contains(&header::COOKIE);
+    if joins_cookie {
+        let crumbs: Vec<&[u8]> = client_head
+            .headers
+            .get_all(header::COOKIE)
+            .iter()
+            .map(HeaderValue::as_bytes)
+            .collect();
+        let sent: Vec<&[u8]> = headers
+            .get_all(header::COOKIE)
+            .iter()
+            .map(HeaderValue::as_bytes)
+            .collect();
+        let expected = crumbs.join(&b"; "[..]);
+        if crumbs.is_empty() {
+            assert!(sent.is_empty(), "a cookie goes upstream that the client never sent");
+        } else {
+            assert_eq!(
+                sent,
+                [expected.as_slice()],
+                "an HTTP/2 cookie goes upstream as one line"
+            );
+        }
+    }
     for name in client_head.headers.keys() {
         let rewritten = SET_BY_PROXY.contains(name)
             || HOP_BY_HOP.contains(name)
             || named.contains(name)
             || [header::EXPECT, header::FORWARDED].contains(name)
-            || (chunked && name == header::CONTENT_LENGTH);
+            || (chunked && name == header::CONTENT_LENGTH)
+            || (joins_cookie && name == header::COOKIE);
         if !rewritten {
             let before: Vec<&HeaderValue> = client_head.headers.get_all(name).iter().collect();
             let after: Vec<&HeaderValue> = headers.get_all(name).iter().collect();
