@@ -26,6 +26,10 @@ pub enum ProxyError {
     InvalidHost,
     #[error("request target `*` is only for OPTIONS")]
     AsteriskTarget,
+    #[error("request target in authority form is only for CONNECT")]
+    AuthorityFormTarget,
+    #[error("request target has a scheme other than http or https")]
+    UnsupportedScheme,
     #[error("request body uses a transfer coding other than chunked")]
     UnsupportedTransferCoding,
     #[error("the client's request body failed: {0}")]
@@ -131,6 +135,8 @@ impl ProxyError {
             ProxyError::MissingHost
             | ProxyError::InvalidHost
             | ProxyError::AsteriskTarget
+            | ProxyError::AuthorityFormTarget
+            | ProxyError::UnsupportedScheme
             | ProxyError::ClientBody(_) => StatusCode::BAD_REQUEST,
             ProxyError::UnsupportedTransferCoding => StatusCode::NOT_IMPLEMENTED,
             ProxyError::ClientBodyTimeout(_) | ProxyError::ClientTooSlow(_) => StatusCode::REQUEST_TIMEOUT,
@@ -160,6 +166,8 @@ impl ProxyError {
             ProxyError::MissingHost => "missing Host header\n",
             ProxyError::InvalidHost => "invalid Host header\n",
             ProxyError::AsteriskTarget => "request target * is only for OPTIONS\n",
+            ProxyError::AuthorityFormTarget => "request target in authority form is only for CONNECT\n",
+            ProxyError::UnsupportedScheme => "request target scheme is not http or https\n",
             ProxyError::UnsupportedTransferCoding => "transfer coding not supported\n",
             ProxyError::ClientBody(_) => "bad request body\n",
             ProxyError::ClientBodyTimeout(_) | ProxyError::ClientTooSlow(_) => "request body timeout\n",
@@ -187,6 +195,8 @@ impl ProxyError {
             ProxyError::MissingHost
             | ProxyError::InvalidHost
             | ProxyError::AsteriskTarget
+            | ProxyError::AuthorityFormTarget
+            | ProxyError::UnsupportedScheme
             | ProxyError::ClientBody(_) => Outcome::BadRequest,
             ProxyError::UnsupportedTransferCoding => Outcome::NotImplemented,
             ProxyError::ClientBodyTimeout(_) | ProxyError::ClientTooSlow(_) => Outcome::ClientTimeout,

@@ -1,11 +1,11 @@
 //! Forwarding: the request as the upstream sees it, and the bodies relayed both ways.
 //!
-//! Owns header rewriting (hop-by-hop headers removed, `X-Forwarded-*` set, Host kept), the request body that
-//! times out when the client stops sending (sent from memory when it was read before admission), and the
-//! response body that holds the lease until its last byte read from the upstream: it returns the connection when
-//! the body ends, and when the client leaves early it reads the rest of the response (bounded) so the connection
-//! can still be reused. A response small enough to buffer is read in full first and relayed from memory without
-//! a lease. It never decides admission or counts connections.
+//! Owns header rewriting (hop-by-hop headers removed, `X-Forwarded-*` set, Host kept less a trailing dot, an
+//! HTTP/2 cookie joined into one line), the request body that times out when the client stops sending (sent from
+//! memory when it was read before admission), and the response body that holds the lease until its last byte read
+//! from the upstream: it returns the connection when the body ends, and when the client leaves early it reads the
+//! rest of the response (bounded) so the connection can still be reused. A response small enough to buffer is read
+//! in full first and relayed from memory without a lease. It never decides admission or counts connections.
 
 use std::future::Future;
 use std::io::ErrorKind;
@@ -134,10 +134,7 @@ pub fn upstream_head(
     client: &ClientInfo,
     default_host: &HeaderValue,
 ) -> Result<(), ProxyError> {
-    // RFC 9112 §3.2.4: the asterisk form is for OPTIONS alone; another method with it is no valid request line.
-    if parts.uri.path() == "*" && parts.method != Method::OPTIONS {
-        return Err(ProxyError::AsteriskTarget);
-    }
+    check_target(&parts.method, &parts.uri)?;
     let host = match (parts.uri.authority(), parts.headers.get(header::HOST)) {
         // RFC 9110 §4.2.4: userinfo in a request target is an error; it must never become the upstream's Host.
         (Some(authority), _) if authority.as_str().contains('@') => return Err(ProxyError::InvalidHost),
@@ -147,6 +144,15 @@ pub fn upstream_head(
         (None, None) if parts.version == Version::HTTP_10 => default_host.clone(),
         (None, None) => return Err(ProxyError::MissingHost),
     };
+    // Routing matched the name without its root dot; the upstream is given that name, so it cannot read another.
+    let host = match without_root_dot(host.as_bytes()) {
+        Some(bare) => HeaderValue::from_bytes(&bare).unwrap_or(host),
+        None => host,
+    };
+    // RFC 9113 §8.2.3 (RFC 9114 §4.2.1 for HTTP/3): a cookie split into fields goes to HTTP/1.1 as one line.
+    if matches!(parts.version, Version::HTTP_2 | Version::HTTP_3) {
+        join_cookie(&mut parts.headers);
+    }
     // A message with both framings is a smuggling attempt's tell; the upstream only ever sees one of them.
     if parts.headers.contains_key(header::TRANSFER_ENCODING) {
         parts.headers.remove(header::CONTENT_LENGTH);
@@ -159,6 +165,23 @@ pub fn upstream_head(
     parts.uri = origin_form(&parts.uri, &parts.method);
     parts.version = Version::HTTP_11;
     Ok(())
+}
+
+/// The request target's form (RFC 9112 §3.2): origin or absolute form, `*` for OPTIONS. Authority form is for
+/// CONNECT alone, refused before this as a tunnel; elsewhere it would be routed by an authority that is no target.
+/// An absolute form names an `http` or `https` origin (the listener, not the scheme, says how the client came, so
+/// `https://` on a plain listener is served as `http://` is); a proxy in front of origins serves no other scheme.
+pub fn check_target(method: &Method, uri: &Uri) -> Result<(), ProxyError> {
+    // RFC 9112 §3.2.4: the asterisk form is for OPTIONS alone; another method with it is no valid request line.
+    if uri.path() == "*" && method != Method::OPTIONS {
+        return Err(ProxyError::AsteriskTarget);
+    }
+    match uri.scheme_str() {
+        Some(scheme) if scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https") => Ok(()),
+        Some(_) => Err(ProxyError::UnsupportedScheme),
+        None if uri.authority().is_some() => Err(ProxyError::AuthorityFormTarget),
+        None => Ok(()),
+    }
 }
 
 fn origin_form(uri: &Uri, method: &Method) -> Uri {
@@ -204,32 +227,92 @@ fn set_forwarded(headers: &mut HeaderMap, client: &ClientInfo, host: HeaderValue
 
 /// All lines of a field as one, joined by commas as RFC 9110 §5.3 reads them; `None` without any.
 fn one_line(headers: &HeaderMap, name: &HeaderName) -> Option<HeaderValue> {
+    joined(headers, name, b", ")
+}
+
+/// All lines of a field as one, `separator` between them; `None` without any.
+fn joined(headers: &HeaderMap, name: &HeaderName, separator: &[u8]) -> Option<HeaderValue> {
     let mut lines = headers.get_all(name).iter();
     let first = lines.next()?.clone();
     lines.try_fold(first, |joined, line| {
-        HeaderValue::from_bytes(&[joined.as_bytes(), b", ", line.as_bytes()].concat()).ok()
+        HeaderValue::from_bytes(&[joined.as_bytes(), separator, line.as_bytes()].concat()).ok()
     })
 }
 
-/// RFC 9112 §3.2: more than one Host line, or a Host that is not a plain `host[:port]`, is a bad request: the
-/// proxy would route by one reading of it while the upstream might act on another. A missing Host is decided by
-/// [`to_upstream`] (HTTP/1.0 may omit it).
-pub fn check_host(headers: &HeaderMap) -> Result<(), ProxyError> {
+/// Cookie is no comma list (RFC 6265 §5.4): its crumbs are joined by `; `.
+fn join_cookie(headers: &mut HeaderMap) {
+    if headers.get_all(header::COOKIE).iter().nth(1).is_none() {
+        return;
+    }
+    if let Some(cookie) = joined(headers, &header::COOKIE, b"; ") {
+        headers.insert(header::COOKIE, cookie);
+    }
+}
+
+/// RFC 9112 §3.2: more than one Host line, or a target host (Host, or the URI's authority that wins over it) that
+/// is not a valid `host[:port]`, is a bad request: the proxy would route by one reading of it while the upstream
+/// might act on another. A missing Host is decided by [`to_upstream`] (HTTP/1.0 may omit it).
+pub fn check_host(uri: &Uri, headers: &HeaderMap) -> Result<(), ProxyError> {
+    let authority_ok = uri
+        .authority()
+        .is_none_or(|authority| valid_authority(authority.as_str().as_bytes()));
     let mut lines = headers.get_all(header::HOST).iter();
-    let Some(host) = lines.next() else {
-        return Ok(());
+    let host_ok = match lines.next() {
+        Some(host) => lines.next().is_none() && valid_authority(host.as_bytes()),
+        None => true,
     };
-    let bytes = host.as_bytes();
-    // Parsing an Authority copies the value; a plain `name[:port]` (nearly every request) is known good without it.
-    let valid = lines.next().is_none()
-        && !bytes.is_empty()
-        && !bytes.contains(&b'@')
-        && (plain_host(bytes) || http::uri::Authority::try_from(bytes).is_ok());
-    if valid {
+    if authority_ok && host_ok {
         Ok(())
     } else {
         Err(ProxyError::InvalidHost)
     }
+}
+
+/// A `host[:port]` every reader takes the same way: no userinfo; a port, when there is one, is a 16-bit number
+/// (past it, one reader wraps it and another refuses it); a name has no empty label but the root's trailing one.
+fn valid_authority(bytes: &[u8]) -> bool {
+    let (name, port) = split_port(bytes);
+    // RFC 3986 §3.2.3 lets the port be empty (`host:`): it means the default.
+    let port_ok = port.is_none_or(|port| {
+        port.is_empty()
+            || (port.iter().all(u8::is_ascii_digit)
+                && std::str::from_utf8(port).is_ok_and(|port| port.parse::<u16>().is_ok()))
+    });
+    let name_ok = if name.starts_with(b"[") {
+        name.ends_with(b"]")
+    } else {
+        let name = name.strip_suffix(b".").unwrap_or(name);
+        !name.is_empty() && name.split(|&b| b == b'.').all(|label| !label.is_empty())
+    };
+    // Parsing an Authority copies the value; a plain `name[:port]` (nearly every request) is known good without it.
+    port_ok && name_ok && !bytes.contains(&b'@') && (plain_host(bytes) || http::uri::Authority::try_from(bytes).is_ok())
+}
+
+/// `host[:port]` split at the port's colon, the first one after an IPv6 literal's `]`.
+fn split_port(authority: &[u8]) -> (&[u8], Option<&[u8]>) {
+    let literal_end = authority.iter().rposition(|&b| b == b']').map_or(0, |end| end + 1);
+    let colon = authority
+        .iter()
+        .skip(literal_end)
+        .position(|&b| b == b':')
+        .map(|at| literal_end + at);
+    match colon.and_then(|colon| Some((authority.get(..colon)?, authority.get(colon + 1..)?))) {
+        Some((name, port)) => (name, Some(port)),
+        None => (authority, None),
+    }
+}
+
+/// `host[:port]` less the name's trailing dot, the DNS root's empty label (RFC 1034 §3.1): `a.example.:80` names
+/// what `a.example:80` does. `None` when there is none to drop, or nothing of the name would be left.
+fn without_root_dot(authority: &[u8]) -> Option<Vec<u8>> {
+    let (name, port) = split_port(authority);
+    let bare = name.strip_suffix(b".").filter(|bare| !bare.is_empty())?;
+    let mut host = bare.to_vec();
+    if let Some(port) = port {
+        host.push(b':');
+        host.extend_from_slice(port);
+    }
+    Some(host)
 }
 
 /// `name` or `name:port` in letters, digits, `.` and `-`: a subset of what [`http::uri::Authority`] accepts.
@@ -247,9 +330,12 @@ fn plain_host(bytes: &[u8]) -> bool {
 /// hyper decodes the `chunked` transfer coding and no other, and Transfer-Encoding is hop-by-hop: a body sent with
 /// another coding (gzip, say) would reach the upstream with that coding undeclared. RFC 9112 §6.1 answers a coding
 /// the server does not understand with 501. `identity` (a no-op from older RFCs) passes. A list whose last coding
-/// is not chunked, and Transfer-Encoding on HTTP/1.0, hyper refuses itself (400).
+/// is not chunked, and Transfer-Encoding on HTTP/1.0, hyper refuses itself (400). Empty list elements
+/// (`,chunked`) are no coding: RFC 9110 §5.6.1 has recipients ignore them.
 pub fn check_transfer_coding(headers: &HeaderMap) -> Result<(), ProxyError> {
-    let understood = |coding: &str| coding.eq_ignore_ascii_case("chunked") || coding.eq_ignore_ascii_case("identity");
+    let understood = |coding: &str| {
+        coding.is_empty() || coding.eq_ignore_ascii_case("chunked") || coding.eq_ignore_ascii_case("identity")
+    };
     let all_understood = headers.get_all(header::TRANSFER_ENCODING).iter().all(|line| {
         line.to_str()
             .is_ok_and(|line| line.split(',').map(str::trim).all(understood))
@@ -1189,7 +1275,7 @@ mod tests {
             "app.example:8080",
             "a-b.c",
             "10.0.0.1:1",
-            "host:99999999",
+            "x:65535",
             "x:0",
         ] {
             assert!(plain_host(host.as_bytes()), "{host}");
@@ -1198,6 +1284,53 @@ mod tests {
         for host in ["", "a:b:c", "host:", ":80", "[::1]:80", "a_b", "h\u{e9}", "a@b"] {
             assert!(!plain_host(host.as_bytes()), "{host}");
         }
+    }
+
+    #[test]
+    fn a_target_host_has_a_16_bit_port_and_no_empty_label_but_the_root() {
+        for host in [
+            "app.example",
+            "app.example.",
+            "app.example.:8080",
+            "x:65535",
+            "x:0",
+            "x:",
+            "[::1]",
+            "[::1]:443",
+            "a!b",
+        ] {
+            assert!(valid_authority(host.as_bytes()), "{host}");
+        }
+        for host in [
+            "",
+            "host:99999999",
+            "x:65536",
+            "x:+80",
+            "x:8o",
+            "[::1]:70000",
+            "[::1].",
+            ".",
+            ".:80",
+            ":80",
+            "a..b",
+            ".a",
+            "a..",
+            "user@a",
+            "a b",
+        ] {
+            assert!(!valid_authority(host.as_bytes()), "{host}");
+        }
+    }
+
+    #[test]
+    fn the_root_dot_is_dropped_from_the_name_and_the_port_kept() {
+        let dropped = |host: &str| without_root_dot(host.as_bytes()).map(|h| String::from_utf8_lossy(&h).into_owned());
+        assert_eq!(dropped("a.example.").as_deref(), Some("a.example"));
+        assert_eq!(dropped("A.Example.:8080").as_deref(), Some("A.Example:8080"));
+        assert_eq!(dropped("a.example"), None);
+        assert_eq!(dropped("a.example:80"), None);
+        assert_eq!(dropped("[::1]:80"), None);
+        assert_eq!(dropped("."), None);
     }
 
     #[test]

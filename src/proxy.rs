@@ -248,7 +248,9 @@ impl Proxy {
         if request.method() == Method::CONNECT || request.headers().contains_key(header::UPGRADE) {
             return Err(ProxyError::TunnelNotSupported);
         }
-        forward::check_host(request.headers())?;
+        // Before routing: an authority-form target must not pick a route by its authority.
+        forward::check_target(request.method(), request.uri())?;
+        forward::check_host(request.uri(), request.headers())?;
         forward::check_transfer_coding(request.headers())?;
         let host = forward::target_host(request.uri(), request.headers());
         let router = self.router();

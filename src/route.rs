@@ -1,9 +1,9 @@
 //! Routing: which upstream a request goes to.
 //!
-//! Owns the matching rules: Host compared case-insensitively with any port ignored (`:authority` for HTTP/2),
-//! path prefixes matched on segment boundaries, the most specific route first, and the upstreams those routes
-//! lead to. A reload replaces the whole router at once, so a request sees either the old routes and pools or
-//! the new ones. It never changes the request: paths are forwarded as they came.
+//! Owns the matching rules: Host compared case-insensitively with any port and a trailing dot ignored
+//! (`:authority` for HTTP/2), path prefixes matched on segment boundaries, the most specific route first, and the
+//! upstreams those routes lead to. A reload replaces the whole router at once, so a request sees either the old
+//! routes and pools or the new ones. It never changes the request: paths are forwarded as they came.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -42,7 +42,7 @@ impl Router {
         let mut routes: Vec<Route> = routes
             .into_iter()
             .map(|(host, prefix, pool, priority)| {
-                let host = host.map(|h| strip_port(&h).to_ascii_lowercase());
+                let host = host.map(|h| without_root_dot(strip_port(&h)).to_ascii_lowercase());
                 let prefix = prefix.map(|p| {
                     let trimmed = p.trim_end_matches('/');
                     if trimmed.is_empty() {
@@ -78,7 +78,7 @@ impl Router {
 
     /// The upstream and what the matched route says about the request.
     pub fn pick_route(&self, host: Option<&str>, path: &str) -> Option<(&Arc<UpstreamPool>, &Picked)> {
-        let host = host.map(strip_port);
+        let host = host.map(|host| without_root_dot(strip_port(host)));
         self.routes
             .iter()
             .find(|route| {
@@ -119,6 +119,12 @@ fn strip_port(host: &str) -> &str {
     }
 }
 
+/// `secret.internal.` → `secret.internal`: a fully qualified name's trailing dot is the DNS root's empty label
+/// (RFC 1034 §3.1), the same name; without this it would skip its host route.
+fn without_root_dot(host: &str) -> &str {
+    host.strip_suffix('.').unwrap_or(host)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,5 +142,11 @@ mod tests {
         assert_eq!(strip_port("Example.COM:8080"), "Example.COM");
         assert_eq!(strip_port("example.com"), "example.com");
         assert_eq!(strip_port("[::1]:80"), "[::1]");
+    }
+
+    #[test]
+    fn a_trailing_dot_names_the_same_host() {
+        assert_eq!(without_root_dot(strip_port("secret.internal.:8080")), "secret.internal");
+        assert_eq!(without_root_dot("secret.internal"), "secret.internal");
     }
 }

@@ -189,6 +189,111 @@ async fn bare_lf_line_endings_are_accepted_and_reach_the_upstream_as_a_normal_re
     assert_still_sound(&proxy, &upstream, 1).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authority_form_targets_and_schemes_other_than_http_get_400_and_never_reach_the_upstream() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &[]).await;
+    // RFC 9112 §3.2.3: authority form is for CONNECT alone (CONNECT itself is refused as a tunnel, 501); a proxy
+    // in front of an origin serves http and https targets and nothing else.
+    let cases: &[(&str, &[u8])] = &[
+        (
+            "authority form on GET",
+            b"GET evil.example:81 HTTP/1.1\r\nHost: x\r\n\r\n",
+        ),
+        (
+            "authority form on OPTIONS",
+            b"OPTIONS evil.example:81 HTTP/1.1\r\nHost: x\r\n\r\n",
+        ),
+        (
+            "authority form on POST",
+            b"POST evil.example:81 HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nab",
+        ),
+        (
+            "gopher scheme",
+            b"GET gopher://evil.example/x HTTP/1.1\r\nHost: x\r\n\r\n",
+        ),
+        ("ftp scheme", b"GET ftp://evil.example/ HTTP/1.1\r\nHost: x\r\n\r\n"),
+        (
+            "ws scheme without Upgrade",
+            b"GET ws://evil.example/ HTTP/1.1\r\nHost: x\r\n\r\n",
+        ),
+    ];
+    for (what, request) in cases {
+        let resp = answer(proxy.listen, request)
+            .await
+            .unwrap_or_else(|e| panic!("{what}: no answer: {e}"));
+        assert_eq!(resp.status, 400, "{what}: {:?} answered {resp:?}", show(request));
+    }
+    // HTTP/2 carries the scheme as `:scheme`.
+    let mut h2 = H2Conn::connect(proxy.listen).await;
+    let resp = h2.try_get_uri("gopher://evil.example/h2").await.unwrap();
+    assert_eq!(resp.status, StatusCode::BAD_REQUEST, "{}", resp.text());
+    assert_eq!(upstream.requests(), 0, "{:?}", upstream.recorded());
+
+    // https in absolute form on a plain listener is served as http is: the scheme names the origin, and what
+    // goes upstream (X-Forwarded-Proto included) depends on how the client reached floodgate, not on it.
+    for target in ["https://app.example/abs-https", "HTTP://app.example/abs-http-upper"] {
+        let request = format!("GET {target} HTTP/1.1\r\nHost: x\r\n\r\n");
+        let resp = answer(proxy.listen, request.as_bytes()).await.unwrap();
+        assert_eq!(resp.status, 200, "{target}: {resp:?}");
+    }
+    let seen = upstream.recorded_with_prefix("/abs-");
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    for r in &seen {
+        assert_eq!(r.header_all("host"), vec!["app.example"], "{r:?}");
+        assert_eq!(r.header_all("x-forwarded-proto"), vec!["http"], "{r:?}");
+    }
+    assert_still_sound(&proxy, &upstream, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hosts_with_a_port_past_65535_or_an_empty_label_get_400_and_never_reach_the_upstream() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &[]).await;
+    // A port is a 16-bit number (RFC 6335): past it, one reader wraps it and another refuses it. A name with an
+    // empty label other than the final root one is no DNS name; routing and the upstream might read it apart.
+    let refused = [
+        ("port 99999", "GET / HTTP/1.1\r\nHost: x:99999\r\n\r\n"),
+        ("port 65536", "GET / HTTP/1.1\r\nHost: x:65536\r\n\r\n"),
+        (
+            "port past u64",
+            "GET / HTTP/1.1\r\nHost: x:99999999999999999999999\r\n\r\n",
+        ),
+        ("port with a letter", "GET / HTTP/1.1\r\nHost: x:8o\r\n\r\n"),
+        (
+            "IPv6 literal, port 70000",
+            "GET / HTTP/1.1\r\nHost: [::1]:70000\r\n\r\n",
+        ),
+        (
+            "absolute form, port 99999",
+            "GET http://x:99999/ HTTP/1.1\r\nHost: x\r\n\r\n",
+        ),
+        ("two trailing dots", "GET / HTTP/1.1\r\nHost: secret.internal..\r\n\r\n"),
+        ("a leading dot", "GET / HTTP/1.1\r\nHost: .secret.internal\r\n\r\n"),
+        ("an empty inner label", "GET / HTTP/1.1\r\nHost: a..b\r\n\r\n"),
+        ("the root alone", "GET / HTTP/1.1\r\nHost: .\r\n\r\n"),
+    ];
+    for (what, request) in refused {
+        let resp = answer(proxy.listen, request.as_bytes())
+            .await
+            .unwrap_or_else(|e| panic!("{what}: no answer: {e}"));
+        assert_eq!(resp.status, 400, "{what}: {request:?} answered {resp:?}");
+    }
+    let mut h2 = H2Conn::connect(proxy.listen).await;
+    let resp = h2.try_get_uri("http://x:99999/h2").await.unwrap();
+    assert_eq!(resp.status, StatusCode::BAD_REQUEST, "{}", resp.text());
+    assert_eq!(upstream.requests(), 0, "{:?}", upstream.recorded());
+
+    // The ends of the range, and a name's one trailing dot, pass.
+    for host in ["x:65535", "x:0", "[::1]:443", "app.example."] {
+        let request = format!("GET /port-ok HTTP/1.1\r\nHost: {host}\r\n\r\n");
+        let resp = answer(proxy.listen, request.as_bytes()).await.unwrap();
+        assert_eq!(resp.status, 200, "{host}: {resp:?}");
+    }
+    assert_eq!(upstream.recorded_with_prefix("/port-ok").len(), 4);
+    assert_still_sound(&proxy, &upstream, 1).await;
+}
+
 /// A request head of `fields` lines of 64 bytes each, plus the request line and Host.
 fn head_with_fields(path: &str, fields: usize) -> Vec<u8> {
     let mut head = format!("GET {path} HTTP/1.1\r\nHost: client.test\r\n").into_bytes();
@@ -412,6 +517,50 @@ async fn transfer_encodings_other_than_one_final_chunked_are_refused_and_repeats
         );
         assert!(last.header("content-length").is_none(), "{what}: {last:?}");
     }
+    assert_still_sound(&proxy, &upstream, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_transfer_encoding_list_elements_are_ignored_and_the_body_goes_upstream_chunked() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &[]).await;
+    let body = "3\r\nabc\r\n0\r\n\r\n";
+    // RFC 9110 §5.6.1: a recipient ignores empty list elements.
+    let accepted = [
+        ("a leading comma", "Transfer-Encoding: ,chunked\r\n"),
+        ("a leading comma and a space", "Transfer-Encoding: , chunked\r\n"),
+        ("an empty element between", "Transfer-Encoding: identity,,chunked\r\n"),
+        (
+            "an empty line before chunked",
+            "Transfer-Encoding: ,\r\nTransfer-Encoding: chunked\r\n",
+        ),
+    ];
+    for (i, (what, framing)) in accepted.iter().enumerate() {
+        let resp = answer(proxy.listen, &framed(framing, body)).await.unwrap();
+        assert_eq!(resp.status, 200, "{what}: {resp:?}");
+        assert_eq!(resp.text(), "3", "{what}: the upstream read the decoded body");
+        let seen = upstream.recorded();
+        assert_eq!(seen.len(), i + 1, "{what}: {seen:?}");
+        let last = &seen[i];
+        assert_eq!(
+            last.header_all("transfer-encoding"),
+            vec!["chunked"],
+            "{what}: {last:?}"
+        );
+        assert!(last.header("content-length").is_none(), "{what}: {last:?}");
+    }
+    // An empty element does not hide a coding floodgate cannot pass on.
+    let resp = answer(proxy.listen, &framed("Transfer-Encoding: gzip,,chunked\r\n", body))
+        .await
+        .unwrap();
+    assert_eq!(resp.status, 501, "{resp:?}");
+    // hyper reads only the last element of the last line, so an empty one there hides the final chunked from it:
+    // refused (400), which is the safe side of the rule, before floodgate sees the request.
+    let resp = answer(proxy.listen, &framed("Transfer-Encoding: chunked,\r\n", body))
+        .await
+        .unwrap();
+    assert_eq!(resp.status, 400, "{resp:?}");
+    assert_eq!(upstream.requests(), accepted.len(), "{:?}", upstream.recorded());
     assert_still_sound(&proxy, &upstream, 1).await;
 }
 

@@ -5,7 +5,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use http::{Method, StatusCode, Version};
+use http::{Method, Request, StatusCode, Version};
 use support::*;
 
 const UP: &str = "default";
@@ -454,4 +454,124 @@ async fn trusted_proxy_x_forwarded_for_on_several_lines_keeps_every_hop() {
         vec!["1.2.3.4", "5.6.7.8", "9.9.9.9", "127.0.0.1"],
         "{r:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cookie_fields_of_an_http2_request_go_upstream_joined_into_one_line() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &[]).await;
+    // RFC 9113 §8.2.3: HTTP/2 may split Cookie into one field per crumb; HTTP/1.1 wants one line, joined by "; ".
+    let mut h2 = H2Conn::connect(proxy.listen).await;
+    let request = Request::builder()
+        .uri(format!("http://{}/headers?cookies=h2", proxy.listen))
+        .header("cookie", "a=1")
+        .header("cookie", "b=2")
+        .header("cookie", "c=3")
+        .header("x-multi", "one")
+        .header("x-multi", "two")
+        .body(body_empty())
+        .unwrap();
+    let resp = collect(h2.send(request).await.unwrap()).await.unwrap();
+    assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+    let seen = upstream.recorded_with_prefix("/headers");
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let r = &seen[0];
+    assert_eq!(r.header_all("cookie"), vec!["a=1; b=2; c=3"], "{r:?}");
+    // Only Cookie: any other repeated field keeps its lines.
+    assert_eq!(r.header_all("x-multi"), vec!["one", "two"], "{r:?}");
+    assert_eq!(upstream.rejected(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_with_a_trailing_dot_takes_its_host_route_and_goes_upstream_without_the_dot() {
+    let secret = Upstream::start().await;
+    let dotted = Upstream::start().await;
+    let other = Upstream::start().await;
+    let config = TempConfig::new(&format!(
+        r#"
+[upstreams.secret]
+url = "{secret}"
+max_connections = 1
+
+[upstreams.dotted]
+url = "{dotted}"
+max_connections = 1
+
+[upstreams.other]
+url = "{other}"
+max_connections = 1
+
+[[routes]]
+host = "secret.internal"
+upstream = "secret"
+
+[[routes]]
+host = "dotted.example."
+upstream = "dotted"
+
+[[routes]]
+upstream = "other"
+"#,
+        secret = secret.url(),
+        dotted = dotted.url(),
+        other = other.url()
+    ));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    // A fully qualified name ends with the root's empty label (RFC 1034 §3.1): `secret.internal.` is
+    // `secret.internal`. The upstream gets the name it was routed by, so it cannot read the request apart.
+    let sent = [
+        (
+            "Host with a dot",
+            "GET /dot/host HTTP/1.1\r\nHost: secret.internal.\r\n\r\n",
+        ),
+        (
+            "Host with a dot and a port",
+            "GET /dot/port HTTP/1.1\r\nHost: Secret.Internal.:8080\r\n\r\n",
+        ),
+        (
+            "absolute form with a dot",
+            "GET http://secret.internal./dot/absolute HTTP/1.1\r\nHost: x\r\n\r\n",
+        ),
+    ];
+    for (what, request) in sent {
+        let mut conn = RawConn::connect(proxy.listen).await;
+        conn.write(request.as_bytes()).await.unwrap();
+        let resp = conn.read_response(false, Duration::from_secs(10)).await.unwrap();
+        assert_eq!(resp.status, 200, "{what}: {resp:?}");
+    }
+    let mut h2 = H2Conn::connect(proxy.listen).await;
+    let resp = h2.try_get_uri("http://secret.internal./dot/h2").await.unwrap();
+    assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+
+    let seen: Vec<(String, Vec<String>, Vec<String>)> = secret
+        .recorded()
+        .into_iter()
+        .map(|r| {
+            let host = r.header_all("host").into_iter().map(String::from).collect();
+            let forwarded = r.header_all("x-forwarded-host").into_iter().map(String::from).collect();
+            (r.uri, host, forwarded)
+        })
+        .collect();
+    let expected = [
+        ("/dot/host", "secret.internal"),
+        ("/dot/port", "Secret.Internal:8080"),
+        ("/dot/absolute", "secret.internal"),
+        ("/dot/h2", "secret.internal"),
+    ];
+    let expected: Vec<(String, Vec<String>, Vec<String>)> = expected
+        .iter()
+        .map(|(uri, host)| (uri.to_string(), vec![host.to_string()], vec![host.to_string()]))
+        .collect();
+    assert_eq!(seen, expected);
+    assert!(other.recorded().is_empty(), "{:?}", other.recorded());
+
+    // A route written with the dot matches the name without it.
+    let mut conn = RawConn::connect(proxy.listen).await;
+    conn.write(b"GET /dot/route HTTP/1.1\r\nHost: dotted.example\r\n\r\n")
+        .await
+        .unwrap();
+    let resp = conn.read_response(false, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert_eq!(dotted.recorded_with_prefix("/dot/route").len(), 1);
+    assert!(other.recorded().is_empty(), "{:?}", other.recorded());
 }

@@ -142,6 +142,22 @@ fn check_rewrite(head: &ClientHead, client: &ClientInfo) {
             assert!(userinfo, "refused for an invalid Host: {head:?}");
             return;
         }
+        Err(ProxyError::AuthorityFormTarget) => {
+            assert!(
+                head.uri.scheme().is_none() && head.uri.authority().is_some(),
+                "refused for an authority-form target: {head:?}"
+            );
+            return;
+        }
+        Err(ProxyError::UnsupportedScheme) => {
+            assert!(
+                head.uri
+                    .scheme_str()
+                    .is_some_and(|s| !s.eq_ignore_ascii_case("http") && !s.eq_ignore_ascii_case("https")),
+                "refused for its scheme: {head:?}"
+            );
+            return;
+        }
         Err(ProxyError::AsteriskTarget) => {
             assert!(
                 head.uri.path() == "*" && head.method != Method::OPTIONS,

@@ -175,12 +175,26 @@ async fn on_request(proxy: &Proxy, client: &ClientInfo, request: Request<Incomin
         ),
         Err(ProxyError::InvalidHost) => {
             let hosts: Vec<_> = client_head.headers.get_all(header::HOST).iter().collect();
-            let userinfo = client_head.uri.authority().is_some_and(|a| a.as_str().contains('@'));
+            let bad_authority = client_head
+                .uri
+                .authority()
+                .is_some_and(|a| !valid_host(a.as_str().as_bytes()));
             assert!(
-                userinfo || !matches!(hosts.as_slice(), [host] if valid_host(host.as_bytes())),
+                bad_authority || !matches!(hosts.as_slice(), [host] if valid_host(host.as_bytes())),
                 "refused for an invalid Host: {client_head:?}"
             );
         }
+        Err(ProxyError::AuthorityFormTarget) => assert!(
+            client_head.uri.scheme().is_none() && client_head.uri.authority().is_some(),
+            "refused for an authority-form target: {client_head:?}"
+        ),
+        Err(ProxyError::UnsupportedScheme) => assert!(
+            client_head
+                .uri
+                .scheme_str()
+                .is_some_and(|s| !s.eq_ignore_ascii_case("http") && !s.eq_ignore_ascii_case("https")),
+            "refused for its scheme: {client_head:?}"
+        ),
         Err(ProxyError::UnsupportedTransferCoding) => {
             let codings: Vec<&[u8]> = client_head
                 .headers
@@ -188,7 +202,9 @@ async fn on_request(proxy: &Proxy, client: &ClientInfo, request: Request<Incomin
                 .iter()
                 .flat_map(|line| line.as_bytes().split(|&b| b == b','))
                 .map(<[u8]>::trim_ascii)
+                .filter(|coding| !coding.is_empty())
                 .collect();
+            // An empty list element is no coding (RFC 9110 §5.6.1): never the reason for a refusal.
             assert!(
                 !codings
                     .iter()
@@ -204,7 +220,31 @@ async fn on_request(proxy: &Proxy, client: &ClientInfo, request: Request<Incomin
     }
 }
 
-/// `host[:port]` with nothing else: no userinfo, path or whitespace.
+/// `host[:port]` with nothing else: no userinfo, path or whitespace; a port that fits 16 bits; a name without an
+/// empty label, bar a trailing dot (the DNS root).
 fn valid_host(host: &[u8]) -> bool {
-    !host.is_empty() && !host.contains(&b'@') && http::uri::Authority::try_from(host).is_ok()
+    let Ok(authority) = http::uri::Authority::try_from(host) else {
+        return false;
+    };
+    let text = authority.as_str();
+    let name = authority.host();
+    // Nothing between the host and the port's colon (`[::1]x` parses, and is no host).
+    let port = match text.strip_prefix(name) {
+        Some("") => None,
+        Some(rest) => match rest.strip_prefix(':') {
+            Some(port) => Some(port),
+            None => return false,
+        },
+        None => return false,
+    };
+    let port_ok = port.is_none_or(|port| {
+        port.is_empty() || (port.bytes().all(|b| b.is_ascii_digit()) && port.parse::<u16>().is_ok())
+    });
+    let labels_ok = name.starts_with('[') && name.ends_with(']')
+        || name
+            .strip_suffix('.')
+            .unwrap_or(name)
+            .split('.')
+            .all(|label| !label.is_empty());
+    !host.contains(&b'@') && port_ok && labels_ok
 }
