@@ -88,7 +88,20 @@ async fn upstream_dropping_the_connection_without_answer_gives_502() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_not_answering_within_request_timeout_gives_504() {
     let upstream = Upstream::start().await;
-    let proxy = Proxy::for_upstream(&upstream, 1, &["--request-timeout", "300ms"]).await;
+    // A timed-out exchange keeps its lease while its late answer may still come (abort_drain_timeout, 5 s by
+    // default): shortened here, so that the slot's return is seen well within the wait below.
+    let proxy = Proxy::start_with_env(
+        &[
+            "--upstream",
+            &upstream.url(),
+            "--max-connections",
+            "1",
+            "--request-timeout",
+            "300ms",
+        ],
+        &[("FLOODGATE__UPSTREAMS__DEFAULT__ABORT_DRAIN_TIMEOUT", "200ms")],
+    )
+    .await;
     let started = Instant::now();
     let resp = get(proxy.listen, "/stall").await;
     assert_eq!(resp.status, StatusCode::GATEWAY_TIMEOUT, "body {:?}", resp.text());
