@@ -503,13 +503,20 @@ async fn transfer_encodings_other_than_one_final_chunked_are_refused_and_repeats
         ("capitalised", "Transfer-Encoding: Chunked\r\n"),
         ("identity then chunked", "Transfer-Encoding: identity, chunked\r\n"),
     ];
-    for (i, (what, framing)) in normalised.iter().enumerate() {
+    goes_upstream_chunked(&proxy, &upstream, &normalised, body, 0).await;
+    assert_still_sound(&proxy, &upstream, 1).await;
+}
+
+/// Each of `cases` (a name and the request's framing lines) is answered 200 by an upstream that got one
+/// `Transfer-Encoding: chunked` and the decoded body (`abc`); `before` requests reached the upstream earlier.
+async fn goes_upstream_chunked(proxy: &Proxy, upstream: &Upstream, cases: &[(&str, &str)], body: &str, before: usize) {
+    for (i, (what, framing)) in cases.iter().enumerate() {
         let resp = answer(proxy.listen, &framed(framing, body)).await.unwrap();
         assert_eq!(resp.status, 200, "{what}: {resp:?}");
         assert_eq!(resp.text(), "3", "{what}: the upstream read the decoded body");
         let seen = upstream.recorded();
-        assert_eq!(seen.len(), i + 1, "{what}: {seen:?}");
-        let last = &seen[i];
+        assert_eq!(seen.len(), before + i + 1, "{what}: {seen:?}");
+        let last = &seen[before + i];
         assert_eq!(
             last.header_all("transfer-encoding"),
             vec!["chunked"],
@@ -517,7 +524,6 @@ async fn transfer_encodings_other_than_one_final_chunked_are_refused_and_repeats
         );
         assert!(last.header("content-length").is_none(), "{what}: {last:?}");
     }
-    assert_still_sound(&proxy, &upstream, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -535,20 +541,7 @@ async fn empty_transfer_encoding_list_elements_are_ignored_and_the_body_goes_ups
             "Transfer-Encoding: ,\r\nTransfer-Encoding: chunked\r\n",
         ),
     ];
-    for (i, (what, framing)) in accepted.iter().enumerate() {
-        let resp = answer(proxy.listen, &framed(framing, body)).await.unwrap();
-        assert_eq!(resp.status, 200, "{what}: {resp:?}");
-        assert_eq!(resp.text(), "3", "{what}: the upstream read the decoded body");
-        let seen = upstream.recorded();
-        assert_eq!(seen.len(), i + 1, "{what}: {seen:?}");
-        let last = &seen[i];
-        assert_eq!(
-            last.header_all("transfer-encoding"),
-            vec!["chunked"],
-            "{what}: {last:?}"
-        );
-        assert!(last.header("content-length").is_none(), "{what}: {last:?}");
-    }
+    goes_upstream_chunked(&proxy, &upstream, &accepted, body, 0).await;
     // An empty element does not hide a coding floodgate cannot pass on.
     let resp = answer(proxy.listen, &framed("Transfer-Encoding: gzip,,chunked\r\n", body))
         .await

@@ -293,12 +293,10 @@ async fn upstream_closing_idle_keep_alive_connections_early_is_invisible_to_idem
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hung_upstream_answers_every_queued_request_504_within_request_timeout_and_frees_each_slot() {
     let upstream = Upstream::start().await;
-    let proxy = Proxy::start_with_env(
+    let proxy = Proxy::for_upstream_with_env(
+        &upstream,
+        2,
         &[
-            "--upstream",
-            &upstream.url(),
-            "--max-connections",
-            "2",
             "--max-queue",
             "100",
             "--queue-timeout",

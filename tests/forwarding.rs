@@ -90,15 +90,10 @@ async fn upstream_not_answering_within_request_timeout_gives_504() {
     let upstream = Upstream::start().await;
     // A timed-out exchange keeps its lease while its late answer may still come (abort_drain_timeout, 5 s by
     // default): shortened here, so that the slot's return is seen well within the wait below.
-    let proxy = Proxy::start_with_env(
-        &[
-            "--upstream",
-            &upstream.url(),
-            "--max-connections",
-            "1",
-            "--request-timeout",
-            "300ms",
-        ],
+    let proxy = Proxy::for_upstream_with_env(
+        &upstream,
+        1,
+        &["--request-timeout", "300ms"],
         &[("FLOODGATE__UPSTREAMS__DEFAULT__ABORT_DRAIN_TIMEOUT", "200ms")],
     )
     .await;

@@ -49,15 +49,10 @@ async fn closed_within(stream: &mut TcpStream, limit: Duration) -> Option<Durati
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_http2_connections_are_closed_after_the_idle_timeout_and_let_new_clients_in() {
     let upstream = Upstream::start().await;
-    let proxy = Proxy::start_with_env(
-        &[
-            "--upstream",
-            &upstream.url(),
-            "--max-connections",
-            "2",
-            "--client-idle-timeout",
-            "1s",
-        ],
+    let proxy = Proxy::for_upstream_with_env(
+        &upstream,
+        2,
+        &["--client-idle-timeout", "1s"],
         &[("FLOODGATE__MAX_CLIENT_CONNECTIONS", "4")],
     )
     .await;

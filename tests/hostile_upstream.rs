@@ -9,6 +9,8 @@ use http::StatusCode;
 use support::scripted::{ScriptedUpstream, Then};
 use support::*;
 
+const WAIT: Duration = Duration::from_secs(5);
+
 /// An upstream that finishes every request it started before it acts on a close, as a thread-per-connection
 /// server does (its thread is busy until then), and counts that work in flight whatever floodgate does to the
 /// connection meanwhile.
@@ -20,66 +22,41 @@ async fn thread_per_connection_upstream() -> Upstream {
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_a_504_the_late_answer_is_read_before_the_connection_serves_again() {
+/// A request the upstream works on for 2.5 s, answered 504 at 1 s, and one queued behind it: the second may
+/// reach the upstream only once the upstream has finished the first. `drain` is `abort_drain_timeout`.
+async fn a_504_then_a_queued_request(drain: &str) -> Upstream {
     let upstream = thread_per_connection_upstream().await;
-    let proxy = Proxy::for_upstream(&upstream, 1, &["--request-timeout", "1s", "--queue-timeout", "30s"]).await;
-    let slow = tokio::spawn(get(proxy.listen, "/work/2500"));
-    wait_until_sync(
-        "the upstream works on the first request",
-        Duration::from_secs(5),
-        || upstream.inflight() == 1,
+    let proxy = Proxy::for_upstream_with_env(
+        &upstream,
+        1,
+        &["--request-timeout", "1s", "--queue-timeout", "30s"],
+        &[("FLOODGATE__UPSTREAMS__DEFAULT__ABORT_DRAIN_TIMEOUT", drain)],
     )
     .await;
-    // Queued behind the slow one: it may only reach the upstream once the upstream has finished the first.
+    let slow = tokio::spawn(get(proxy.listen, "/work/2500"));
+    let busy = || upstream.inflight() == 1;
+    wait_until_sync("the upstream works on the first request", WAIT, busy).await;
     let next = tokio::spawn(get(proxy.listen, "/work/100"));
-    proxy.wait_queue_depth("default", 1, Duration::from_secs(5)).await;
+    proxy.wait_queue_depth("default", 1, WAIT).await;
     assert_eq!(slow.await.unwrap().status, StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(next.await.unwrap().status, StatusCode::OK);
-    assert_eq!(
-        upstream.peak_inflight(),
-        1,
-        "the upstream worked on two requests at once at cap 1"
-    );
+    let peak = upstream.peak_inflight();
+    assert_eq!(peak, 1, "the upstream worked on {peak} requests at once at cap 1");
+    assert_eq!(upstream.peak_connections(), 1);
+    upstream
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_504_the_late_answer_is_read_before_the_connection_serves_again() {
+    let upstream = a_504_then_a_queued_request("5s").await;
     // The late answer was read to its end within abort_drain_timeout: the connection was whole and served on.
     assert_eq!(upstream.accepted(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_drain_a_timed_out_exchange_holds_its_slot_until_the_upstream_closes() {
-    let upstream = thread_per_connection_upstream().await;
-    let proxy = Proxy::start_with_env(
-        &[
-            "--upstream",
-            &upstream.url(),
-            "--max-connections",
-            "1",
-            "--request-timeout",
-            "1s",
-            "--queue-timeout",
-            "30s",
-        ],
-        // Gives up on the late answer long before it comes.
-        &[("FLOODGATE__UPSTREAMS__DEFAULT__ABORT_DRAIN_TIMEOUT", "200ms")],
-    )
-    .await;
-    let slow = tokio::spawn(get(proxy.listen, "/work/2500"));
-    wait_until_sync(
-        "the upstream works on the first request",
-        Duration::from_secs(5),
-        || upstream.inflight() == 1,
-    )
-    .await;
-    let next = tokio::spawn(get(proxy.listen, "/work/100"));
-    proxy.wait_queue_depth("default", 1, Duration::from_secs(5)).await;
-    assert_eq!(slow.await.unwrap().status, StatusCode::GATEWAY_TIMEOUT);
-    assert_eq!(next.await.unwrap().status, StatusCode::OK);
-    assert_eq!(
-        upstream.peak_inflight(),
-        1,
-        "the upstream worked on two requests at once at cap 1"
-    );
-    assert_eq!(upstream.peak_connections(), 1);
+    // Gives up on the late answer long before it comes.
+    let upstream = a_504_then_a_queued_request("200ms").await;
     // The first connection was closed (the answer was not waited for); the second request had a new one.
     assert_eq!(upstream.accepted(), 2);
 }
@@ -87,7 +64,6 @@ async fn past_the_drain_a_timed_out_exchange_holds_its_slot_until_the_upstream_c
 // --- Broken framing: a 502 while nothing has been sent, an honest cut after ---------------------------------------
 
 const GET: &[u8] = b"GET /x HTTP/1.1\r\nHost: app\r\n\r\n";
-const WAIT: Duration = Duration::from_secs(5);
 
 /// One request from a raw HTTP/1 client through floodgate in front of `answer`: the status it got (`None`: none,
 /// only a closed connection), and the proxy and upstream for further looks.

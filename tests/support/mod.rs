@@ -1223,6 +1223,16 @@ impl Proxy {
 
     /// `--upstream URL --max-connections N` plus `extra`.
     pub async fn for_upstream(upstream: &Upstream, max_connections: usize, extra: &[&str]) -> Proxy {
+        Self::for_upstream_with_env(upstream, max_connections, extra, &[]).await
+    }
+
+    /// [`Proxy::for_upstream`] with `env` added to floodgate's environment (settings without a flag).
+    pub async fn for_upstream_with_env(
+        upstream: &Upstream,
+        max_connections: usize,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Proxy {
         let mut args = vec![
             "--upstream".to_owned(),
             upstream.url(),
@@ -1230,7 +1240,7 @@ impl Proxy {
             max_connections.to_string(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
-        Self::start(&args).await
+        Self::start_with_env(&args, env).await
     }
 
     pub async fn try_start<S: AsRef<str>>(args: &[S]) -> Result<Proxy, String> {
