@@ -1102,14 +1102,19 @@ const FIRST_FRAME_WAIT: Duration = Duration::from_millis(1);
 
 /// Why a response head cannot be passed on, if it cannot: its framing is ambiguous (RFC 9112 §6.3: a message with
 /// both is a smuggling or splitting attempt, to be handled as an error; an invalid Content-Length is an
-/// unrecoverable error, a 502 for a proxy), or it switches protocols when nothing asked it to (floodgate forwards
-/// no upgrade). A Content-Length that lists one number several times goes on as that number (RFC 9110 §8.6).
+/// unrecoverable error, a 502 for a proxy), its content coded in a way it cannot declare to the client, or it
+/// switches protocols when nothing asked it to (floodgate forwards no upgrade). A Content-Length that lists one number several times goes on as that number (RFC 9110 §8.6).
 fn malformed(parts: &mut http::response::Parts) -> Option<&'static str> {
     if parts.status == StatusCode::SWITCHING_PROTOCOLS {
         return Some("101 Switching Protocols to a request that asked for no upgrade");
     }
     if parts.headers.contains_key(header::TRANSFER_ENCODING) && parts.headers.contains_key(header::CONTENT_LENGTH) {
         return Some("both Content-Length and Transfer-Encoding");
+    }
+    // Transfer-Encoding is hop-by-hop and stops here: content in a coding hyper does not decode (gzip) would reach
+    // the client as if it had none.
+    if check_transfer_coding(&parts.headers).is_err() {
+        return Some("a transfer coding other than chunked");
     }
     // hyper checks it only where it frames the body: HEAD, 204 and 304 answers would carry it on as it came.
     match content_length(&parts.headers) {

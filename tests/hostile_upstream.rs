@@ -335,3 +335,20 @@ async fn a_chunked_response_with_trailers_is_counted_ok_not_as_a_client_abort() 
     .await;
     assert_eq!(proxy.outcome_count("default", "client_abort").await, 0.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn content_in_a_transfer_coding_other_than_chunked_is_a_502_not_passed_on_as_plain() {
+    for answer in [
+        &b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nnot really gzip"[..],
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n4\r\ngzip\r\n0\r\n\r\n",
+    ] {
+        let upstream = ScriptedUpstream::start(answer.to_vec(), Then::Close).await;
+        let proxy = Proxy::start(&["--upstream", &upstream.url(), "--max-connections", "2"]).await;
+        let mut conn = RawConn::connect(proxy.listen).await;
+        conn.write(GET).await.unwrap();
+        let status = conn.read_response(false, WAIT).await.ok().map(|resp| resp.status);
+        let answer = String::from_utf8_lossy(answer);
+        assert_eq!(status, Some(502), "{answer}");
+        assert_eq!(upstream_errors(&proxy).await, 1.0, "{answer}");
+    }
+}
