@@ -4,7 +4,7 @@
 # run it by hand, and commit the corpus it leaves.
 set -euo pipefail
 
-TARGETS=(config request_head header_rewrite)
+TARGETS=(config request_head header_rewrite upstream_response)
 
 usage() {
     cat <<EOF

@@ -53,8 +53,9 @@ pub enum ProxyError {
     UpstreamTimeout(Duration),
     #[error("upstream response body went on past its Content-Length")]
     UpstreamBodyTooLong,
-    /// A response whose framing cannot be trusted (both Content-Length and Transfer-Encoding), or one no request
-    /// asked for (101 without an upgrade).
+    /// A response whose framing cannot be trusted (both Content-Length and Transfer-Encoding, a Content-Length that
+    /// is not one number), whose content is in a transfer coding other than chunked, or one no request asked for
+    /// (101 without an upgrade).
     #[error("upstream response is malformed: {0}")]
     UpstreamMalformed(&'static str),
     /// The upstream side stopped with the exchange on it: floodgate is exiting.

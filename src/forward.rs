@@ -660,6 +660,8 @@ struct Relay {
     rest: Option<Bytes>,
     /// A frame read before the head went out (see [`to_client`]), handed on first.
     first: Option<Frame<Bytes>>,
+    /// The upstream's failure, handed on one poll after it came (see [`Relay::poll_frame`]).
+    failed: Option<BoxError>,
 }
 
 /// HTTP/2 asks for the next frame only once the client has room for the last one; small frames make that
@@ -676,6 +678,9 @@ impl Relay {
         if self.cut_off {
             return Poll::Ready(Some(Err(CutOff.into())));
         }
+        if let Some(err) = self.failed.take() {
+            return Poll::Ready(Some(Err(err)));
+        }
         if let Some(first) = self.first.take() {
             if let (Some(data), Some(entry)) = (
                 first.data_ref(),
@@ -683,7 +688,7 @@ impl Relay {
             ) {
                 entry.relayed(data.len());
             }
-            if self.source_ended() {
+            if self.source_ended() || first.is_trailers() {
                 self.finish(Outcome::Ok, true);
             }
             return Poll::Ready(Some(Ok(match first.into_data() {
@@ -711,7 +716,9 @@ impl Relay {
                 ) {
                     entry.relayed(data.len());
                 }
-                if inner.is_end_stream() {
+                // Trailers end a body, though hyper's chunked body says so only when polled once more, which
+                // hyper's HTTP/1 server never does: the relay would be dropped unfinished, counted a client abort.
+                if inner.is_end_stream() || frame.is_trailers() {
                     // All of the response is read from the upstream: the connection can go back now, whatever
                     // the client still has to take.
                     self.finish(Outcome::Ok, true);
@@ -723,7 +730,12 @@ impl Relay {
             }
             Poll::Ready(Some(Err(err))) => {
                 self.finish(Outcome::UpstreamError, false);
-                Poll::Ready(Some(Err(err.into())))
+                // hyper's HTTP/1 server drops what it has not yet written (the head, the data before this) when a
+                // body fails; a poll's pause first lets it flush that, so the client sees an honest cut rather
+                // than an empty reply.
+                self.failed = Some(err.into());
+                cx.waker().wake_by_ref();
+                Poll::Pending
             }
             Poll::Ready(None) => {
                 self.finish(Outcome::Ok, true);
@@ -772,7 +784,7 @@ impl Relay {
     }
 
     fn is_end_stream(&self) -> bool {
-        !self.cut_off && self.first.is_none() && self.rest.is_none() && self.source_ended()
+        !self.cut_off && self.failed.is_none() && self.first.is_none() && self.rest.is_none() && self.source_ended()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -976,6 +988,7 @@ impl UpstreamBody {
                 .flatten(),
             rest: None,
             first: None,
+            failed: None,
         };
         let relay = if watch && !relay.is_end_stream() {
             let watched = Arc::new(Watched {
@@ -1174,16 +1187,68 @@ pub fn local_response(error: &ProxyError, advice: Option<&ShedAdvice>) -> Respon
 const FIRST_FRAME_WAIT: Duration = Duration::from_millis(1);
 
 /// Why a response head cannot be passed on, if it cannot: its framing is ambiguous (RFC 9112 §6.3: a message with
-/// both is a smuggling or splitting attempt, to be handled as an error), or it switches protocols when nothing
-/// asked it to (floodgate forwards no upgrade).
-fn malformed(parts: &http::response::Parts) -> Option<&'static str> {
+/// both is a smuggling or splitting attempt, to be handled as an error; an invalid Content-Length is an
+/// unrecoverable error, a 502 for a proxy), its content coded in a way it cannot declare to the client, or it
+/// switches protocols when nothing asked it to (floodgate forwards no upgrade). A Content-Length that lists one
+/// number several times goes on as that number (RFC 9110 §8.6).
+fn malformed(parts: &mut http::response::Parts) -> Option<&'static str> {
     if parts.status == StatusCode::SWITCHING_PROTOCOLS {
         return Some("101 Switching Protocols to a request that asked for no upgrade");
     }
     if parts.headers.contains_key(header::TRANSFER_ENCODING) && parts.headers.contains_key(header::CONTENT_LENGTH) {
         return Some("both Content-Length and Transfer-Encoding");
     }
-    None
+    // Transfer-Encoding is hop-by-hop and stops here: content in a coding hyper does not decode (gzip) would reach
+    // the client as if it had none.
+    if check_transfer_coding(&parts.headers).is_err() {
+        return Some("a transfer coding other than chunked");
+    }
+    // hyper checks it only where it frames the body: HEAD, 204 and 304 answers would carry it on as it came.
+    match content_length(&parts.headers) {
+        ContentLength::Plain => None,
+        ContentLength::Repeated(length) => {
+            parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+            None
+        }
+        ContentLength::Invalid => Some("an invalid Content-Length"),
+    }
+}
+
+enum ContentLength {
+    /// None, or one line of digits: passed on as it is.
+    Plain,
+    /// One number, given more than once.
+    Repeated(u64),
+    Invalid,
+}
+
+fn content_length(headers: &HeaderMap) -> ContentLength {
+    let mut lines = headers.get_all(header::CONTENT_LENGTH).iter();
+    let digits = |value: &[u8]| !value.is_empty() && value.iter().all(u8::is_ascii_digit);
+    match (lines.next(), lines.next()) {
+        (None, _) => return ContentLength::Plain,
+        // 19 digits always fit a u64: the common case needs no parsing.
+        (Some(line), None) if line.len() <= 19 && digits(line.as_bytes()) => return ContentLength::Plain,
+        _ => {}
+    }
+    let mut length = None;
+    for value in headers
+        .get_all(header::CONTENT_LENGTH)
+        .iter()
+        .flat_map(|line| line.as_bytes().split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+    {
+        let number = std::str::from_utf8(value)
+            .ok()
+            .filter(|_| digits(value))
+            .and_then(|digits| digits.parse::<u64>().ok());
+        match (number, length) {
+            (Some(number), None) => length = Some(number),
+            (Some(number), Some(before)) if number == before => {}
+            _ => return ContentLength::Invalid,
+        }
+    }
+    length.map_or(ContentLength::Invalid, ContentLength::Repeated)
 }
 
 /// Turns the upstream's response into the client's, deciding whether the connection may be reused. A body whose
@@ -1200,7 +1265,7 @@ pub async fn to_client(
     budget: &Arc<BufferBudget>,
 ) -> Result<Response<ResponseBody>, (ProxyError, Option<Box<Entry>>)> {
     let (mut parts, mut body) = response.into_parts();
-    if let Some(malformed) = malformed(&parts) {
+    if let Some(malformed) = malformed(&mut parts) {
         // Nothing has reached the client yet: it gets a 502, not a response that lies about itself.
         lease.forbid_reuse();
         return Err((ProxyError::UpstreamMalformed(malformed), access));
@@ -1355,6 +1420,37 @@ mod tests {
         let origin: Uri = "/x".parse().unwrap();
         assert_eq!(target_host(&origin, &headers), Some("spoofed.example"));
         assert_eq!(target_host(&origin, &HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn a_content_length_is_one_number_however_often_it_is_given() {
+        let length = |lines: &[&'static str]| {
+            let mut headers = HeaderMap::new();
+            for line in lines {
+                headers.append(header::CONTENT_LENGTH, HeaderValue::from_static(line));
+            }
+            match content_length(&headers) {
+                ContentLength::Plain => Some(None),
+                ContentLength::Repeated(length) => Some(Some(length)),
+                ContentLength::Invalid => None,
+            }
+        };
+        assert_eq!(length(&[]), Some(None));
+        assert_eq!(length(&["42"]), Some(None));
+        assert_eq!(length(&["42, 42"]), Some(Some(42)));
+        assert_eq!(length(&["42", "42"]), Some(Some(42)));
+        assert_eq!(length(&["18446744073709551615"]), Some(Some(u64::MAX)));
+        for invalid in [
+            &["3", "5"][..],
+            &["3, 5"],
+            &["abc"],
+            &["+3"],
+            &[""],
+            &["3,"],
+            &["18446744073709551616"],
+        ] {
+            assert_eq!(length(invalid), None, "{invalid:?}");
+        }
     }
 
     #[test]

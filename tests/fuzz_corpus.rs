@@ -55,3 +55,8 @@ fn request_head_corpus() {
 fn header_rewrite_corpus() {
     replay("header_rewrite", fuzzing::header_rewrite);
 }
+
+#[test]
+fn upstream_response_corpus() {
+    replay("upstream_response", fuzzing::upstream_response);
+}

@@ -195,3 +195,136 @@ async fn over_http2_a_short_streamed_body_ends_in_a_stream_error_not_a_clean_end
     })
     .await;
 }
+
+/// A request whose answer ends the connection, so that all of the answer can be read up to the close.
+const GET_THEN_CLOSE: &[u8] = b"GET /x HTTP/1.1\r\nHost: app\r\nConnection: close\r\n\r\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_body_broken_right_behind_its_first_bytes_is_a_502_or_a_cut_never_an_empty_reply() {
+    for ((what, answer), threads) in [
+        (
+            "a bad second chunk",
+            &b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n world\r\n0\r\n\r\n"[..],
+        ),
+        (
+            "no last chunk",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n",
+        ),
+        (
+            "a body short of its length",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhello",
+        ),
+    ]
+    .into_iter()
+    // The whole answer arrives at once; on one thread the upstream's side runs on the client's, and the failure
+    // is there as soon as the first bytes are.
+    .flat_map(|case| [(case, "1"), (case, "2")])
+    {
+        let what = format!("{what}, {threads} thread(s)");
+        let upstream = ScriptedUpstream::start(answer.to_vec(), Then::Close).await;
+        let proxy = Proxy::start_with_env(
+            &[
+                "--upstream",
+                &upstream.url(),
+                "--max-connections",
+                "2",
+                "--threads",
+                threads,
+            ],
+            // Nothing is buffered: every body streams, as a large one would.
+            &[("FLOODGATE__UPSTREAMS__DEFAULT__BUFFER_RESPONSE_BYTES", "0")],
+        )
+        .await;
+        let (bytes, _) = raw_exchange(proxy.listen, GET_THEN_CLOSE, WAIT).await;
+        match first_status(&bytes) {
+            Some(502) => {}
+            Some(200) => assert!(
+                !bytes.ends_with(b"0\r\n\r\n"),
+                "{what}: the client got a whole chunked body: {:?}",
+                String::from_utf8_lossy(&bytes)
+            ),
+            other => panic!(
+                "{what}: the client got {other:?}: {:?}",
+                String::from_utf8_lossy(&bytes)
+            ),
+        }
+        wait_until("the exchange is counted", WAIT, || async {
+            upstream_errors(&proxy).await == 1.0
+        })
+        .await;
+        assert_eq!(proxy.outcome_count("default", "ok").await, 0.0, "{what}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_content_length_that_is_not_one_number_is_a_502_even_where_no_body_follows() {
+    const HEAD: &[u8] = b"HEAD /x HTTP/1.1\r\nHost: app\r\n\r\n";
+    for (request, answer) in [
+        (
+            HEAD,
+            &b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 5\r\n\r\n"[..],
+        ),
+        (HEAD, b"HTTP/1.1 200 OK\r\nContent-Length: abc\r\n\r\n"),
+        (GET, b"HTTP/1.1 304 Not Modified\r\nContent-Length: 3, 5\r\n\r\n"),
+    ] {
+        let upstream = ScriptedUpstream::start(answer.to_vec(), Then::Close).await;
+        let proxy = Proxy::start(&["--upstream", &upstream.url(), "--max-connections", "2"]).await;
+        let mut conn = RawConn::connect(proxy.listen).await;
+        conn.write(request).await.unwrap();
+        let status = conn
+            .read_response(request == HEAD, WAIT)
+            .await
+            .ok()
+            .map(|resp| resp.status);
+        let answer = String::from_utf8_lossy(answer);
+        assert_eq!(status, Some(502), "{answer}");
+        assert_eq!(upstream_errors(&proxy).await, 1.0, "{answer}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_content_length_listing_one_number_twice_goes_on_as_that_number() {
+    let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\nhello";
+    let upstream = ScriptedUpstream::start(answer.to_vec(), Then::Close).await;
+    let proxy = Proxy::start(&["--upstream", &upstream.url(), "--max-connections", "2"]).await;
+    let mut conn = RawConn::connect(proxy.listen).await;
+    conn.write(GET).await.unwrap();
+    let resp = conn.read_response(false, WAIT).await.unwrap();
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.header("content-length"), Some("5"));
+    assert_eq!(resp.body, b"hello");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunked_response_with_trailers_is_counted_ok_not_as_a_client_abort() {
+    let answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n\r\n\
+                   5\r\nhello\r\n6\r\n world\r\n0\r\nX-Checksum: abc123\r\n\r\n";
+    let upstream = ScriptedUpstream::start(answer.to_vec(), Then::Close).await;
+    let proxy = Proxy::start(&["--upstream", &upstream.url(), "--max-connections", "2"]).await;
+    let mut conn = RawConn::connect(proxy.listen).await;
+    conn.write(GET).await.unwrap();
+    let resp = conn.read_response(false, WAIT).await.unwrap();
+    assert_eq!((resp.status, resp.body.as_slice()), (200, &b"hello world"[..]));
+    wait_until("the exchange is counted", WAIT, || async {
+        proxy.outcome_count("default", "ok").await == 1.0
+    })
+    .await;
+    assert_eq!(proxy.outcome_count("default", "client_abort").await, 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn content_in_a_transfer_coding_other_than_chunked_is_a_502_not_passed_on_as_plain() {
+    for answer in [
+        &b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nnot really gzip"[..],
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n4\r\ngzip\r\n0\r\n\r\n",
+    ] {
+        let upstream = ScriptedUpstream::start(answer.to_vec(), Then::Close).await;
+        let proxy = Proxy::start(&["--upstream", &upstream.url(), "--max-connections", "2"]).await;
+        let mut conn = RawConn::connect(proxy.listen).await;
+        conn.write(GET).await.unwrap();
+        let status = conn.read_response(false, WAIT).await.ok().map(|resp| resp.status);
+        let answer = String::from_utf8_lossy(answer);
+        assert_eq!(status, Some(502), "{answer}");
+        assert_eq!(upstream_errors(&proxy).await, 1.0, "{answer}");
+    }
+}

@@ -2,12 +2,15 @@
 //! corpus on the stable toolchain. It exists for those two only and must never be used by the proxy.
 //!
 //! Each entry point takes the raw bytes of one input, runs them through the proxy's own code (the config
-//! loader; hyper's HTTP/1 server parser, routing and the upstream rewrite; the header rewriting functions) and
-//! panics when something that must hold of the result does not: a panic is how a fuzzer reports a finding.
+//! loader; hyper's HTTP/1 server parser, routing and the upstream rewrite; the header rewriting functions; a whole
+//! proxy relaying an upstream's answer) and panics when something that must hold of the result does not: a panic
+//! is how a fuzzer reports a finding.
 //! - [`config_file`]: a TOML file as `--config` would load it.
 //! - [`request_head`]: bytes from a client socket, as an HTTP/1 connection would serve them.
 //! - [`header_rewrite`]: a request head in a small line format (see its docs), rewritten for the upstream and
 //!   read as a response head.
+//! - [`upstream_response`]: bytes from an upstream socket, relayed to an HTTP/1 client buffered, streamed and for
+//!   a HEAD.
 
 // Panicking on a broken invariant is the point of this module: the fuzzer and the corpus replay catch it.
 #![allow(clippy::panic)]
@@ -16,7 +19,9 @@ mod config_file;
 mod header_rewrite;
 mod request_head;
 mod upstream_head;
+mod upstream_response;
 
 pub use config_file::config_file;
 pub use header_rewrite::header_rewrite;
 pub use request_head::request_head;
+pub use upstream_response::upstream_response;
