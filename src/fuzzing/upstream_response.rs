@@ -409,8 +409,10 @@ fn decode(bytes: &[u8], head: bool) -> Expect {
         if !lengths.is_empty() && !codings.is_empty() {
             return Expect::BadGateway("both Content-Length and Transfer-Encoding");
         }
-        let understood =
-            |coding: &[u8]| coding.eq_ignore_ascii_case(b"chunked") || coding.eq_ignore_ascii_case(b"identity");
+        // Empty list elements are ignored (RFC 9110 §5.6.1), as floodgate does for requests and answers alike.
+        let understood = |coding: &[u8]| {
+            coding.is_empty() || coding.eq_ignore_ascii_case(b"chunked") || coding.eq_ignore_ascii_case(b"identity")
+        };
         if !codings
             .iter()
             .flat_map(|line| line.split(|&b| b == b','))
