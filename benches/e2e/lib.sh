@@ -189,7 +189,7 @@ write_nginx_cfg() { # DIR WORKERS LISTEN_PORT UPSTREAM_ADDR
   mkdir -p "$1/tmp"
   cat >"$1/nginx.conf" <<EOF
 worker_processes $2;
-worker_rlimit_nofile $((peer_maxconn * 2 + 2000));
+worker_rlimit_nofile $((peer_maxconn * 2 + 200));
 pid $1/nginx.pid;
 # crit: at warn and error nginx logs a line for every 502 it answers for want of a free upstream (gigabytes per run).
 error_log $1/error.log crit;

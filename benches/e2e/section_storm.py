@@ -106,7 +106,9 @@ def render(runs, meta):
     if runs:
         lines += ["", f"Client counts run: {', '.join(f'{c:,}' for c in sorted({r['clients'] for r in runs}))} "
                       f"(`ulimit -n` {s.get('storm_fd_limit', 'see the run')}; storm_clients asked for "
-                      f"{s.get('storm_clients', '-')})."]
+                      f"{s.get('storm_clients', '-')}). HAProxy and nginx hold two descriptors per proxied client: "
+                      "their `maxconn` / `worker_connections` is at most (limit - 200) / 2, so at 16,000 clients "
+                      "(limit 20,000) they hold 9,900 and the rest wait in their accept backlog."]
     return lines
 
 

@@ -40,7 +40,8 @@ build_storm() {
   fi
 }
 
-# The client counts this machine's limits allow: wrk and the proxy each hold a socket per client (nginx two).
+# The client counts this machine's limits allow: wrk and floodgate each hold a socket per client (HAProxy and nginx
+# two: their maxconn is held to what the limit allows, see scenario_storm).
 storm_client_counts() {
   local fds c
   fds=$(ulimit -n)
@@ -55,10 +56,14 @@ storm_client_counts() {
 
 scenario_storm() { # REP
   local rep=$1 clients subject upstream_kind duration=$storm_duration warmup=$storm_warmup wrk_timeout=$storm_timeout
-  local peer_maxconn
+  local peer_maxconn fds
+  fds=$(ulimit -n)
   for upstream_kind in $storm_upstreams; do
     for clients in $(storm_client_counts); do
+      # A peer holds two descriptors per proxied client (client and upstream side) and refuses to start with a
+      # maxconn its limit cannot hold: beyond that, clients wait in its accept backlog (the report says so).
       peer_maxconn=$((clients + 1000))
+      [[ $fds == unlimited ]] || ((peer_maxconn <= (fds - 200) / 2)) || peer_maxconn=$(((fds - 200) / 2))
       for subject in $storm_subjects; do
         run_case storm "$subject" "$storm_delay" "$clients" "$rep" load_storm
       done
