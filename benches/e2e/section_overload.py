@@ -152,7 +152,8 @@ def render(runs, meta):
 
 
 def headline(runs, meta):
-    """One line for docs/overload.md's headline and the README: the largest factor, each discipline against FIFO."""
+    """One line for docs/overload.md's headline, which docs/testing.md quotes: the largest factor, each discipline
+    against FIFO."""
     top = max(factors(runs))
     gs = dict(groups(runs, top))
     fifo = gs.get("fifo")
