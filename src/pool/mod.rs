@@ -1127,16 +1127,15 @@ fn count_closing(state: &mut PoolState, conn: &Conn) {
     }
 }
 
-/// A request's place in the queue. If it is dropped while waiting (timeout, client gone, cancelled), it leaves
-/// the queue at once, and a grant that raced with its departure is given back rather than lost.
 /// What admitting a request gave at once.
 pub enum Admitted {
     Now(Lease),
     Queued(Queued),
 }
 
-/// A request's place in its upstream's queue. Dropping it leaves the queue (a grant already on its way goes back
-/// to the pool), so the wait can be given up from anywhere.
+/// A request's place in its upstream's queue. Dropped while waiting (timeout, client gone, cancelled), it leaves
+/// the queue at once, and a grant that raced with its departure goes back to the pool rather than being lost; so
+/// the wait can be given up from anywhere.
 #[must_use = "dropping a place in the queue leaves the queue"]
 pub struct Queued {
     pool: Arc<UpstreamPool>,
