@@ -21,8 +21,9 @@
 //! ```
 //! Where a request's outcome is counted ([`forward::complete`]), [`access`] writes its access-log line when
 //! that log is on.
-//! The invariant lives in [`pool::Slot`]: a connection exists only while its task holds a slot, and a slot is
-//! given back only once the socket is closed on both sides.
+//! The invariant lives in the pool's `Slots` type, the only code that changes the counts behind the cap; a
+//! [`pool::Slot`] stands for one count, a connection exists only while its task holds one, and a slot is given back
+//! only once the socket is closed on both sides.
 
 #![forbid(unsafe_code)]
 #![cfg_attr(

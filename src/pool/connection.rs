@@ -6,7 +6,7 @@
 //! the upstream counts them. For an `https://` upstream the TLS session runs over the same shared socket, so
 //! none of that changes; a handshake that fails or runs out of time closes the socket before the slot goes.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use hyper::client::conn::http1;
@@ -15,7 +15,8 @@ use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{Slot, UpstreamPool, CLOSING_NOT_COUNTED};
+use super::slots::ClosingMark;
+use super::{Slot, UpstreamPool};
 use crate::config::{Origin, UpstreamConfig};
 use crate::error::ProxyError;
 use crate::forward::RequestBody;
@@ -26,8 +27,8 @@ pub type UpstreamSender = http1::SendRequest<RequestBody>;
 /// A live HTTP/1.1 connection to the upstream, as a request sees it.
 pub struct Conn {
     pub sender: UpstreamSender,
-    /// Whether the pool counts this connection as closing; see [`UpstreamPool::closing_started`].
-    pub(super) closing: Arc<AtomicU8>,
+    /// Whether the pool counts this connection as closing; see [`super::slots::Slots::start_closing`].
+    pub(super) closing: ClosingMark,
     /// Tells the connection's task to stop driving hyper's connection now, even mid-request (see
     /// [`Conn::close_now`]).
     close_now: Arc<Notify>,
@@ -138,7 +139,7 @@ impl UpstreamPool {
         self: &Arc<Self>,
         io: I,
         stream: Arc<TcpStream>,
-        slot: Slot,
+        mut slot: Slot,
         endpoint: usize,
     ) -> Result<Conn, ProxyError>
     where
@@ -153,8 +154,8 @@ impl UpstreamPool {
         };
         self.metrics.opened.inc();
         let close_timeout = self.limits().close_timeout;
-        let closing = Arc::new(AtomicU8::new(CLOSING_NOT_COUNTED));
-        let counted_closing = closing.clone();
+        let closing = ClosingMark::default();
+        slot.connected(closing.clone());
         let close_now = Arc::new(Notify::new());
         let told_to_close = close_now.clone();
         let upstream_working = Arc::new(AtomicBool::new(false));
@@ -175,7 +176,7 @@ impl UpstreamPool {
             // Order matters: the socket is closed before the slot is given back (and the connection stops counting
             // as closing in the same step).
             drop(stream);
-            UpstreamPool::connection_closed(slot, &counted_closing);
+            drop(slot);
         });
         Ok(Conn {
             sender,

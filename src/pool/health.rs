@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use http::{header, Request};
 
-use super::{Conn, Grant, UpstreamPool};
+use super::{Back, Conn, Grant, UpstreamPool};
 use crate::forward::RequestBody;
 
 /// Checks every endpoint once per interval while the pool lives and the checks are on (a reload may turn them on
@@ -82,16 +82,16 @@ async fn exchange(
     };
     conn.served += 1;
     let Some(response) = answered else {
-        pool.close_checked(conn);
+        pool.came_back(Back::CheckFailed(conn));
         return (!reused).then_some(false);
     };
     let healthy = response.status().is_success() || response.status().is_redirection();
     // The body is not wanted: read to its end within the same bound, the connection can serve again.
     let drained = tokio::time::timeout(within, http_body_util::BodyExt::collect(response.into_body())).await;
     if healthy && matches!(drained, Ok(Ok(_))) && conn.is_usable(&pool.limits()) {
-        pool.return_checked(conn);
+        pool.came_back(Back::Checked(conn));
     } else {
-        pool.close_checked(conn);
+        pool.came_back(Back::CheckFailed(conn));
     }
     Some(healthy)
 }

@@ -8,7 +8,7 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
-use super::{Conn, Grant, UpstreamPool};
+use super::{Back, Conn, Grant, UpstreamPool};
 use crate::error::ProxyError;
 
 enum Held {
@@ -52,7 +52,6 @@ impl UploadProgress {
 
 /// An admitted request's hold on the upstream.
 pub struct Lease {
-    // Declared first so that it is dropped first: the connection goes back before the lease stops counting.
     held: Held,
     reused: bool,
     reusable: bool,
@@ -65,7 +64,6 @@ pub struct Lease {
 
 impl Lease {
     pub(super) fn new(pool: Arc<UpstreamPool>, grant: Grant) -> Lease {
-        pool.lease_started();
         let (held, reused) = match grant {
             Grant::Idle(conn) => (Held::Conn(conn), true),
             Grant::Dial(slot) => (Held::Dial(slot), false),
@@ -146,19 +144,18 @@ impl Drop for Lease {
                 conn.served += 1;
                 let sent = self.upload.as_ref().is_none_or(UploadProgress::is_sent);
                 if self.reusable && sent && conn.is_usable(&self.pool.limits()) {
-                    self.pool.put_idle(conn);
+                    self.pool.came_back(Back::Reusable(conn));
                 } else {
-                    self.pool.lease_released(Some((&conn, self.abandoned)));
+                    self.pool.came_back(Back::Released(Some((conn, self.abandoned))));
                 }
             }
             // The lease leaves the count before its unused slot is freed, so the slot can go to a waiter the
             // adaptive limit held back.
             Held::Dial(slot) => {
-                self.pool.lease_released(None);
+                self.pool.came_back(Back::Released(None));
                 drop(slot);
             }
-            Held::Nothing => self.pool.lease_released(None),
+            Held::Nothing => self.pool.came_back(Back::Released(None)),
         }
-        self.pool.lease_ended();
     }
 }

@@ -9,36 +9,47 @@
 
 use std::sync::Arc;
 
-use super::UpstreamPool;
+use super::slots::{ClosingMark, Issued};
+use super::{Back, UpstreamPool};
 
 /// The right to own one upstream connection. Dropping it frees the right (or passes it to a waiter).
 #[must_use = "dropping a slot frees it at once"]
 pub struct Slot {
-    pool: Option<Arc<UpstreamPool>>,
+    pool: Arc<UpstreamPool>,
     /// The endpoint whose count this slot raised when it was used to dial; `None` until then.
     pub(super) endpoint: Option<usize>,
+    /// Its connection's mark among those closing, once it has one.
+    closing: Option<ClosingMark>,
 }
 
 impl Slot {
-    /// Only the pool makes slots, with its count already raised (or a freed slot being handed on).
-    pub(super) fn issued(pool: Arc<UpstreamPool>) -> Slot {
+    /// Only the pool makes slots, from a count [`super::slots::Slots`] has just raised.
+    pub(super) fn issued(pool: Arc<UpstreamPool>, _count: Issued) -> Slot {
         Slot {
-            pool: Some(pool),
+            pool,
             endpoint: None,
+            closing: None,
         }
     }
 
-    /// Turns the slot back into a bare count, for the pool's bookkeeping while it hands the right on.
-    pub(super) fn into_count(mut self) -> Option<Arc<UpstreamPool>> {
-        self.pool.take()
+    /// A slot issued at `endpoint`, already counted there.
+    pub(super) fn dialling(mut self, endpoint: usize) -> Slot {
+        self.endpoint = Some(endpoint);
+        self
+    }
+
+    /// The slot now stands for a connection whose closing is counted by `mark`: the slot's return ends that.
+    pub(super) fn connected(&mut self, mark: ClosingMark) {
+        self.closing = Some(mark);
     }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        if let Some(pool) = self.pool.take() {
-            UpstreamPool::slot_freed(&pool, self.endpoint);
-        }
+        self.pool.came_back(Back::Slot {
+            endpoint: self.endpoint,
+            closing: self.closing.take(),
+        });
     }
 }
 

@@ -14,9 +14,9 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
-use super::{Grant, Lease, Refused, UpstreamPool};
 use crate::config::{Origin, Scheme, UpstreamConfig};
 use crate::metrics::Metrics;
+use crate::pool::{Grant, Lease, Refused, UpstreamPool};
 
 fn origin(port: u16) -> Origin {
     Origin {
@@ -62,28 +62,15 @@ fn check(pool: &UpstreamPool) -> Result<(), TestCaseError> {
     let state = pool.lock();
     let mut sum_open = 0usize;
     let mut sum_caps = 0usize;
-    for (at, endpoint) in state.endpoints.iter().enumerate() {
-        prop_assert!(
-            endpoint.open <= endpoint.cap,
-            "endpoint {at}: {} connections, cap {}",
-            endpoint.open,
-            endpoint.cap
-        );
-        sum_open += endpoint.open;
-        sum_caps = sum_caps.saturating_add(endpoint.cap);
+    for (at, (cap, open)) in state.slots.per_endpoint().enumerate() {
+        let cap = cap.unwrap_or(usize::MAX);
+        prop_assert!(open <= cap, "endpoint {at}: {open} connections, cap {cap}");
+        sum_open += open;
+        sum_caps = sum_caps.saturating_add(cap);
     }
-    prop_assert!(
-        sum_open <= state.open,
-        "endpoints count {sum_open}, the pool {}",
-        state.open
-    );
-    prop_assert!(
-        state.open <= sum_caps,
-        "{} slots for endpoints taking {sum_caps}",
-        state.open
-    );
-    prop_assert_eq!(state.max_connections, state.effective_cap());
-    prop_assert!(state.max_connections <= state.configured);
+    let open = state.slots.open();
+    prop_assert!(sum_open <= open, "endpoints count {sum_open}, the pool {open}");
+    prop_assert!(open <= sum_caps, "{open} slots for endpoints taking {sum_caps}");
     Ok(())
 }
 
@@ -136,16 +123,18 @@ async fn run(caps: Vec<usize>, max_connections: usize, ops: Vec<Op>) -> Result<(
                 let at = which % leases.len();
                 if let Some(lease) = leases.get_mut(at) {
                     // A slot that already chose keeps its endpoint; every counted slot finds one with room.
-                    let counted = |pool: &UpstreamPool| pool.lock().endpoints.iter().map(|e| e.open).sum::<usize>();
+                    let counted =
+                        |pool: &UpstreamPool| pool.lock().slots.per_endpoint().map(|(_, open)| open).sum::<usize>();
                     let before = counted(&pool);
                     let chosen = lease.choose_endpoint();
                     prop_assert!(chosen.is_some(), "a counted slot found no endpoint with room");
                     // An ejected endpoint is newly dialled only when none that is not ejected has room.
                     let fresh = counted(&pool) > before;
                     let state = pool.lock();
-                    if fresh && chosen.and_then(|at| state.endpoints.get(at)).is_some_and(|e| e.ejected) {
+                    if fresh && chosen.is_some_and(|at| state.slots.is_ejected(at)) {
+                        let slots = &state.slots;
                         prop_assert!(
-                            state.endpoints.iter().all(|e| e.ejected || e.open >= e.cap),
+                            (0..state.endpoints.len()).all(|at| slots.is_ejected(at) || !slots.endpoint_has_room(at)),
                             "an ejected endpoint was dialled while another had room"
                         );
                     }
@@ -215,8 +204,8 @@ async fn run(caps: Vec<usize>, max_connections: usize, ops: Vec<Op>) -> Result<(
         check(&pool)?;
     }
     let state = pool.lock();
-    prop_assert_eq!(state.open, 0);
-    prop_assert!(state.endpoints.iter().all(|endpoint| endpoint.open == 0));
+    prop_assert_eq!(state.slots.open(), 0);
+    prop_assert!(state.slots.per_endpoint().all(|(_, open)| open == 0));
     Ok(())
 }
 

@@ -23,10 +23,10 @@ use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use tokio::sync::oneshot;
 
-use super::{Lease, PoolSnapshot, Refused, UpstreamPool};
 use crate::admission::Shed;
 use crate::config::{Origin, Scheme, UpstreamConfig};
 use crate::metrics::Metrics;
+use crate::pool::{Lease, PoolSnapshot, Refused, UpstreamPool};
 
 fn paused_runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -416,7 +416,7 @@ mod slot_level {
             PoolView {
                 open: self.open,
                 idle: 0,
-                in_use: self.leases.len(),
+                in_use: self.leased,
                 queue_depth: self.queue.len(),
                 opened_total: 0,
                 connections_peak: self.connections_peak,

@@ -1,0 +1,186 @@
+//! Endpoints: which one a slot dials, what a failed dial or a health check says about it, and its ejection and
+//! return (which change the cap in force through [`super::slots::Slots`]). It never counts connections itself.
+
+use std::sync::{Arc, Weak};
+
+use tokio::time::Instant;
+
+use super::{Grant, PoolState, Slot, UpstreamPool};
+
+/// What the pool knows of one endpoint's health (its counts are in [`Slots`]); only under the pool's lock.
+#[derive(Default)]
+pub(super) struct EndpointState {
+    /// Dials that failed in a row.
+    pub(super) failures: u32,
+    /// Ejections without a successful dial between them: the next one lasts `eject_backoff` x 2^this.
+    pub(super) ejections: u32,
+    /// Back from an ejection: the next failed dial ejects it again at once.
+    pub(super) probation: bool,
+    /// Counts ejections, so that the timer of one that a health check already ended does not end a later one.
+    pub(super) generation: u64,
+    /// A health check of it is under way.
+    pub(super) checking: bool,
+}
+
+impl UpstreamPool {
+    /// Chooses the endpoint `slot` dials, under the lock, and counts the connection there: one with room under its
+    /// own cap; among those, not ejected, then the fewest failed dials in a row, the fewest requests in flight,
+    /// the fewest connections. An ejected endpoint only when no other has room. `None`: none has room, which
+    /// cannot happen while the slot is counted (the pool's count never exceeds the sum of the endpoints' caps, and
+    /// this slot is in the one but not yet in the other), and is a failed dial rather than a panic all the same.
+    pub(super) fn choose_endpoint(&self, slot: &mut Slot) -> Option<usize> {
+        if slot.endpoint.is_some() {
+            return slot.endpoint;
+        }
+        let mut state = self.lock();
+        let busy = state.busy();
+        let chosen = state
+            .slots
+            .per_endpoint()
+            .zip(&state.endpoints)
+            .enumerate()
+            .filter(|(at, _)| state.slots.endpoint_has_room(*at))
+            .min_by_key(|(at, ((_, open), health))| {
+                let in_flight = busy.get(*at).copied().unwrap_or(usize::MAX);
+                (state.slots.is_ejected(*at), health.failures, in_flight, *open)
+            })
+            .map(|(at, _)| at)?;
+        state.slots.count_at(chosen);
+        slot.endpoint = Some(chosen);
+        Some(chosen)
+    }
+
+    /// The outcome of a dial to `endpoint`. A success ends its run of failures (and of ejections); a failure that
+    /// makes `eject_after` in a row (or the first after an ejection) ejects it, if the upstream has other
+    /// endpoints, for `eject_backoff` doubled per ejection in a row, at most `eject_backoff_max`.
+    pub(super) fn dialled(self: &Arc<Self>, endpoint: usize, succeeded: bool) {
+        let limits = self.limits();
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let several = state.endpoints.len() > 1;
+        let Some(health) = state.endpoints.get_mut(endpoint) else {
+            return;
+        };
+        if succeeded {
+            health.failures = 0;
+            health.ejections = 0;
+            health.probation = false;
+            return;
+        }
+        health.failures = health.failures.saturating_add(1);
+        let due = limits.eject_after > 0 && (health.failures >= limits.eject_after || health.probation);
+        if !several || state.slots.is_ejected(endpoint) || !due {
+            return;
+        }
+        health.probation = false;
+        health.generation = health.generation.wrapping_add(1);
+        let generation = health.generation;
+        let backoff = limits
+            .eject_backoff
+            .saturating_mul(1u32 << health.ejections.min(16))
+            .min(limits.eject_backoff_max);
+        health.ejections = health.ejections.saturating_add(1);
+        let address = self
+            .endpoints
+            .get(endpoint)
+            .map(|(origin, _)| origin.authority())
+            .unwrap_or_default();
+        tracing::warn!(upstream = %self.name, endpoint = %address, ?backoff, "endpoint ejected after failed dials");
+        self.metrics.endpoint_ejected(&address);
+        // The end is fixed now, not when the task first runs.
+        self.spawn(end_ejection(
+            Arc::downgrade(self),
+            endpoint,
+            generation,
+            Instant::now() + backoff,
+        ));
+        let raised = state.slots.set_ejected(endpoint, true);
+        self.apply_cap(guard, raised);
+    }
+
+    /// What a health check of `endpoint` may use, with nobody waiting and no check of it under way: the most
+    /// recent usable idle connection to it, else a free slot if the endpoint has room under its own cap (issued
+    /// and counted at the endpoint like a dial's). `None`: the check is skipped this round.
+    pub(super) fn check_grant(self: &Arc<Self>, endpoint: usize) -> Option<Grant> {
+        let mut state = self.lock();
+        let checking = state.endpoints.get(endpoint).is_none_or(|health| health.checking);
+        if state.retired || !state.queue.is_empty() || checking {
+            return None;
+        }
+        let limits = self.limits();
+        let idle = state
+            .idle
+            .iter()
+            .rposition(|idle| idle.conn.endpoint == endpoint && idle.conn.is_usable(&limits));
+        if let Some(idle) = idle.and_then(|at| state.idle.remove(at)) {
+            if let Some(health) = state.endpoints.get_mut(endpoint) {
+                health.checking = true;
+            }
+            return Some(Grant::Idle(idle.conn));
+        }
+        let issued = state.slots.issue_at(endpoint)?;
+        if let Some(health) = state.endpoints.get_mut(endpoint) {
+            health.checking = true;
+        }
+        Some(Grant::Dial(Slot::issued(self.clone(), issued).dialling(endpoint)))
+    }
+
+    /// The outcome of a health check of `endpoint`: `None` says nothing (a reused connection failed: it may just
+    /// have been closed while idle); a failure counts as a failed dial; a success ends the run of failures, and an
+    /// ejection at once (the endpoint has just answered).
+    pub(super) fn health_checked(self: &Arc<Self>, endpoint: usize, healthy: Option<bool>) {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let Some(health) = state.endpoints.get_mut(endpoint) else {
+            return;
+        };
+        health.checking = false;
+        let Some(healthy) = healthy else { return };
+        if !healthy {
+            drop(guard);
+            self.dialled(endpoint, false);
+            return;
+        }
+        health.failures = 0;
+        health.ejections = 0;
+        health.probation = false;
+        if state.slots.is_ejected(endpoint) {
+            health.generation = health.generation.wrapping_add(1);
+            let raised = state.slots.set_ejected(endpoint, false);
+            self.apply_cap(guard, raised);
+        }
+    }
+}
+
+impl PoolState {
+    /// Per endpoint, its connections that are not idle: the requests in flight there (and dials, closes).
+    pub(super) fn busy(&self) -> Vec<usize> {
+        let mut busy: Vec<usize> = self.slots.per_endpoint().map(|(_, open)| open).collect();
+        for idle in &self.idle {
+            if let Some(count) = busy.get_mut(idle.conn.endpoint) {
+                *count = count.saturating_sub(1);
+            }
+        }
+        busy
+    }
+}
+
+/// Ends an ejection after its backoff: the endpoint may be chosen again (on probation: one more failed dial
+/// ejects it again at once, for twice as long), and the cap rises with it.
+pub(super) async fn end_ejection(pool: Weak<UpstreamPool>, endpoint: usize, generation: u64, at: Instant) {
+    tokio::time::sleep_until(at).await;
+    let Some(pool) = pool.upgrade() else { return };
+    let mut guard = pool.lock();
+    let state = &mut *guard;
+    let Some(health) = state.endpoints.get_mut(endpoint) else {
+        return;
+    };
+    if !state.slots.is_ejected(endpoint) || health.generation != generation {
+        // A health check ended this ejection already.
+        return;
+    }
+    health.failures = 0;
+    health.probation = true;
+    let raised = state.slots.set_ejected(endpoint, false);
+    pool.apply_cap(guard, raised);
+}

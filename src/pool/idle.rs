@@ -1,0 +1,112 @@
+//! The idle list: connections kept for reuse, most recent last; taken newest first, expired oldest first, and
+//! closed (counted as closing until their slots are back) when they outlive their welcome.
+
+use std::sync::Weak;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Conn, Grant, PoolState, UpstreamPool};
+
+pub(super) struct IdleConn {
+    pub(super) conn: Conn,
+    pub(super) since: Instant,
+}
+
+impl UpstreamPool {
+    /// The most recent idle connection that is still usable; the unusable ones met on the way are closed. With
+    /// several endpoints, the most recent one to the endpoint with the fewest requests in flight (not ejected
+    /// first), all idle connections looked at.
+    pub(super) fn take_idle(&self, state: &mut PoolState) -> Option<Grant> {
+        let limits = self.limits();
+        if state.endpoints.len() > 1 {
+            for idle in std::mem::take(&mut state.idle) {
+                if idle.conn.is_usable(&limits) {
+                    state.idle.push_back(idle);
+                } else {
+                    state.start_closing(&idle.conn);
+                }
+            }
+            let busy = state.busy();
+            let rank = |endpoint: usize| {
+                (
+                    state.slots.is_ejected(endpoint),
+                    busy.get(endpoint).copied().unwrap_or(usize::MAX),
+                )
+            };
+            let best = state
+                .idle
+                .iter()
+                .enumerate()
+                .rev()
+                .min_by_key(|(_, idle)| rank(idle.conn.endpoint))
+                .map(|(at, _)| at)?;
+            return state.idle.remove(best).map(|idle| Grant::Idle(idle.conn));
+        }
+        while let Some(idle) = state.idle.pop_back() {
+            if idle.conn.is_usable(&limits) {
+                return Some(Grant::Idle(idle.conn));
+            }
+            // Dropping the sender lets the connection's task close it and free its slot.
+            state.start_closing(&idle.conn);
+        }
+        None
+    }
+
+    /// Closes every idle connection (shutdown): their tasks free the slots once the upstream has closed too.
+    pub fn close_idle(&self) {
+        let idle = {
+            let mut state = self.lock();
+            let idle = std::mem::take(&mut state.idle);
+            for idle in &idle {
+                state.start_closing(&idle.conn);
+            }
+            idle
+        };
+        drop(idle);
+    }
+}
+
+impl PoolState {
+    /// Idle connections past a lowered cap, oldest first, counted as closing; to be dropped after the lock. Counted
+    /// one by one: an idle entry whose connection is already gone (the upstream closed it) holds no slot, is not
+    /// counted, and must not stand in for a live surplus one.
+    pub(super) fn evict_surplus_idle(&mut self) -> Vec<IdleConn> {
+        let mut evicted = Vec::new();
+        while self.slots.live_over_cap() {
+            let Some(idle) = self.idle.pop_front() else { break };
+            self.start_closing(&idle.conn);
+            evicted.push(idle);
+        }
+        evicted
+    }
+}
+
+/// Closes idle connections past `idle_timeout`, past their lifetime, or closed by the upstream meanwhile. Wakes
+/// when the oldest idle connection is due, and at least once a second for the other two cases.
+pub(super) async fn expire_idle(pool: Weak<UpstreamPool>) {
+    loop {
+        let next_due = {
+            let Some(pool) = pool.upgrade() else { return };
+            let now = Instant::now();
+            let limits = pool.limits();
+            let idle_timeout = limits.idle_timeout;
+            let mut state = pool.lock();
+            // Dropping a sender under the lock is cheap and never calls back into the pool: the connection's
+            // own task closes the socket and frees the slot.
+            for idle in std::mem::take(&mut state.idle) {
+                if idle.since + idle_timeout > now && idle.conn.is_usable(&limits) {
+                    state.idle.push_back(idle);
+                } else {
+                    state.start_closing(&idle.conn);
+                }
+            }
+            let fallback = now + idle_timeout.min(Duration::from_secs(1));
+            state
+                .idle
+                .front()
+                .map_or(fallback, |oldest| (oldest.since + idle_timeout).min(fallback))
+        };
+        tokio::time::sleep_until(next_due).await;
+    }
+}

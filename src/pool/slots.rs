@@ -1,0 +1,300 @@
+//! The cap's accounting: how many connections to the upstream exist, how many of them are on their way out, the
+//! cap in force, and each endpoint's share.
+//!
+//! Only [`Slots`] changes those counts, and only through four moves: issue a slot if the cap allows, take one back,
+//! change the cap, and count a connection as closing. Each move checks the invariant it keeps. It never touches a
+//! connection, a waiter or the lock (the pool calls it under its lock).
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+
+/// The counts behind the cap; only under the pool's lock.
+pub(super) struct Slots {
+    /// Live slots: connections dialling, busy, idle or closing.
+    open: usize,
+    /// Of those, the ones on their way out: each will be taken back soon. `open - closing` is what a lowered cap is
+    /// held against, so that closing connections are not closed twice over.
+    closing: usize,
+    /// The configured cap; a reload or the admin API changes it.
+    configured: usize,
+    /// The cap in force: the configured one, or less while endpoints are ejected.
+    cap: usize,
+    /// The most slots ever live at once.
+    peak: usize,
+    endpoints: Vec<EndpointSlots>,
+}
+
+struct EndpointSlots {
+    /// Its own cap; `usize::MAX` for the one endpoint of an upstream given by `url` (the upstream's cap bounds it).
+    cap: usize,
+    /// Connections to it, from the moment a slot chose it to dial until the slot is taken back.
+    open: usize,
+    ejected: bool,
+}
+
+/// Proof that [`Slots::issue`] counted one more slot; a [`super::Slot`] is made only from one.
+#[must_use = "an issued count must become a Slot, or it is never taken back"]
+pub(super) struct Issued(());
+
+/// Whether a connection counts among those closing. One per connection, shared by its handle and its task, so
+/// that it is counted once however many times a close is asked for, and not at all once its slot is back.
+#[derive(Clone, Default)]
+pub(super) struct ClosingMark(Arc<AtomicU8>);
+
+const NOT_COUNTED: u8 = 0;
+const COUNTED: u8 = 1;
+const DONE: u8 = 2;
+
+impl Slots {
+    /// `endpoint_caps`: each endpoint's own cap, in the order of the pool's endpoints.
+    pub(super) fn new(configured: usize, endpoint_caps: impl IntoIterator<Item = usize>) -> Slots {
+        let endpoints = endpoint_caps
+            .into_iter()
+            .map(|cap| EndpointSlots {
+                cap,
+                open: 0,
+                ejected: false,
+            })
+            .collect();
+        let mut slots = Slots {
+            open: 0,
+            closing: 0,
+            configured,
+            cap: 0,
+            peak: 0,
+            endpoints,
+        };
+        slots.cap = slots.cap_allowed();
+        slots
+    }
+
+    pub(super) fn open(&self) -> usize {
+        self.open
+    }
+
+    pub(super) fn peak(&self) -> usize {
+        self.peak
+    }
+
+    /// The cap in force.
+    pub(super) fn cap(&self) -> usize {
+        self.cap
+    }
+
+    /// Whether a slot could be issued now.
+    pub(super) fn has_room(&self) -> bool {
+        self.open < self.cap
+    }
+
+    /// Whether a connection is on its way out (and will free its slot soon).
+    pub(super) fn any_closing(&self) -> bool {
+        self.closing > 0
+    }
+
+    /// More slots live than the cap in force (it was lowered): a slot that comes back must not be handed on.
+    pub(super) fn over_cap(&self) -> bool {
+        self.open > self.cap
+    }
+
+    /// More live connections, not counting those already on their way out, than the cap in force: a connection
+    /// that comes free must be closed rather than kept.
+    pub(super) fn live_over_cap(&self) -> bool {
+        self.open.saturating_sub(self.closing) > self.cap
+    }
+
+    /// Counts one more slot if the cap in force allows it.
+    pub(super) fn issue(&mut self) -> Option<Issued> {
+        if !self.has_room() {
+            return None;
+        }
+        self.open += 1;
+        self.peak = self.peak.max(self.open);
+        self.check();
+        Some(Issued(()))
+    }
+
+    /// [`Self::issue`] for a slot that dials `endpoint` at once, if the endpoint too has room under its own cap.
+    pub(super) fn issue_at(&mut self, endpoint: usize) -> Option<Issued> {
+        if !self.endpoint_has_room(endpoint) {
+            return None;
+        }
+        let issued = self.issue()?;
+        self.count_at(endpoint);
+        Some(issued)
+    }
+
+    /// Whether `endpoint` has room under its own cap for one more connection.
+    pub(super) fn endpoint_has_room(&self, endpoint: usize) -> bool {
+        self.endpoints
+            .get(endpoint)
+            .is_some_and(|endpoint| endpoint.open < endpoint.cap)
+    }
+
+    /// A live slot is about to dial `endpoint`, which has room: it counts there until the slot is taken back.
+    pub(super) fn count_at(&mut self, endpoint: usize) {
+        if let Some(at) = self.endpoints.get_mut(endpoint) {
+            at.open += 1;
+        }
+        self.check();
+    }
+
+    /// A slot is back: its connection's socket is closed, or it never had one. `endpoint`: the one it dialled;
+    /// `closing`: its connection's mark, which is done with from here on.
+    pub(super) fn take_back(&mut self, endpoint: Option<usize>, closing: Option<&ClosingMark>) {
+        if closing.is_some_and(|mark| mark.0.swap(DONE, Ordering::AcqRel) == COUNTED) {
+            self.closing = self.closing.saturating_sub(1);
+        }
+        if let Some(at) = endpoint.and_then(|at| self.endpoints.get_mut(at)) {
+            at.open = at.open.saturating_sub(1);
+        }
+        debug_assert!(self.open > 0, "a slot taken back that was never issued");
+        self.open = self.open.saturating_sub(1);
+        self.check();
+    }
+
+    /// Counts a connection the pool has started to close among those closing, once, and not at all if its slot is
+    /// already back.
+    pub(super) fn start_closing(&mut self, mark: &ClosingMark) {
+        let counted = mark
+            .0
+            .compare_exchange(NOT_COUNTED, COUNTED, Ordering::AcqRel, Ordering::Acquire);
+        if counted.is_ok() {
+            self.closing += 1;
+        }
+        self.check();
+    }
+
+    /// Changes the configured cap; whether the cap in force rose.
+    pub(super) fn set_configured(&mut self, configured: usize) -> bool {
+        self.configured = configured;
+        self.recompute()
+    }
+
+    /// Marks `endpoint` ejected or back; whether the cap in force rose.
+    pub(super) fn set_ejected(&mut self, endpoint: usize, ejected: bool) -> bool {
+        if let Some(at) = self.endpoints.get_mut(endpoint) {
+            at.ejected = ejected;
+        }
+        self.recompute()
+    }
+
+    pub(super) fn is_ejected(&self, endpoint: usize) -> bool {
+        self.endpoints.get(endpoint).is_some_and(|at| at.ejected)
+    }
+
+    /// Per endpoint: its own cap (`None` when the upstream's cap is its bound) and its connections.
+    pub(super) fn per_endpoint(&self) -> impl Iterator<Item = (Option<usize>, usize)> + '_ {
+        self.endpoints
+            .iter()
+            .map(|at| ((at.cap != usize::MAX).then_some(at.cap), at.open))
+    }
+
+    fn recompute(&mut self) -> bool {
+        let cap = self.cap_allowed();
+        let raised = cap > self.cap;
+        self.cap = cap;
+        self.check();
+        raised
+    }
+
+    /// The configured cap, and no more than the endpoints not ejected can take between them (all endpoints' caps
+    /// when every one is ejected: trying them beats shedding everything).
+    fn cap_allowed(&self) -> usize {
+        let room = |ejected_too: bool| {
+            self.endpoints
+                .iter()
+                .filter(|at| ejected_too || !at.ejected)
+                .fold(0usize, |sum, at| sum.saturating_add(at.cap))
+        };
+        let healthy = room(false);
+        self.configured.min(if healthy == 0 { room(true) } else { healthy })
+    }
+
+    /// What every move keeps: no cap in force above the configured one, no endpoint past its own cap, no more
+    /// connections at endpoints than slots, no more closing than live. (The pool's count past a lowered cap is allowed: it falls as connections finish.)
+    fn check(&self) {
+        debug_assert!(self.cap <= self.configured, "a cap in force above the configured one");
+        debug_assert!(
+            self.closing <= self.open,
+            "{} closing of {} open",
+            self.closing,
+            self.open
+        );
+        debug_assert!(
+            self.endpoints.iter().all(|at| at.open <= at.cap),
+            "an endpoint past its own cap"
+        );
+        debug_assert!(
+            self.endpoints.iter().map(|at| at.open).sum::<usize>() <= self.open,
+            "more connections at endpoints than slots"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_slot_is_issued_past_the_cap_and_one_taken_back_makes_room() {
+        let mut slots = Slots::new(2, [usize::MAX]);
+        let issued: Vec<_> = std::iter::from_fn(|| slots.issue()).take(5).collect();
+        assert_eq!(issued.len(), 2);
+        assert!(!slots.has_room());
+        slots.take_back(None, None);
+        assert!(slots.issue().is_some());
+        assert_eq!((slots.open(), slots.peak()), (2, 2));
+    }
+
+    #[test]
+    fn the_cap_in_force_is_what_the_endpoints_not_ejected_can_take() {
+        let mut slots = Slots::new(10, [3, 4]);
+        assert_eq!(slots.cap(), 7);
+        assert!(!slots.set_ejected(1, true));
+        assert_eq!(slots.cap(), 3);
+        assert!(slots.set_ejected(0, true), "all ejected: all are tried");
+        assert_eq!(slots.cap(), 7);
+        assert!(!slots.set_configured(5));
+        assert_eq!(slots.cap(), 5);
+    }
+
+    #[test]
+    fn a_connection_counts_as_closing_once_and_not_after_its_slot_is_back() {
+        let mut slots = Slots::new(2, [usize::MAX]);
+        let _issued = slots.issue();
+        let mark = ClosingMark::default();
+        slots.start_closing(&mark);
+        slots.start_closing(&mark);
+        assert!(slots.any_closing());
+        slots.take_back(None, Some(&mark));
+        assert!(!slots.any_closing());
+        slots.start_closing(&mark);
+        assert!(!slots.any_closing(), "counted after its slot was back");
+    }
+
+    #[test]
+    fn a_lowered_cap_is_exceeded_until_enough_slots_are_back() {
+        let mut slots = Slots::new(3, [usize::MAX]);
+        let _issued: Vec<_> = std::iter::from_fn(|| slots.issue()).collect();
+        slots.set_configured(1);
+        assert!(slots.over_cap() && slots.live_over_cap());
+        let mark = ClosingMark::default();
+        slots.start_closing(&mark);
+        assert!(slots.over_cap() && slots.live_over_cap());
+        slots.take_back(None, Some(&mark));
+        assert!(slots.over_cap());
+        slots.take_back(None, None);
+        assert!(!slots.over_cap() && !slots.has_room());
+    }
+
+    #[test]
+    fn an_endpoint_takes_no_slot_past_its_own_cap() {
+        let mut slots = Slots::new(10, [1, 2]);
+        assert!(slots.issue_at(0).is_some());
+        assert!(slots.issue_at(0).is_none());
+        assert!(slots.issue_at(1).is_some());
+        assert!(slots.endpoint_has_room(1));
+        slots.take_back(Some(0), None);
+        assert!(slots.endpoint_has_room(0));
+    }
+}
