@@ -1,0 +1,338 @@
+//! The request as the upstream sees it: hop-by-hop headers removed, `X-Forwarded-*` set, Host kept less a trailing
+//! dot, an HTTP/2 cookie joined into one line, the target checked and put in origin form. It never touches a body.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Uri, Version};
+use hyper::body::Incoming;
+use tokio::net::TcpStream;
+
+use crate::error::ProxyError;
+use crate::pool::UpstreamPool;
+
+use super::RequestBody;
+
+/// What the proxy knows about the client connection a request came on; made once per connection.
+pub struct ClientInfo {
+    pub peer: SocketAddr,
+    /// Whether the peer is a trusted proxy whose `X-Forwarded-*` we extend rather than replace.
+    pub trusted: bool,
+    /// The peer's address as an `X-Forwarded-For` value.
+    peer_ip: HeaderValue,
+    /// The HTTP/1 client socket, watched for the client leaving while a request with an unread body is queued
+    /// (hyper notices that by itself otherwise; HTTP/2 streams are cancelled by hyper).
+    pub http1_stream: Option<Arc<TcpStream>>,
+    /// Whether the client reached us over TLS: `X-Forwarded-Proto` says `https` then.
+    pub tls: bool,
+}
+
+impl ClientInfo {
+    pub fn new(peer: SocketAddr, trusted: bool, http1_stream: Option<Arc<TcpStream>>) -> Self {
+        let peer_ip = HeaderValue::from_str(&peer.ip().to_string()).unwrap_or_else(|_| HeaderValue::from_static(""));
+        ClientInfo {
+            peer,
+            trusted,
+            peer_ip,
+            http1_stream,
+            tls: false,
+        }
+    }
+
+    /// Marks the client as connected over TLS.
+    pub fn over_tls(mut self, tls: bool) -> Self {
+        self.tls = tls;
+        self
+    }
+}
+
+pub(super) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+pub(super) const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+pub(super) const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+pub(super) const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+pub(super) const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+
+/// Removes the hop-by-hop headers of RFC 9110 §7.6.1, including every header the `Connection` field names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = connection_options(headers)
+        .filter_map(|option| HeaderName::from_bytes(option).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in [
+        header::CONNECTION,
+        KEEP_ALIVE,
+        PROXY_CONNECTION,
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+    ] {
+        headers.remove(name);
+    }
+}
+
+/// The options of every `Connection` line, read as bytes: a line with a non-ASCII byte still names its other
+/// options (reading it as text would drop the whole line, and with it a `close` or a header to strip).
+pub(super) fn connection_options(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .flat_map(|value| value.as_bytes().split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+}
+
+/// The host a request is for: the URI's authority (absolute form, HTTP/2 `:authority`) wins over `Host`, as
+/// RFC 9112 §3.2.2 asks of a proxy. Routing and the upstream's Host header both use it.
+pub fn target_host<'a>(uri: &'a Uri, headers: &'a HeaderMap) -> Option<&'a str> {
+    uri.authority()
+        .map(|authority| authority.as_str())
+        .or_else(|| headers.get(header::HOST).and_then(|host| host.to_str().ok()))
+}
+
+/// The request as it goes upstream: HTTP/1.1, origin form, with Host and `X-Forwarded-*`.
+pub fn to_upstream(
+    request: Request<Incoming>,
+    client: &ClientInfo,
+    pool: &UpstreamPool,
+) -> Result<Request<RequestBody>, ProxyError> {
+    let (mut parts, body) = request.into_parts();
+    upstream_head(&mut parts, client, &pool.authority)?;
+    let body = RequestBody::new(body, pool.limits().body_idle_timeout);
+    Ok(Request::from_parts(parts, body))
+}
+
+/// The head half of [`to_upstream`]; `default_host` is the Host given to an HTTP/1.0 request that has none.
+// Public only for benches/hot_path.rs: `to_upstream` needs a hyper `Incoming` body, which only a live connection
+// makes, and this is all of its header work.
+#[doc(hidden)]
+pub fn upstream_head(
+    parts: &mut http::request::Parts,
+    client: &ClientInfo,
+    default_host: &HeaderValue,
+) -> Result<(), ProxyError> {
+    check_target(&parts.method, &parts.uri)?;
+    let host = match (parts.uri.authority(), parts.headers.get(header::HOST)) {
+        // RFC 9110 §4.2.4: userinfo in a request target is an error; it must never become the upstream's Host.
+        (Some(authority), _) if authority.as_str().contains('@') => return Err(ProxyError::InvalidHost),
+        (Some(authority), _) => HeaderValue::from_str(authority.as_str()).map_err(|_| ProxyError::MissingHost)?,
+        (None, Some(host)) => host.clone(),
+        // HTTP/1.0 had no Host; the upstream still gets one.
+        (None, None) if parts.version == Version::HTTP_10 => default_host.clone(),
+        (None, None) => return Err(ProxyError::MissingHost),
+    };
+    // Routing matched the name without its root dot; the upstream is given that name, so it cannot read another.
+    let host = match without_root_dot(host.as_bytes()) {
+        Some(bare) => HeaderValue::from_bytes(&bare).unwrap_or(host),
+        None => host,
+    };
+    // RFC 9113 §8.2.3 (RFC 9114 §4.2.1 for HTTP/3): a cookie split into fields goes to HTTP/1.1 as one line.
+    if matches!(parts.version, Version::HTTP_2 | Version::HTTP_3) {
+        join_cookie(&mut parts.headers);
+    }
+    // A message with both framings is a smuggling attempt's tell; the upstream only ever sees one of them.
+    if parts.headers.contains_key(header::TRANSFER_ENCODING) {
+        parts.headers.remove(header::CONTENT_LENGTH);
+    }
+    strip_hop_by_hop(&mut parts.headers);
+    // We answer `Expect: 100-continue` ourselves once admitted (hyper sends 100 when the body is first read).
+    parts.headers.remove(header::EXPECT);
+    parts.headers.insert(header::HOST, host.clone());
+    set_forwarded(&mut parts.headers, client, host);
+    parts.uri = origin_form(&parts.uri, &parts.method);
+    parts.version = Version::HTTP_11;
+    Ok(())
+}
+
+/// The request target's form (RFC 9112 §3.2): origin or absolute form, `*` for OPTIONS. Authority form is for
+/// CONNECT alone, refused before this as a tunnel; elsewhere it would be routed by an authority that is no target.
+/// An absolute form names an `http` or `https` origin (the listener, not the scheme, says how the client came, so
+/// `https://` on a plain listener is served as `http://` is); a proxy in front of origins serves no other scheme.
+pub fn check_target(method: &Method, uri: &Uri) -> Result<(), ProxyError> {
+    // RFC 9112 §3.2.4: the asterisk form is for OPTIONS alone; another method with it is no valid request line.
+    if uri.path() == "*" && method != Method::OPTIONS {
+        return Err(ProxyError::AsteriskTarget);
+    }
+    match uri.scheme_str() {
+        Some(scheme) if scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https") => Ok(()),
+        Some(_) => Err(ProxyError::UnsupportedScheme),
+        None if uri.authority().is_some() => Err(ProxyError::AuthorityFormTarget),
+        None => Ok(()),
+    }
+}
+
+pub(super) fn origin_form(uri: &Uri, method: &Method) -> Uri {
+    if method == Method::OPTIONS && uri.path() == "*" {
+        return uri.clone();
+    }
+    match uri.path_and_query().map(|pq| Uri::from(pq.clone())) {
+        Some(origin) if origin.path().starts_with('/') => origin,
+        // Neither path nor query (`http://host#f` is kept as an empty one, which would print as no target).
+        _ => Uri::from_static("/"),
+    }
+}
+
+pub(super) fn set_forwarded(headers: &mut HeaderMap, client: &ClientInfo, host: HeaderValue) {
+    let previous: Vec<&str> = if client.trusted {
+        // Every field line counts: earlier hops may have sent theirs separately.
+        headers
+            .get_all(&X_FORWARDED_FOR)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let value = if previous.is_empty() {
+        client.peer_ip.clone()
+    } else {
+        let joined = format!("{}, {}", previous.join(", "), client.peer.ip());
+        HeaderValue::from_str(&joined).unwrap_or_else(|_| client.peer_ip.clone())
+    };
+    headers.insert(X_FORWARDED_FOR, value);
+    // A trusted hop's own values stay, as one line each: with several, the upstream might read another one than
+    // the hop meant.
+    let proto = client.trusted.then(|| one_line(headers, &X_FORWARDED_PROTO)).flatten();
+    let scheme = if client.tls { "https" } else { "http" };
+    headers.insert(X_FORWARDED_PROTO, proto.unwrap_or(HeaderValue::from_static(scheme)));
+    let forwarded_host = client.trusted.then(|| one_line(headers, &X_FORWARDED_HOST)).flatten();
+    headers.insert(X_FORWARDED_HOST, forwarded_host.unwrap_or(host));
+    if !client.trusted {
+        headers.remove(header::FORWARDED);
+    }
+}
+
+/// All lines of a field as one, joined by commas as RFC 9110 §5.3 reads them; `None` without any.
+pub(super) fn one_line(headers: &HeaderMap, name: &HeaderName) -> Option<HeaderValue> {
+    joined(headers, name, b", ")
+}
+
+/// All lines of a field as one, `separator` between them; `None` without any.
+pub(super) fn joined(headers: &HeaderMap, name: &HeaderName, separator: &[u8]) -> Option<HeaderValue> {
+    let mut lines = headers.get_all(name).iter();
+    let first = lines.next()?.clone();
+    lines.try_fold(first, |joined, line| {
+        HeaderValue::from_bytes(&[joined.as_bytes(), separator, line.as_bytes()].concat()).ok()
+    })
+}
+
+/// Cookie is no comma list (RFC 6265 §5.4): its crumbs are joined by `; `.
+pub(super) fn join_cookie(headers: &mut HeaderMap) {
+    if headers.get_all(header::COOKIE).iter().nth(1).is_none() {
+        return;
+    }
+    if let Some(cookie) = joined(headers, &header::COOKIE, b"; ") {
+        headers.insert(header::COOKIE, cookie);
+    }
+}
+
+/// RFC 9112 §3.2: more than one Host line, or a target host (Host, or the URI's authority that wins over it) that
+/// is not a valid `host[:port]`, is a bad request: the proxy would route by one reading of it while the upstream
+/// might act on another. A missing Host is decided by [`to_upstream`] (HTTP/1.0 may omit it).
+pub fn check_host(uri: &Uri, headers: &HeaderMap) -> Result<(), ProxyError> {
+    let authority_ok = uri
+        .authority()
+        .is_none_or(|authority| valid_authority(authority.as_str().as_bytes()));
+    let mut lines = headers.get_all(header::HOST).iter();
+    let host_ok = match lines.next() {
+        Some(host) => lines.next().is_none() && valid_authority(host.as_bytes()),
+        None => true,
+    };
+    if authority_ok && host_ok {
+        Ok(())
+    } else {
+        Err(ProxyError::InvalidHost)
+    }
+}
+
+/// A `host[:port]` every reader takes the same way: no userinfo; a port, when there is one, is a 16-bit number
+/// (past it, one reader wraps it and another refuses it); a name has no empty label but the root's trailing one.
+pub(super) fn valid_authority(bytes: &[u8]) -> bool {
+    let (name, port) = split_port(bytes);
+    // RFC 3986 §3.2.3 lets the port be empty (`host:`): it means the default.
+    let port_ok = port.is_none_or(|port| {
+        port.is_empty()
+            || (port.iter().all(u8::is_ascii_digit)
+                && std::str::from_utf8(port).is_ok_and(|port| port.parse::<u16>().is_ok()))
+    });
+    let name_ok = if name.starts_with(b"[") {
+        name.ends_with(b"]")
+    } else {
+        let name = name.strip_suffix(b".").unwrap_or(name);
+        !name.is_empty() && name.split(|&b| b == b'.').all(|label| !label.is_empty())
+    };
+    // Parsing an Authority copies the value; a plain `name[:port]` (nearly every request) is known good without it.
+    port_ok && name_ok && !bytes.contains(&b'@') && (plain_host(bytes) || http::uri::Authority::try_from(bytes).is_ok())
+}
+
+/// `host[:port]` split at the port's colon, the first one after an IPv6 literal's `]`.
+pub(super) fn split_port(authority: &[u8]) -> (&[u8], Option<&[u8]>) {
+    let literal_end = authority.iter().rposition(|&b| b == b']').map_or(0, |end| end + 1);
+    let colon = authority
+        .iter()
+        .skip(literal_end)
+        .position(|&b| b == b':')
+        .map(|at| literal_end + at);
+    match colon.and_then(|colon| Some((authority.get(..colon)?, authority.get(colon + 1..)?))) {
+        Some((name, port)) => (name, Some(port)),
+        None => (authority, None),
+    }
+}
+
+/// `host[:port]` less the name's trailing dot, the DNS root's empty label (RFC 1034 §3.1): `a.example.:80` names
+/// what `a.example:80` does. `None` when there is none to drop, or nothing of the name would be left.
+pub(super) fn without_root_dot(authority: &[u8]) -> Option<Vec<u8>> {
+    let (name, port) = split_port(authority);
+    let bare = name.strip_suffix(b".").filter(|bare| !bare.is_empty())?;
+    let mut host = bare.to_vec();
+    if let Some(port) = port {
+        host.push(b':');
+        host.extend_from_slice(port);
+    }
+    Some(host)
+}
+
+/// `name` or `name:port` in letters, digits, `.` and `-`: a subset of what [`http::uri::Authority`] accepts.
+pub(super) fn plain_host(bytes: &[u8]) -> bool {
+    let name_byte = |b: &u8| b.is_ascii_alphanumeric() || *b == b'.' || *b == b'-';
+    let (name, port) = match bytes.iter().position(|&b| b == b':') {
+        Some(colon) => (bytes.get(..colon), bytes.get(colon + 1..)),
+        None => (Some(bytes), None),
+    };
+    let name_ok = name.is_some_and(|name| !name.is_empty() && name.iter().all(name_byte));
+    let port_ok = port.is_none_or(|port| !port.is_empty() && port.iter().all(u8::is_ascii_digit));
+    name_ok && port_ok
+}
+
+/// hyper decodes the `chunked` transfer coding and no other, and Transfer-Encoding is hop-by-hop: a body sent with
+/// another coding (gzip, say) would reach the upstream with that coding undeclared. RFC 9112 §6.1 answers a coding
+/// the server does not understand with 501. `identity` (a no-op from older RFCs) passes. A list whose last coding
+/// is not chunked, and Transfer-Encoding on HTTP/1.0, hyper refuses itself (400). Empty list elements
+/// (`,chunked`) are no coding: RFC 9110 §5.6.1 has recipients ignore them.
+pub fn check_transfer_coding(headers: &HeaderMap) -> Result<(), ProxyError> {
+    let understood = |coding: &str| {
+        coding.is_empty() || coding.eq_ignore_ascii_case("chunked") || coding.eq_ignore_ascii_case("identity")
+    };
+    let all_understood = headers.get_all(header::TRANSFER_ENCODING).iter().all(|line| {
+        line.to_str()
+            .is_ok_and(|line| line.split(',').map(str::trim).all(understood))
+    });
+    if all_understood {
+        Ok(())
+    } else {
+        Err(ProxyError::UnsupportedTransferCoding)
+    }
+}
+
+/// Whether the upstream keeps the connection open after this response.
+pub fn keeps_alive(version: Version, headers: &HeaderMap) -> bool {
+    let connection_has =
+        |token: &str| connection_options(headers).any(|option| option.eq_ignore_ascii_case(token.as_bytes()));
+    match version {
+        Version::HTTP_11 => !connection_has("close"),
+        Version::HTTP_10 => connection_has("keep-alive") && !connection_has("close"),
+        _ => false,
+    }
+}

@@ -1,0 +1,219 @@
+//! The request body on its way upstream: sent from memory when it was read before admission, else relayed from the
+//! client with a timeout when the client stops sending, its progress reported to the lease. It never answers.
+
+use std::io::ErrorKind;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+
+use crate::buffer::{self, BufferBudget, Buffered, ReadError};
+use crate::error::ProxyError;
+use crate::pool::UploadProgress;
+
+use super::{BodyStalled, BoxError, IdleTimer};
+
+/// The client's request body on its way upstream; fails if the client stops sending for too long.
+pub struct RequestBody {
+    /// What is still to be read from the client; `None` once all of it is read (or there was none).
+    inner: Option<Incoming>,
+    /// Read before admission ([`RequestBody::buffer`]): sent before anything still in `inner`.
+    buffered: Option<Buffered>,
+    /// The body came without a length (chunked): it goes upstream chunked too, buffered or not, so buffering
+    /// never changes the framing the upstream reads.
+    chunked: bool,
+    timer: IdleTimer,
+    /// How far the body has gone (see [`UploadProgress`]); only requests that have a body pay for it.
+    upload: Option<UploadProgress>,
+}
+
+/// An exchange that failed because the client's request body did (bad chunked framing, cut short, or stalled past
+/// body_idle_timeout) failed on the client's side, not the upstream's: 400 or 408, counted as such. hyper reports
+/// a failed request body as a user error whose cause is the error [`RequestBody`] yielded.
+pub fn client_body_failure(err: &hyper::Error) -> Option<ProxyError> {
+    if !err.is_user() {
+        return None;
+    }
+    let cause = std::error::Error::source(err)?;
+    if let Some(stalled) = cause.downcast_ref::<BodyStalled>() {
+        return Some(ProxyError::ClientBodyTimeout(stalled.1));
+    }
+    let failed = cause.downcast_ref::<hyper::Error>()?;
+    Some(client_body_error(failed))
+}
+
+/// What a failure reading the client's body (hyper's own error) means for the client.
+pub(super) fn client_body_error(failed: &hyper::Error) -> ProxyError {
+    // The client closed or reset its connection mid-body: it is gone, not malformed.
+    let gone = std::error::Error::source(failed)
+        .and_then(|io| io.downcast_ref::<std::io::Error>())
+        .is_some_and(|io| {
+            matches!(
+                io.kind(),
+                ErrorKind::UnexpectedEof
+                    | ErrorKind::ConnectionReset
+                    | ErrorKind::ConnectionAborted
+                    | ErrorKind::BrokenPipe
+            )
+        });
+    if gone || failed.is_incomplete_message() {
+        ProxyError::ClientGone
+    } else {
+        ProxyError::ClientBody(failed.to_string())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("the exchange was cut off: its body made no progress for body_idle_timeout")]
+pub struct CutOff;
+
+impl RequestBody {
+    pub fn new(inner: Incoming, idle_timeout: Duration) -> Self {
+        let upload = (!inner.is_end_stream()).then(UploadProgress::default);
+        RequestBody {
+            inner: Some(inner),
+            buffered: None,
+            chunked: false,
+            timer: IdleTimer::new(idle_timeout),
+            upload,
+        }
+    }
+
+    pub fn empty() -> Self {
+        RequestBody {
+            inner: None,
+            buffered: None,
+            chunked: false,
+            timer: IdleTimer::new(Duration::from_secs(1)),
+            upload: None,
+        }
+    }
+
+    /// Reads the body into memory, before the request is admitted, if it fits in `limit`: one with a known
+    /// length up to `limit`, or, when `unknown_length` allows, one of unknown length, read until it ends or
+    /// `limit` is reached (what was read is then sent first and the rest streams once admitted). Each wait is
+    /// bounded by `body_idle_timeout` as when the body streams, and the whole read by `within`, which bounds a
+    /// body trickled a byte at a time as `request_timeout` does once admitted. Returns whether all of it is now in
+    /// memory. Without room in `budget` nothing is read: the body streams.
+    pub async fn buffer(
+        &mut self,
+        limit: u64,
+        unknown_length: bool,
+        within: Duration,
+        budget: &Arc<BufferBudget>,
+    ) -> Result<bool, ProxyError> {
+        let Some(inner) = self.inner.as_mut() else {
+            return Ok(true);
+        };
+        if inner.is_end_stream() {
+            return Ok(true);
+        }
+        if limit == 0 {
+            return Ok(false);
+        }
+        let hint = inner.size_hint();
+        let wanted = match hint.exact() {
+            Some(length) if length <= limit => length,
+            None if unknown_length && hint.lower() <= limit => limit,
+            _ => return Ok(false),
+        };
+        let Some(reservation) = budget.reserve(wanted) else {
+            return Ok(false);
+        };
+        let filling = buffer::fill(inner, limit, self.timer.timeout, reservation);
+        let buffered = match tokio::time::timeout(within, filling).await {
+            Ok(Ok(buffered)) => buffered,
+            Err(_) => return Err(ProxyError::ClientTooSlow(within)),
+            Ok(Err(ReadError::Stalled(limit))) => return Err(ProxyError::ClientBodyTimeout(limit)),
+            Ok(Err(ReadError::Body(err))) => return Err(client_body_error(&err)),
+        };
+        let complete = buffered.is_complete();
+        if complete {
+            self.inner = None;
+        }
+        self.chunked = hint.exact().is_none();
+        self.buffered = Some(buffered);
+        Ok(complete)
+    }
+
+    /// How far the body has gone, for the exchange to look at later; `None` for a request without a body.
+    pub fn upload(&self) -> Option<UploadProgress> {
+        self.upload.clone()
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        if let Some(buffered) = this.buffered.as_mut() {
+            if let Some(frame) = buffered.next_frame(None) {
+                let sent = buffered.is_empty() && this.inner.is_none();
+                if buffered.is_empty() {
+                    this.buffered = None;
+                }
+                if let Some(upload) = &this.upload {
+                    upload.polled(false, sent);
+                }
+                this.timer.progressed();
+                return Poll::Ready(Some(Ok(frame)));
+            }
+            this.buffered = None;
+        }
+        let Some(inner) = this.inner.as_mut() else {
+            // Nothing was left to read from the client: what was buffered is all of the body.
+            if let Some(upload) = &this.upload {
+                upload.polled(false, true);
+            }
+            return Poll::Ready(None);
+        };
+        let polled = Pin::new(&mut *inner).poll_frame(cx);
+        if let Some(upload) = &this.upload {
+            // hyper stops pulling a body of known length once it reports its end, so the end may never be
+            // polled for.
+            let sent = matches!(polled, Poll::Ready(None))
+                || (matches!(polled, Poll::Ready(Some(Ok(_)))) && inner.is_end_stream());
+            upload.polled(polled.is_pending(), sent);
+        }
+        match polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                this.timer.progressed();
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(err))) => Poll::Ready(Some(Err(err.into()))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending if this.timer.expired(cx) => {
+                Poll::Ready(Some(Err(BodyStalled("client", this.timer.timeout).into())))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        // A buffer is dropped once handed on; until then, even an empty one (a chunked body with no data) is still
+        // to be sent, as its framing's end.
+        self.buffered.is_none() && self.inner.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let held = self.buffered.as_ref().map_or(0, Buffered::remaining);
+        let rest = match &self.inner {
+            Some(inner) => inner.size_hint(),
+            // hyper frames an upload by its length when the hint is exact and chunked otherwise.
+            None if self.chunked => SizeHint::new(),
+            None => SizeHint::with_exact(0),
+        };
+        let mut hint = SizeHint::new();
+        hint.set_lower(rest.lower().saturating_add(held));
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper.saturating_add(held));
+        }
+        hint
+    }
+}
