@@ -996,6 +996,7 @@ impl Config {
 
     /// [`Config::load`] from the text of a file rather than its path, without environment; `origin` names the
     /// text in errors.
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn load_toml(text: &str, origin: &str, overrides: &Overrides) -> Result<Config, ConfigErrors> {
         let source = config::File::from_str(text, config::FileFormat::Toml);
         Config::from_layers(Some((source, origin.to_string())), &Env::none(), overrides)

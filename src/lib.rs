@@ -36,10 +36,10 @@ pub mod admin;
 pub mod admission;
 pub mod buffer;
 pub mod config;
-pub mod demo;
 pub mod error;
 pub mod forward;
 #[doc(hidden)]
+#[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod metrics;
 pub mod net;

@@ -12,6 +12,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod cli;
+
 use clap::{Args, Parser, Subcommand};
 use floodgate::config::{Config, Env, LogFormat, Overrides, REDACTED};
 use floodgate::reload::ConfigSource;
@@ -167,7 +169,7 @@ fn load(source: &ConfigSource) -> Result<Config, ExitCode> {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Shows the point in ten seconds: a thread-per-connection upstream hit directly, then through floodgate.
-    Demo(floodgate::demo::DemoArgs),
+    Demo(cli::demo::DemoArgs),
     /// Validates the configuration (all layers, as the proxy would start with them) and prints it as TOML, secrets
     /// redacted; exits 2 with one line per problem.
     Check(LayerArgs),
@@ -392,7 +394,7 @@ fn without_panic<T: Send + 'static>(make: impl FnOnce() -> T + Send + 'static) -
     result
 }
 
-fn run_demo(args: floodgate::demo::DemoArgs) -> ExitCode {
+fn run_demo(args: cli::demo::DemoArgs) -> ExitCode {
     let runtime = match start_runtime(None) {
         Ok(runtime) => runtime,
         Err(err) => {
@@ -400,10 +402,17 @@ fn run_demo(args: floodgate::demo::DemoArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(floodgate::demo::run(args)) {
+    match runtime.block_on(cli::demo::run(args)) {
         Ok(report) => {
             println!("{report}");
-            ExitCode::SUCCESS
+            if report.proves_mission() {
+                ExitCode::SUCCESS
+            } else {
+                eprintln!(
+                    "floodgate demo: the run did not keep the upstream within the cap with every request answered"
+                );
+                ExitCode::from(1)
+            }
         }
         Err(err) => {
             eprintln!("floodgate demo: {err:#}");

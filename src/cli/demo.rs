@@ -27,8 +27,8 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use tokio::sync::{oneshot, Barrier};
 
-use crate::config::Config;
-use crate::server::Floodgate;
+use floodgate::config::Config;
+use floodgate::server::Floodgate;
 
 /// Burst clients at an embedded thread-per-connection server, first directly
 /// and then through floodgate, and print what each run cost the server.

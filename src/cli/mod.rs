@@ -1,0 +1,3 @@
+//! The binary's own parts, kept out of the library: what only the `floodgate` command needs.
+
+pub mod demo;
