@@ -911,62 +911,98 @@ impl Origin {
     }
 }
 
-/// Values given on the command line; each one overrides the file and the environment.
-#[derive(Debug, Clone, Default)]
+/// Values given on the command line; each one overrides the file and the environment. The flags are global: they
+/// may come before or after a subcommand (`floodgate check --max-connections 4` and `floodgate --max-connections 4
+/// check` alike), and `floodgate demo` applies them to its own floodgate.
+#[derive(Debug, Clone, Default, clap::Args, Serialize)]
 pub struct Overrides {
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub global: GlobalOverrides,
+    /// Limits given as flags apply to every upstream.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub upstream: UpstreamOverrides,
+}
+
+/// The flags for top-level keys; each field is named as its key.
+#[derive(Debug, Clone, Default, clap::Args, Serialize)]
+pub struct GlobalOverrides {
+    /// Client listener address.
+    #[arg(long, global = true)]
     pub listen: Option<SocketAddr>,
+    /// Admin listener address (/metrics, /status, /healthz, /readyz).
+    #[arg(long, global = true)]
     pub admin: Option<SocketAddr>,
-    pub upstream: Option<String>,
-    pub max_connections: Option<usize>,
-    pub max_queue: Option<usize>,
-    pub queue_timeout: Option<Duration>,
-    pub connect_timeout: Option<Duration>,
-    pub request_timeout: Option<Duration>,
-    pub idle_timeout: Option<Duration>,
-    pub body_idle_timeout: Option<Duration>,
-    pub buffer_request_bytes: Option<u64>,
-    pub buffer_response_bytes: Option<u64>,
+    /// Client keep-alive connections idle between requests close after this.
+    #[arg(long, global = true, value_parser = humantime::parse_duration)]
     pub client_idle_timeout: Option<Duration>,
+    /// Longest from the first byte of a request head to its end.
+    #[arg(long, global = true, value_parser = humantime::parse_duration)]
     pub header_read_timeout: Option<Duration>,
+    /// A new client connection that sends nothing for this long is closed.
+    #[arg(long, global = true, value_parser = humantime::parse_duration)]
     pub first_byte_timeout: Option<Duration>,
+    /// Longest to let in-flight and queued requests finish on SIGTERM/SIGINT.
+    #[arg(long, global = true, value_parser = humantime::parse_duration)]
     pub shutdown_timeout: Option<Duration>,
+    /// Runtime worker threads, 1 to 1024 (default: one per CPU).
+    #[arg(long, global = true)]
     pub threads: Option<usize>,
+    /// Log lines as readable text or as one JSON object each.
+    #[arg(long, global = true, value_enum)]
     pub log_format: Option<LogFormat>,
 }
 
+/// The flags for every upstream's keys; each field is named as its key (`upstream` sets `url`).
+#[derive(Debug, Clone, Default, clap::Args, Serialize)]
+pub struct UpstreamOverrides {
+    /// The one upstream everything goes to: http://host:port, https://host:port or host:port.
+    #[arg(long, global = true)]
+    #[serde(rename = "url")]
+    pub upstream: Option<String>,
+    /// Most TCP connections to each upstream.
+    #[arg(long, global = true)]
+    pub max_connections: Option<usize>,
+    /// Most requests waiting per upstream; 0 sheds at once when all connections are busy.
+    #[arg(long, global = true)]
+    pub max_queue: Option<usize>,
+    /// Longest a request waits in the queue (e.g. 250ms, 5s).
+    #[arg(long, global = true, value_parser = humantime::parse_duration)]
+    pub queue_timeout: Option<Duration>,
+    /// Longest to wait for an upstream connection to open.
+    #[arg(long, global = true, value_parser = humantime::parse_duration)]
+    pub connect_timeout: Option<Duration>,
+    /// Longest from dispatch to the upstream's response head.
+    #[arg(long, global = true, value_parser = humantime::parse_duration)]
+    pub request_timeout: Option<Duration>,
+    /// Idle upstream connections close after this.
+    #[arg(long, global = true, value_parser = humantime::parse_duration)]
+    pub idle_timeout: Option<Duration>,
+    /// A body (either way) that makes no progress for this long aborts the exchange.
+    #[arg(long, global = true, value_parser = humantime::parse_duration)]
+    pub body_idle_timeout: Option<Duration>,
+    /// Request bodies up to this many bytes are read before admission (0: off).
+    #[arg(long, global = true)]
+    pub buffer_request_bytes: Option<u64>,
+    /// Responses up to this many bytes (by Content-Length) are read at upstream speed, freeing the slot (0: off).
+    #[arg(long, global = true)]
+    pub buffer_response_bytes: Option<u64>,
+}
+
 impl Overrides {
-    /// Whether a flag set `key`, making a problem with its value the flag's rather than the environment's.
+    /// Whether a flag set `key`, making a problem with its value the flag's rather than the environment's: read
+    /// from the flags' own names, so no list of them is kept here.
     fn sets(&self, key: &str) -> bool {
-        let global = match key {
-            "listen" => self.listen.is_some(),
-            "admin" => self.admin.is_some(),
-            "threads" => self.threads.is_some(),
-            "log_format" => self.log_format.is_some(),
-            "client_idle_timeout" => self.client_idle_timeout.is_some(),
-            "header_read_timeout" => self.header_read_timeout.is_some(),
-            "first_byte_timeout" => self.first_byte_timeout.is_some(),
-            "shutdown_timeout" => self.shutdown_timeout.is_some(),
-            _ => false,
+        let given = |group: serde_json::Result<serde_json::Value>, name: &str| {
+            group
+                .ok()
+                .and_then(|group| group.get(name).map(|value| !value.is_null()))
+                .unwrap_or(false)
         };
-        let Some(field) = key
-            .strip_prefix("upstreams.")
-            .and_then(|rest| rest.split_once('.'))
-            .map(|(_, f)| f)
-        else {
-            return global;
-        };
-        match field {
-            "url" => self.upstream.is_some(),
-            "max_connections" => self.max_connections.is_some(),
-            "max_queue" => self.max_queue.is_some(),
-            "queue_timeout" => self.queue_timeout.is_some(),
-            "connect_timeout" => self.connect_timeout.is_some(),
-            "request_timeout" => self.request_timeout.is_some(),
-            "idle_timeout" => self.idle_timeout.is_some(),
-            "body_idle_timeout" => self.body_idle_timeout.is_some(),
-            "buffer_request_bytes" => self.buffer_request_bytes.is_some(),
-            "buffer_response_bytes" => self.buffer_response_bytes.is_some(),
-            _ => false,
+        match key.strip_prefix("upstreams.").and_then(|rest| rest.split_once('.')) {
+            Some((_, field)) => given(serde_json::to_value(&self.upstream), field),
+            None => given(serde_json::to_value(&self.global), key),
         }
     }
 }
@@ -978,8 +1014,11 @@ impl Config {
     /// The quick case: everything goes to one upstream with the given cap. Reads no file and no environment.
     pub fn single_upstream(upstream: &str, max_connections: usize) -> Result<Config, ConfigErrors> {
         let overrides = Overrides {
-            upstream: Some(upstream.to_string()),
-            max_connections: Some(max_connections),
+            upstream: UpstreamOverrides {
+                upstream: Some(upstream.to_string()),
+                max_connections: Some(max_connections),
+                ..UpstreamOverrides::default()
+            },
             ..Overrides::default()
         };
         Config::load(None, &Env::none(), &overrides)
@@ -1079,7 +1118,8 @@ impl Config {
         }
     }
 
-    fn apply(&mut self, o: &Overrides) {
+    fn apply(&mut self, overrides: &Overrides) {
+        let o = &overrides.global;
         if let Some(listen) = o.listen {
             self.listen = listen;
         }
@@ -1103,6 +1143,7 @@ impl Config {
                 *slot = value;
             }
         }
+        let o = &overrides.upstream;
         if let Some(url) = &o.upstream {
             // The flag names the one upstream everything goes to, as in the quick case.
             let upstream = self.upstreams.entry(DEFAULT_UPSTREAM.to_string()).or_default();
@@ -1774,11 +1815,9 @@ upstream = "api"
         assert_eq!(api.max_queue, 7, "names are case-insensitive");
         assert_eq!(api.url, "http://127.0.0.1:9000", "the file's other keys stay");
 
-        let flags = Overrides {
-            listen: Some("127.0.0.1:3000".parse().unwrap()),
-            max_connections: Some(2),
-            ..Overrides::default()
-        };
+        let mut flags = Overrides::default();
+        flags.global.listen = Some("127.0.0.1:3000".parse().unwrap());
+        flags.upstream.max_connections = Some(2);
         let config = load(&env, &flags).unwrap();
         assert_eq!(config.listen, "127.0.0.1:3000".parse().unwrap());
         assert_eq!(config.upstreams["api"].max_connections, 2);
@@ -1840,10 +1879,8 @@ upstream = "api"
             ["upstreams.api.max_connections: must be greater than zero \
               (from FLOODGATE__UPSTREAMS__API__MAX_CONNECTIONS)"]
         );
-        let flag = Overrides {
-            max_connections: Some(0),
-            ..Overrides::default()
-        };
+        let mut flag = Overrides::default();
+        flag.upstream.max_connections = Some(0);
         let err = load(&env, &flag).unwrap_err();
         assert_eq!(
             problem_lines(&err),

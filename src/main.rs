@@ -10,7 +10,6 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 mod cli;
 
@@ -32,95 +31,18 @@ struct Cli {
     layers: LayerArgs,
 }
 
-/// The file and the flags: the layers a command line gives (the environment is read by itself).
+/// The file and the flags: the layers a command line gives (the environment is read by itself). Global, so they
+/// may come before or after a subcommand.
 #[derive(Args, Debug, Default)]
 struct LayerArgs {
     /// TOML configuration file; the environment and flags override it.
-    #[arg(long)]
+    #[arg(long, global = true)]
     config: Option<PathBuf>,
-    /// Client listener address.
-    #[arg(long)]
-    listen: Option<std::net::SocketAddr>,
-    /// Admin listener address (/metrics, /status, /healthz, /readyz).
-    #[arg(long)]
-    admin: Option<std::net::SocketAddr>,
-    /// The one upstream everything goes to: http://host:port, https://host:port or host:port.
-    #[arg(long)]
-    upstream: Option<String>,
-    /// Most TCP connections to each upstream.
-    #[arg(long)]
-    max_connections: Option<usize>,
-    /// Most requests waiting per upstream; 0 sheds at once when all connections are busy.
-    #[arg(long)]
-    max_queue: Option<usize>,
-    /// Longest a request waits in the queue (e.g. 250ms, 5s).
-    #[arg(long, value_parser = humantime::parse_duration)]
-    queue_timeout: Option<Duration>,
-    /// Longest to wait for an upstream connection to open.
-    #[arg(long, value_parser = humantime::parse_duration)]
-    connect_timeout: Option<Duration>,
-    /// Longest from dispatch to the upstream's response head.
-    #[arg(long, value_parser = humantime::parse_duration)]
-    request_timeout: Option<Duration>,
-    /// Idle upstream connections close after this.
-    #[arg(long, value_parser = humantime::parse_duration)]
-    idle_timeout: Option<Duration>,
-    /// A body (either way) that makes no progress for this long aborts the exchange.
-    #[arg(long, value_parser = humantime::parse_duration)]
-    body_idle_timeout: Option<Duration>,
-    /// Request bodies up to this many bytes are read before admission (0: off).
-    #[arg(long)]
-    buffer_request_bytes: Option<u64>,
-    /// Responses up to this many bytes (by Content-Length) are read at upstream speed, freeing the slot (0: off).
-    #[arg(long)]
-    buffer_response_bytes: Option<u64>,
-    /// Client keep-alive connections idle between requests close after this.
-    #[arg(long, value_parser = humantime::parse_duration)]
-    client_idle_timeout: Option<Duration>,
-    /// Longest from the first byte of a request head to its end.
-    #[arg(long, value_parser = humantime::parse_duration)]
-    header_read_timeout: Option<Duration>,
-    /// A new client connection that sends nothing for this long is closed.
-    #[arg(long, value_parser = humantime::parse_duration)]
-    first_byte_timeout: Option<Duration>,
-    /// Longest to let in-flight and queued requests finish on SIGTERM/SIGINT.
-    #[arg(long, value_parser = humantime::parse_duration)]
-    shutdown_timeout: Option<Duration>,
-    /// Runtime worker threads, 1 to 1024 (default: one per CPU).
-    #[arg(long)]
-    threads: Option<usize>,
-    /// Log lines as readable text or as one JSON object each.
-    #[arg(long, value_enum)]
-    log_format: Option<LogFormat>,
+    #[command(flatten)]
+    overrides: Overrides,
 }
 
 impl LayerArgs {
-    /// `floodgate check --config F` and `floodgate --config F check` both work: clap parses flags before the
-    /// subcommand into `outer`; those after it win.
-    fn or(self, outer: LayerArgs) -> LayerArgs {
-        LayerArgs {
-            config: self.config.or(outer.config),
-            listen: self.listen.or(outer.listen),
-            admin: self.admin.or(outer.admin),
-            upstream: self.upstream.or(outer.upstream),
-            max_connections: self.max_connections.or(outer.max_connections),
-            max_queue: self.max_queue.or(outer.max_queue),
-            queue_timeout: self.queue_timeout.or(outer.queue_timeout),
-            connect_timeout: self.connect_timeout.or(outer.connect_timeout),
-            request_timeout: self.request_timeout.or(outer.request_timeout),
-            idle_timeout: self.idle_timeout.or(outer.idle_timeout),
-            body_idle_timeout: self.body_idle_timeout.or(outer.body_idle_timeout),
-            buffer_request_bytes: self.buffer_request_bytes.or(outer.buffer_request_bytes),
-            buffer_response_bytes: self.buffer_response_bytes.or(outer.buffer_response_bytes),
-            client_idle_timeout: self.client_idle_timeout.or(outer.client_idle_timeout),
-            header_read_timeout: self.header_read_timeout.or(outer.header_read_timeout),
-            first_byte_timeout: self.first_byte_timeout.or(outer.first_byte_timeout),
-            shutdown_timeout: self.shutdown_timeout.or(outer.shutdown_timeout),
-            threads: self.threads.or(outer.threads),
-            log_format: self.log_format.or(outer.log_format),
-        }
-    }
-
     /// All layers, with the process's environment; on problems, one line each on stderr.
     fn load(self) -> Result<Config, ExitCode> {
         load(&self.into_source())
@@ -129,26 +51,7 @@ impl LayerArgs {
     /// Reads all layers each time it is called: at start-up, and again at every reload. The flags are fixed for
     /// the process's life, so a value given as a flag wins over every reloaded file.
     fn into_source(self) -> ConfigSource {
-        let overrides = Overrides {
-            listen: self.listen,
-            admin: self.admin,
-            upstream: self.upstream,
-            max_connections: self.max_connections,
-            max_queue: self.max_queue,
-            queue_timeout: self.queue_timeout,
-            connect_timeout: self.connect_timeout,
-            request_timeout: self.request_timeout,
-            idle_timeout: self.idle_timeout,
-            body_idle_timeout: self.body_idle_timeout,
-            buffer_request_bytes: self.buffer_request_bytes,
-            buffer_response_bytes: self.buffer_response_bytes,
-            client_idle_timeout: self.client_idle_timeout,
-            header_read_timeout: self.header_read_timeout,
-            first_byte_timeout: self.first_byte_timeout,
-            shutdown_timeout: self.shutdown_timeout,
-            threads: self.threads,
-            log_format: self.log_format,
-        };
+        let overrides = self.overrides;
         let file = self.config;
         Arc::new(move || Config::load(file.as_deref(), &Env::Process, &overrides))
     }
@@ -172,7 +75,7 @@ enum Command {
     Demo(cli::demo::DemoArgs),
     /// Validates the configuration (all layers, as the proxy would start with them) and prints it as TOML, secrets
     /// redacted; exits 2 with one line per problem.
-    Check(LayerArgs),
+    Check,
 }
 
 /// Gives a flood's memory back within about a second of its end (see Cargo.toml and docs/memory.md).
@@ -185,9 +88,9 @@ fn main() -> ExitCode {
         Some(Command::Demo(args)) => {
             // The demo's output is its table; the proxy's own info lines would only interleave with it.
             init_logging(LogFormat::Human, "warn", None);
-            return run_demo(args);
+            return run_demo(args, cli.layers.overrides);
         }
-        Some(Command::Check(args)) => return run_check(args.or(cli.layers)),
+        Some(Command::Check) => return run_check(cli.layers),
         None => {}
     }
     // Configuration problems are printed plainly: logging is configured by what is being loaded.
@@ -394,7 +297,7 @@ fn without_panic<T: Send + 'static>(make: impl FnOnce() -> T + Send + 'static) -
     result
 }
 
-fn run_demo(args: cli::demo::DemoArgs) -> ExitCode {
+fn run_demo(args: cli::demo::DemoArgs, overrides: Overrides) -> ExitCode {
     let runtime = match start_runtime(None) {
         Ok(runtime) => runtime,
         Err(err) => {
@@ -402,7 +305,7 @@ fn run_demo(args: cli::demo::DemoArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(cli::demo::run(args)) {
+    match runtime.block_on(cli::demo::run(args, overrides)) {
         Ok(report) => {
             println!("{report}");
             if report.proves_mission() {

@@ -27,11 +27,14 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use tokio::sync::{oneshot, Barrier};
 
-use floodgate::config::Config;
+use floodgate::config::{Config, Env, Overrides};
 use floodgate::server::Floodgate;
 
 /// Burst clients at an embedded thread-per-connection server, first directly
-/// and then through floodgate, and print what each run cost the server.
+/// and then through floodgate, and print what each run cost the server. The
+/// proxy's flags (--max-connections, --max-queue, --queue-timeout, ...) set up
+/// the demo's floodgate; it listens on loopback in front of the embedded
+/// upstream whatever --listen, --admin and --upstream say.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DemoArgs {
     /// Concurrent clients, each on its own keep-alive connection.
@@ -42,35 +45,16 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 5, value_parser = parse_positive)]
     pub requests: usize,
 
-    /// Upstream connection cap floodgate enforces in the second run.
-    #[arg(long, default_value_t = 8, value_parser = parse_positive)]
-    pub max_connections: usize,
-
     /// Time the embedded upstream spends on each request (e.g. "20ms").
     #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration)]
     pub service_time: Duration,
-
-    /// Requests floodgate may queue while all upstream connections are busy.
-    #[arg(long, default_value_t = 1024)]
-    pub max_queue: usize,
-
-    /// Longest a request may wait in floodgate's queue before it is shed.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
-    pub queue_timeout: Duration,
 }
 
-impl Default for DemoArgs {
-    fn default() -> Self {
-        Self {
-            clients: 200,
-            requests: 5,
-            max_connections: 8,
-            service_time: Duration::from_millis(20),
-            max_queue: 1024,
-            queue_timeout: Duration::from_secs(10),
-        }
-    }
-}
+/// The demo's own defaults for what the proxy's flags leave unset: a cap to see, a queue long and patient enough
+/// that the burst is served rather than shed.
+const DEFAULT_CAP: usize = 8;
+const DEFAULT_QUEUE: usize = 1024;
+const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn parse_positive(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
@@ -244,14 +228,21 @@ fn format_duration_short(d: Duration) -> String {
 ///
 /// Fails when the embedded upstream or floodgate cannot start or stop.
 /// Failed requests are not errors: they are counted in the report.
-pub async fn run(args: DemoArgs) -> anyhow::Result<DemoReport> {
-    let direct = run_direct(&args).await.context("direct run")?;
-    let via_floodgate = run_via_floodgate(&args).await.context("run via floodgate")?;
+pub async fn run(args: DemoArgs, mut flags: Overrides) -> anyhow::Result<DemoReport> {
+    let limits = &mut flags.upstream;
+    let max_connections = *limits.max_connections.get_or_insert(DEFAULT_CAP);
+    limits.max_queue.get_or_insert(DEFAULT_QUEUE);
+    let queue_timeout = *limits.queue_timeout.get_or_insert(DEFAULT_QUEUE_TIMEOUT);
+    let budget = request_budget(queue_timeout, args.service_time);
+    let direct = run_direct(&args, budget).await.context("direct run")?;
+    let via_floodgate = run_via_floodgate(&args, flags, budget)
+        .await
+        .context("run via floodgate")?;
     Ok(DemoReport {
         clients: args.clients,
         requests_per_client: args.requests,
         service_time: args.service_time,
-        max_connections: args.max_connections,
+        max_connections,
         direct,
         via_floodgate,
     })
@@ -259,13 +250,13 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<DemoReport> {
 
 /// A budget for one request that no healthy run reaches, so a wedged
 /// connection turns into a counted error instead of a hung demo.
-fn request_budget(args: &DemoArgs) -> Duration {
-    args.queue_timeout
-        .saturating_add(args.service_time.saturating_mul(4))
+fn request_budget(queue_timeout: Duration, service_time: Duration) -> Duration {
+    queue_timeout
+        .saturating_add(service_time.saturating_mul(4))
         .saturating_add(Duration::from_secs(10))
 }
 
-async fn run_direct(args: &DemoArgs) -> anyhow::Result<PhaseReport> {
+async fn run_direct(args: &DemoArgs, budget: Duration) -> anyhow::Result<PhaseReport> {
     // A fresh upstream per run keeps the peaks of one run out of the other.
     let upstream = Upstream::start(args.service_time).context("starting the embedded upstream")?;
     // `connect` returns once the kernel completed the handshake, which can be
@@ -278,34 +269,20 @@ async fn run_direct(args: &DemoArgs) -> anyhow::Result<PhaseReport> {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     };
-    let load = drive_load(
-        upstream.addr(),
-        args.clients,
-        args.requests,
-        request_budget(args),
-        settle,
-    )
-    .await;
+    let load = drive_load(upstream.addr(), args.clients, args.requests, budget, settle).await;
     tracing::debug!(wall = ?load.wall_time, "direct load done");
     let stats = stop_upstream(upstream).await?;
     tracing::debug!("direct upstream stopped");
     Ok(load.into_report(stats))
 }
 
-async fn run_via_floodgate(args: &DemoArgs) -> anyhow::Result<PhaseReport> {
+async fn run_via_floodgate(args: &DemoArgs, mut flags: Overrides, budget: Duration) -> anyhow::Result<PhaseReport> {
     let upstream = Upstream::start(args.service_time).context("starting the embedded upstream")?;
 
-    let mut config = Config::single_upstream(&upstream.addr().to_string(), args.max_connections)
-        .context("building the floodgate configuration")?;
-    config.listen = SocketAddr::from(([127, 0, 0, 1], 0));
-    config.admin = SocketAddr::from(([127, 0, 0, 1], 0));
-    if config.upstreams.is_empty() {
-        bail!("single-upstream configuration has no upstream");
-    }
-    for upstream_config in config.upstreams.values_mut() {
-        upstream_config.max_queue = args.max_queue;
-        upstream_config.queue_timeout = args.queue_timeout;
-    }
+    flags.upstream.upstream = Some(upstream.addr().to_string());
+    flags.global.listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+    flags.global.admin = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+    let config = Config::load(None, &Env::none(), &flags).context("the floodgate configuration")?;
 
     let floodgate = Floodgate::bind(config).await.context("binding floodgate")?;
     let listen = floodgate.listen_addr();
@@ -315,7 +292,7 @@ async fn run_via_floodgate(args: &DemoArgs) -> anyhow::Result<PhaseReport> {
         let _ = stop_rx.await;
     }));
 
-    let load = drive_load(listen, args.clients, args.requests, request_budget(args), |_| async {}).await;
+    let load = drive_load(listen, args.clients, args.requests, budget, |_| async {}).await;
 
     tracing::debug!(wall = ?load.wall_time, "load via floodgate done");
     let _ = stop_tx.send(());
