@@ -1,0 +1,94 @@
+//! Integer keys. The `config` crate would read `4.5` as 5, `0.5` as 1 and `true` or `"yes"` as 1; these take an
+//! integer, or a string that is one (all the environment can give), and refuse the rest naming what they got.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::marker::PhantomData;
+
+use serde::de::{self, Deserialize, Deserializer, Unexpected, Visitor};
+
+/// An integer type a key may have, with its range for the refusal.
+pub trait Whole: TryFrom<i128> {
+    const MIN: i128;
+    const MAX: i128;
+}
+
+macro_rules! whole {
+    ($($t:ty),*) => {$(
+        impl Whole for $t {
+            const MIN: i128 = <$t>::MIN as i128;
+            const MAX: i128 = <$t>::MAX as i128;
+        }
+    )*};
+}
+whole!(u8, u16, u32, u64, usize);
+
+struct Int<T>(T);
+
+struct IntVisitor<T>(PhantomData<T>);
+
+impl<T: Whole> IntVisitor<T> {
+    fn fit<E: de::Error>(value: i128) -> Result<Int<T>, E> {
+        match T::try_from(value) {
+            Ok(value) => Ok(Int(value)),
+            Err(_) => Err(E::custom(format!(
+                "invalid value: integer `{value}`, expected an integer from {} to {}",
+                T::MIN,
+                T::MAX
+            ))),
+        }
+    }
+}
+
+impl<T: Whole> Visitor<'_> for IntVisitor<T> {
+    type Value = Int<T>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an integer")
+    }
+
+    fn visit_i64<E: de::Error>(self, value: i64) -> Result<Int<T>, E> {
+        Self::fit(value.into())
+    }
+
+    fn visit_u64<E: de::Error>(self, value: u64) -> Result<Int<T>, E> {
+        Self::fit(value.into())
+    }
+
+    fn visit_i128<E: de::Error>(self, value: i128) -> Result<Int<T>, E> {
+        Self::fit(value)
+    }
+
+    fn visit_u128<E: de::Error>(self, value: u128) -> Result<Int<T>, E> {
+        match i128::try_from(value) {
+            Ok(value) => Self::fit(value),
+            Err(_) => Self::fit(i128::MAX),
+        }
+    }
+
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<Int<T>, E> {
+        match text.parse::<i128>() {
+            Ok(value) => Self::fit(value),
+            Err(_) => Err(E::invalid_type(Unexpected::Str(text), &self)),
+        }
+    }
+}
+
+impl<'de, T: Whole> Deserialize<'de> for Int<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(IntVisitor(PhantomData))
+    }
+}
+
+pub fn deserialize<'de, D: Deserializer<'de>, T: Whole>(deserializer: D) -> Result<T, D::Error> {
+    Int::deserialize(deserializer).map(|Int(value)| value)
+}
+
+pub fn option<'de, D: Deserializer<'de>, T: Whole>(deserializer: D) -> Result<Option<T>, D::Error> {
+    Option::<Int<T>>::deserialize(deserializer).map(|value| value.map(|Int(value)| value))
+}
+
+pub fn map<'de, D: Deserializer<'de>, T: Whole>(deserializer: D) -> Result<BTreeMap<String, T>, D::Error> {
+    let map = BTreeMap::<String, Int<T>>::deserialize(deserializer)?;
+    Ok(map.into_iter().map(|(key, Int(value))| (key, value)).collect())
+}

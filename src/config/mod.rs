@@ -1,0 +1,299 @@
+//! Configuration: layers turned into one validated, typed [`Config`]. Each layer overrides the one before:
+//! built-in defaults, a TOML file, `FLOODGATE__` environment variables ([`Env`]), command-line flags
+//! ([`Overrides`]).
+//!
+//! Owns the defaults (stated again in `config/floodgate.toml`), the environment mapping, the parsing of humane
+//! durations, the validation that refuses a configuration with one line per problem, each naming its key, and
+//! the redaction of [`Secret`] values wherever a configuration is shown. It never reads the network and never
+//! starts anything; the only files it touches besides the configuration are the TLS ones it names (and the
+//! system's root certificates, for an `https://` upstream without `tls_ca`), checked through [`crate::tls`], and
+//! the `access_log` file, opened to append (and removed again if that created it), so that `floodgate check`
+//! refuses what start-up would. What it returns is trusted by every other module.
+
+mod env;
+mod errors;
+mod integer;
+mod overrides;
+mod secret;
+#[cfg(test)]
+mod tests;
+mod upstream;
+mod validate;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+pub use crate::pool::AdaptiveLimit;
+use serde::{Deserialize, Serialize};
+
+use env::EnvLayer;
+pub use env::{env_var, Env, ENV_PREFIX, ENV_SEPARATOR};
+pub use errors::{ConfigError, ConfigErrors};
+pub use overrides::{GlobalOverrides, Overrides, UpstreamOverrides};
+pub use secret::{Secret, REDACTED};
+pub use upstream::{EndpointConfig, FairKey, Origin, Scheme, UpstreamConfig, MAX_PRIORITY};
+use validate::{config_problem, hides, one_line, value_problems, without_refused};
+pub use validate::{is_addressable_name, LARGEST_RUNTIME_COUNT, MAX_THREADS};
+
+/// The whole validated configuration. Serializes as the TOML file that states it (what `floodgate check`
+/// prints).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub admin: SocketAddr,
+    /// Tokio worker threads; `None` lets the runtime use one per CPU.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "integer::option")]
+    pub threads: Option<usize>,
+    #[serde(deserialize_with = "integer::deserialize")]
+    pub max_client_connections: usize,
+    #[serde(with = "humantime_serde")]
+    pub first_byte_timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub client_idle_timeout: Duration,
+    #[serde(deserialize_with = "integer::deserialize")]
+    pub max_header_bytes: usize,
+    #[serde(deserialize_with = "integer::deserialize")]
+    pub max_concurrent_streams: u32,
+    #[serde(with = "humantime_serde")]
+    pub shutdown_timeout: Duration,
+    pub trusted_proxies: Vec<IpNet>,
+    pub log_format: LogFormat,
+    /// A `tracing` filter (`info`, `warn,floodgate=debug`); `RUST_LOG`, when set, wins over it.
+    pub log_level: String,
+    /// `off`, `stdout`, `stderr` or a file path (appended to); see [`Config::access_log_target`].
+    pub access_log: String,
+    /// PEM certificate chain (leaf first) the client listener presents; with `tls_key`, the listener speaks TLS
+    /// only, and ALPN (`h2`, `http/1.1`) picks the protocol. Paths are not secrets; the key file is never shown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) of the first certificate in `tls_cert`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<PathBuf>,
+    /// Bearer token that lets a client use the admin listener's write endpoints (`POST /reload`,
+    /// `PUT /upstreams/NAME/max_connections`) when that listener is not on a loopback address. Without it, they
+    /// are refused there; on loopback they are always allowed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin_token: Option<Secret>,
+    /// Certificates the listener picks by the SNI name the client sends (`[[tls_certificates]]`); `tls_cert` and
+    /// `tls_key` are the default for any other name or none. With these and no default, a client whose name
+    /// matches no entry is refused at the handshake.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tls_certificates: Vec<TlsCertificateConfig>,
+    /// Bytes of request and response bodies held in memory at once, over all requests and upstreams (see
+    /// `buffer_request_bytes` and `buffer_response_bytes`); a body that does not fit what is left streams.
+    #[serde(deserialize_with = "integer::deserialize")]
+    pub max_buffered_bytes: u64,
+    pub upstreams: BTreeMap<String, UpstreamConfig>,
+    pub routes: Vec<RouteConfig>,
+}
+
+/// Where access-log lines go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessLogTarget {
+    Off,
+    Stdout,
+    Stderr,
+    File(std::path::PathBuf),
+}
+
+impl Config {
+    /// The `access_log` key read: the three names, or else a file path.
+    pub fn access_log_target(&self) -> AccessLogTarget {
+        match self.access_log.as_str() {
+            "off" => AccessLogTarget::Off,
+            "stdout" => AccessLogTarget::Stdout,
+            "stderr" => AccessLogTarget::Stderr,
+            path => AccessLogTarget::File(path.into()),
+        }
+    }
+}
+
+/// How log lines are written: `human` (one readable line each) or `json` (one JSON object per line).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Human,
+    Json,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            admin: SocketAddr::from(([127, 0, 0, 1], 9901)),
+            threads: None,
+            max_client_connections: 10_000,
+            first_byte_timeout: Duration::from_secs(10),
+            header_read_timeout: Duration::from_secs(10),
+            client_idle_timeout: Duration::from_secs(60),
+            max_header_bytes: 64 * 1024,
+            max_concurrent_streams: 512,
+            shutdown_timeout: Duration::from_secs(30),
+            trusted_proxies: Vec::new(),
+            log_format: LogFormat::Human,
+            log_level: "info".to_string(),
+            access_log: "off".to_string(),
+            tls_cert: None,
+            tls_key: None,
+            admin_token: None,
+            tls_certificates: Vec::new(),
+            max_buffered_bytes: 32 * 1024 * 1024,
+            upstreams: BTreeMap::new(),
+            routes: Vec::new(),
+        }
+    }
+}
+
+/// One certificate of the client listener and the SNI names it is presented for.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsCertificateConfig {
+    /// Names compared with the client's SNI name, case-insensitively; `*.example.org` matches exactly one label
+    /// in place of the `*` (`a.example.org`, not `a.b.example.org` nor `example.org`). An exact name wins over a
+    /// wildcard.
+    pub names: Vec<String>,
+    /// PEM certificate chain, leaf first; it must be valid for every name in `names`.
+    pub cert: PathBuf,
+    /// PEM private key of the first certificate in `cert`.
+    pub key: PathBuf,
+}
+
+/// Picks an upstream by Host and/or path prefix; neither means catch-all.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path_prefix: Option<String>,
+    pub upstream: String,
+    /// The priority class (0-9, higher served first) of requests on this route, unless the upstream's
+    /// `priority_header` gives another.
+    #[serde(default, skip_serializing_if = "is_zero", deserialize_with = "integer::deserialize")]
+    pub priority: u8,
+}
+
+fn is_zero(value: &u8) -> bool {
+    *value == 0
+}
+
+/// The name the quick `--upstream` case gives its one upstream.
+pub const DEFAULT_UPSTREAM: &str = "default";
+
+impl Config {
+    /// The quick case: everything goes to one upstream with the given cap. Reads no file and no environment.
+    pub fn single_upstream(upstream: &str, max_connections: usize) -> Result<Config, ConfigErrors> {
+        let overrides = Overrides {
+            upstream: UpstreamOverrides {
+                upstream: Some(upstream.to_string()),
+                max_connections: Some(max_connections),
+                ..UpstreamOverrides::default()
+            },
+            ..Overrides::default()
+        };
+        Config::load(None, &Env::none(), &overrides)
+    }
+
+    /// Built-in defaults < the file (if any) < `env` < the flags, then validation.
+    pub fn load(file: Option<&Path>, env: &Env, overrides: &Overrides) -> Result<Config, ConfigErrors> {
+        let file = file.map(|path| {
+            let source = config::File::from(path).format(config::FileFormat::Toml).required(true);
+            (source, path.display().to_string())
+        });
+        Config::from_layers(file, env, overrides)
+    }
+
+    /// [`Config::load`] from the text of a file rather than its path, without environment; `origin` names the
+    /// text in errors.
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub(crate) fn load_toml(text: &str, origin: &str, overrides: &Overrides) -> Result<Config, ConfigErrors> {
+        let source = config::File::from_str(text, config::FileFormat::Toml);
+        Config::from_layers(Some((source, origin.to_string())), &Env::none(), overrides)
+    }
+
+    /// The configuration as the TOML file that would state it, every [`Secret`] shown as [`REDACTED`]: what
+    /// `floodgate check` prints. Loading it again gives the same configuration (secrets aside).
+    pub fn to_redacted_toml(&self) -> Result<String, toml::ser::Error> {
+        toml::to_string(self)
+    }
+
+    /// A client that stops reading gets as long as the most patient upstream's `body_idle_timeout`: the listener
+    /// cannot know which upstream a connection's next answer comes from.
+    pub fn client_write_stall_limit(&self) -> Duration {
+        self.upstreams
+            .values()
+            .map(|u| u.body_idle_timeout)
+            .max()
+            .unwrap_or_else(|| UpstreamConfig::default().body_idle_timeout)
+    }
+
+    fn from_layers<S>(file: Option<(S, String)>, env: &Env, overrides: &Overrides) -> Result<Config, ConfigErrors>
+    where
+        S: config::Source + Send + Sync + 'static,
+    {
+        let mut problems = Vec::new();
+        let env_layer = EnvLayer::read(env, &mut problems);
+        // The defaults are `Config::default()`, which serde fills in for every key no layer sets.
+        let mut builder = config::Config::builder();
+        let mut origin = "configuration".to_string();
+        if let Some((source, name)) = file {
+            builder = builder.add_source(source);
+            origin = name;
+        }
+        let raw = match builder.add_source(env_layer.clone()).build() {
+            Ok(raw) => raw,
+            // An unreadable or unparsable file: nothing below can be checked.
+            Err(err) => {
+                problems.push(ConfigError::new(origin, one_line(&err.to_string())));
+                return Err(ConfigErrors(problems));
+            }
+        };
+        let (mut config, refused) = match raw.clone().try_deserialize::<Config>() {
+            Ok(config) => (config, Vec::new()),
+            Err(err) => {
+                let table = config::Source::collect(&raw).unwrap_or_default();
+                let mut found = value_problems(&table);
+                if found.is_empty() {
+                    found.push(config_problem(err, ""));
+                }
+                for problem in &mut found {
+                    env_layer.annotate(problem);
+                }
+                // The rest is still validated, without the refused values, so that one edit fixes everything.
+                match without_refused(table, &found).try_deserialize::<Config>() {
+                    Ok(config) => (config, found),
+                    Err(_) => {
+                        problems.extend(found);
+                        return Err(ConfigErrors(problems));
+                    }
+                }
+            }
+        };
+        config.apply(overrides);
+        let checked = config.validate();
+        problems.extend(refused.iter().cloned());
+        for mut problem in checked {
+            if refused.iter().any(|value| hides(&value.key, &problem.key)) {
+                continue;
+            }
+            if !overrides.sets(&problem.key) {
+                env_layer.annotate(&mut problem);
+            }
+            problems.push(problem);
+        }
+        if problems.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigErrors(problems))
+        }
+    }
+}

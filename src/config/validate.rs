@@ -1,0 +1,502 @@
+//! Validation: every problem with a loaded configuration, each naming its key, so that one edit fixes them all;
+//! and the refused values found while reading the layers.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+
+use super::{AccessLogTarget, Config, ConfigError, RouteConfig, TlsCertificateConfig, UpstreamConfig, MAX_PRIORITY};
+
+impl Config {
+    /// Every problem with the values, in key order within each part; empty when the configuration is usable.
+    pub(super) fn validate(&self) -> Vec<ConfigError> {
+        let mut problems = Problems::default();
+        if self.upstreams.is_empty() {
+            problems.push(
+                "upstreams",
+                "no upstream configured (give --upstream http://host:port or an [upstreams.NAME] table)",
+            );
+        }
+        problems.count("max_client_connections", self.max_client_connections as u128, false);
+        problems.count("max_header_bytes", self.max_header_bytes as u128, false);
+        problems.count("max_concurrent_streams", u128::from(self.max_concurrent_streams), false);
+        problems.count("max_buffered_bytes", u128::from(self.max_buffered_bytes), true);
+        if let Some(threads) = self.threads {
+            if !(1..=MAX_THREADS).contains(&threads) {
+                problems.push("threads", format!("must be from 1 to {MAX_THREADS}"));
+            }
+        }
+        if let Some(problem) = listeners_clash(self.listen, self.admin) {
+            problems.push("admin", problem);
+        }
+        // Checked here rather than when logging starts, so that `floodgate check` reports it too.
+        if let Err(err) = tracing_subscriber::EnvFilter::builder().parse(&self.log_level) {
+            problems.push("log_level", format!("not a log filter ({err})"));
+        }
+        if self.access_log.trim().is_empty() {
+            problems.push("access_log", "must be off, stdout, stderr or a file path");
+        } else if let AccessLogTarget::File(path) = self.access_log_target() {
+            if let Err(err) = try_access_log(&path) {
+                problems.push("access_log", format!("cannot open {} to append: {err}", path.display()));
+            }
+        }
+        // The files are read here so that `floodgate check` refuses what start-up would.
+        if let Err(found) = crate::tls::listener_config(self) {
+            problems.0.extend(found);
+        }
+        if let Some(token) = &self.admin_token {
+            // It travels in an Authorization header and must be hard to guess.
+            let token = token.expose();
+            if token.len() < 16 || !token.bytes().all(|b| b.is_ascii_graphic()) {
+                problems.push(
+                    "admin_token",
+                    "must be at least 16 printable characters without spaces (the value is not shown)",
+                );
+            }
+        }
+        if self.max_client_connections > tokio::sync::Semaphore::MAX_PERMITS {
+            problems.push(
+                "max_client_connections",
+                format!("must be at most {}", tokio::sync::Semaphore::MAX_PERMITS),
+            );
+        }
+        for (key, value, zero_allowed) in [
+            ("first_byte_timeout", self.first_byte_timeout, false),
+            ("header_read_timeout", self.header_read_timeout, false),
+            ("client_idle_timeout", self.client_idle_timeout, false),
+            ("shutdown_timeout", self.shutdown_timeout, true),
+        ] {
+            problems.duration(key, value, zero_allowed);
+        }
+        for (name, upstream) in &self.upstreams {
+            if !is_addressable_name(name) {
+                problems.push(
+                    format!("upstreams.{name}"),
+                    "upstream names use a-z, 0-9 and single _ between them (so that \
+                     FLOODGATE__UPSTREAMS__<NAME>__<KEY> can reach every one)",
+                );
+            }
+            let key = |field: &str| format!("upstreams.{name}.{field}");
+            match upstream.endpoint_problems(name) {
+                Ok(endpoints) => {
+                    if let Some((origin, _)) = endpoints.first() {
+                        if let Err(found) = crate::tls::upstream_client(name, upstream, origin) {
+                            problems.0.extend(found);
+                        }
+                    }
+                }
+                Err(found) => problems.0.extend(found),
+            }
+            if !upstream.health_check_path.is_empty()
+                && (!upstream.health_check_path.starts_with('/')
+                    || upstream.health_check_path.parse::<http::uri::PathAndQuery>().is_err())
+            {
+                problems.push(
+                    key("health_check_path"),
+                    "must be a path starting with / (or \"\" for none)",
+                );
+            }
+            problems.count(&key("max_connections"), upstream.max_connections as u128, false);
+            problems.count(&key("max_queue"), upstream.max_queue as u128, true);
+            problems.count(
+                &key("max_requests_per_connection"),
+                u128::from(upstream.max_requests_per_connection),
+                true,
+            );
+            problems.count(&key("abort_drain_bytes"), u128::from(upstream.abort_drain_bytes), true);
+            problems.count(
+                &key("buffer_request_bytes"),
+                u128::from(upstream.buffer_request_bytes),
+                true,
+            );
+            problems.count(
+                &key("buffer_response_bytes"),
+                u128::from(upstream.buffer_response_bytes),
+                true,
+            );
+            for (field, value, zero_allowed) in upstream.durations() {
+                problems.duration(&key(field), value, zero_allowed);
+            }
+            for (field, status) in [
+                ("shed_status", upstream.shed_status),
+                ("quota_status", upstream.quota_status),
+            ] {
+                if !(400..=599).contains(&status) {
+                    problems.push(key(field), "must be a 4xx or 5xx status");
+                }
+            }
+            problems.count(&key("min_connections"), upstream.min_connections as u128, false);
+            if upstream.max_connections > 0 && upstream.min_connections > upstream.max_connections {
+                problems.push(key("min_connections"), "must be at most max_connections");
+            }
+            if !(1.0..=10.0).contains(&upstream.adaptive_tolerance) {
+                problems.push(key("adaptive_tolerance"), "must be from 1.0 to 10.0");
+            }
+            if !(upstream.adaptive_smoothing > 0.0 && upstream.adaptive_smoothing <= 1.0) {
+                problems.push(key("adaptive_smoothing"), "must be above 0 and at most 1");
+            }
+            for (client, weight) in &upstream.fair_weights {
+                if *weight == 0 || *weight > 1000 {
+                    problems.push(key(&format!("fair_weights.{client}")), "must be from 1 to 1000");
+                }
+            }
+            if !upstream.priority_header.is_empty()
+                && http::HeaderName::from_bytes(upstream.priority_header.as_bytes()).is_err()
+            {
+                problems.push(key("priority_header"), "not a header name (or \"\" for none)");
+            }
+            if !upstream.deadline_header.is_empty()
+                && http::HeaderName::from_bytes(upstream.deadline_header.as_bytes()).is_err()
+            {
+                problems.push(key("deadline_header"), "not a header name (or \"\" for none)");
+            }
+        }
+        for (index, route) in self.routes.iter().enumerate() {
+            if route.priority > MAX_PRIORITY {
+                problems.push(
+                    format!("routes[{index}].priority"),
+                    format!("must be from 0 to {MAX_PRIORITY}"),
+                );
+            }
+            if !self.upstreams.contains_key(&route.upstream) {
+                problems.push(
+                    format!("routes[{index}].upstream"),
+                    format!("unknown upstream `{}`", route.upstream),
+                );
+            }
+            if let Some(prefix) = &route.path_prefix {
+                if !prefix.starts_with('/') {
+                    problems.push(format!("routes[{index}].path_prefix"), "must start with /");
+                }
+            }
+        }
+        // Without an upstream there is nothing a route could name; that problem is already reported.
+        if self.routes.is_empty() && !self.upstreams.is_empty() {
+            problems.push(
+                "routes",
+                "no route configured (add a [[routes]] entry with upstream = \"NAME\")",
+            );
+        }
+        problems.0
+    }
+}
+
+/// The most runtime worker threads. More than the CPUs only adds switching between them, and the largest machines
+/// have a few hundred; the bound keeps a typo (`100000`) from asking the OS for that many threads and stacks.
+pub const MAX_THREADS: usize = 1024;
+
+/// Why the admin listener cannot bind beside the client one, if it cannot: the same port on the same address, or
+/// on any address when either is a wildcard (`0.0.0.0`, `[::]`, which takes the port on every address).
+pub(super) fn listeners_clash(listen: SocketAddr, admin: SocketAddr) -> Option<String> {
+    let overlap = listen.ip() == admin.ip() || listen.ip().is_unspecified() || admin.ip().is_unspecified();
+    (listen.port() != 0 && listen.port() == admin.port() && overlap)
+        .then(|| format!("{admin} is also where listen ({listen}) binds; give the admin listener another port"))
+}
+
+/// Opens the access log as start-up will (to append, creating it), so that `floodgate check` refuses a path start-up
+/// could not open; a file that did not exist is removed again, for `check` to leave nothing behind.
+pub(super) fn try_access_log(path: &Path) -> std::io::Result<()> {
+    let mut options = std::fs::OpenOptions::new();
+    options.append(true);
+    match options.clone().create_new(true).open(path) {
+        Ok(_) => std::fs::remove_file(path),
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => options.open(path).map(drop),
+        Err(err) => Err(err),
+    }
+}
+
+/// Upstream names end up in variable names: `FLOODGATE__UPSTREAMS__<NAME>__URL` is lowercased and split at every
+/// `__`, so a name with an upper-case letter, a `__` or an `_` at either end could not be reached from there.
+pub fn is_addressable_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        && !name.starts_with('_')
+        && !name.ends_with('_')
+        && !name.contains("__")
+}
+
+/// Deadlines are computed as `now + duration`; a year bounds them far from overflow and from any sane setting.
+pub(super) const LONGEST_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The largest integer TOML can state, so that `floodgate check` can always print what it accepted.
+pub(super) const LARGEST_COUNT: u128 = i64::MAX as u128;
+
+/// `LARGEST_COUNT` for a count set at runtime (the admin API's cap), which `check` must be able to print too.
+pub const LARGEST_RUNTIME_COUNT: usize = i64::MAX as usize;
+
+#[derive(Default)]
+pub(super) struct Problems(Vec<ConfigError>);
+
+impl Problems {
+    pub(super) fn push(&mut self, key: impl Into<String>, message: impl Into<String>) {
+        self.0.push(ConfigError::new(key, message));
+    }
+
+    pub(super) fn count(&mut self, key: &str, value: u128, zero_allowed: bool) {
+        if value == 0 && !zero_allowed {
+            self.push(key, "must be greater than zero");
+        } else if value > LARGEST_COUNT {
+            self.push(key, format!("must be at most {LARGEST_COUNT}"));
+        }
+    }
+
+    pub(super) fn duration(&mut self, key: &str, value: Duration, zero_allowed: bool) {
+        if value.is_zero() && !zero_allowed {
+            self.push(key, "must be greater than zero");
+        } else if value > LONGEST_DURATION {
+            self.push(key, "must be at most a year (365d)");
+        }
+    }
+}
+
+/// serde stops at the first bad value. Deserializing one key at a time, and the entries of a refused list or table
+/// one at a time, finds every one, so that a single `floodgate check` lists them all rather than one per edit.
+/// Sorted by key: the table's order is a hash's.
+pub(super) fn value_problems(table: &config::Map<String, config::Value>) -> Vec<ConfigError> {
+    let mut problems = Vec::new();
+    for (key, value) in table {
+        match key.as_str() {
+            "upstreams" => match value.clone().into_table() {
+                Ok(upstreams) => {
+                    for (name, upstream) in upstreams {
+                        let within = format!("upstreams.{name}");
+                        match upstream.into_table() {
+                            Ok(fields) => {
+                                for (field, value) in fields {
+                                    let path = format!("{within}.{field}");
+                                    let check =
+                                        |value| one_key_problem::<UpstreamConfig>(&within, field.clone(), value);
+                                    problems.extend(split_problems(&path, value, &check));
+                                }
+                            }
+                            Err(err) => problems.push(config_problem(err, &within)),
+                        }
+                    }
+                }
+                Err(err) => problems.push(config_problem(err, "upstreams")),
+            },
+            "routes" => problems.extend(entry_problems::<RouteConfig>("routes", value)),
+            "tls_certificates" => problems.extend(entry_problems::<TlsCertificateConfig>("tls_certificates", value)),
+            _ => {
+                let check = |value| one_key_problem::<Config>("", key.clone(), value);
+                problems.extend(split_problems(key, value.clone(), &check));
+            }
+        }
+    }
+    problems.sort_by(|a, b| a.key.cmp(&b.key));
+    problems
+}
+
+/// The problems of each entry of the list of tables `list`, named `list[index]`.
+pub(super) fn entry_problems<T: DeserializeOwned>(list: &str, value: &config::Value) -> Vec<ConfigError> {
+    match value.clone().into_array() {
+        Ok(entries) => {
+            let mut problems = Vec::new();
+            for (index, entry) in entries.into_iter().enumerate() {
+                let at = format!("{list}[{index}]");
+                let check =
+                    |entry: config::Value| entry.try_deserialize::<T>().err().map(|err| config_problem(err, &at));
+                problems.extend(split_problems(&at, entry, &check));
+            }
+            problems
+        }
+        Err(err) => vec![config_problem(err, list)],
+    }
+}
+
+/// The configuration's `table` without the values `refused` names: each top-level key or upstream field, and a
+/// whole `routes` or `tls_certificates` list for a refused entry (taking one out would renumber the others).
+pub(super) fn without_refused(mut table: config::Map<String, config::Value>, refused: &[ConfigError]) -> config::Value {
+    for problem in refused {
+        let mut parts = problem.key.split(['.', '[']);
+        let top = parts.next().unwrap_or_default();
+        let (name, field) = (parts.next(), parts.next());
+        match (top, name) {
+            ("upstreams", Some(name)) => {
+                if let Some(config::ValueKind::Table(upstreams)) = table.get_mut(top).map(|value| &mut value.kind) {
+                    match (field, upstreams.get_mut(name).map(|value| &mut value.kind)) {
+                        (Some(field), Some(config::ValueKind::Table(fields))) => {
+                            fields.remove(field);
+                        }
+                        _ => {
+                            upstreams.remove(name);
+                        }
+                    }
+                }
+            }
+            _ => {
+                table.remove(top);
+            }
+        }
+    }
+    config::Value::from(table)
+}
+
+/// Whether a problem validation found at `key` may be the work of a default standing in for the value refused at
+/// `refused`: the keys are of one family (see [`family`]), or a whole upstream (or all) went, which routes name.
+pub(super) fn hides(refused: &str, key: &str) -> bool {
+    let (refused, key) = (family(refused), family(key));
+    match refused.as_str() {
+        _ if refused == key => true,
+        "upstreams" => key == "routes" || key.starts_with("upstreams"),
+        upstream if upstream.starts_with("upstreams.") && !upstream.contains('/') => {
+            key == "routes" || key.starts_with(&format!("{upstream}/"))
+        }
+        _ => false,
+    }
+}
+
+/// Keys that validation checks together: an upstream's url, endpoints and TLS keys; its max and min connections;
+/// the listener's TLS keys; listen and admin; all of routes. Any other key is a family of its own.
+pub(super) fn family(key: &str) -> String {
+    let head = |key: &str| key.split(['.', '[']).next().unwrap_or_default().to_string();
+    if let Some(rest) = key.strip_prefix("upstreams.") {
+        let Some((name, field)) = rest.split_once('.') else {
+            return format!("upstreams.{}", head(rest));
+        };
+        let field = match head(field).as_str() {
+            "url" | "endpoints" | "tls_ca" | "tls_client_cert" | "tls_client_key" | "tls_server_name" => {
+                "origin".into()
+            }
+            "max_connections" | "min_connections" => "connections".into(),
+            other => other.to_string(),
+        };
+        return format!("upstreams.{name}/{field}");
+    }
+    match head(key).as_str() {
+        "tls_cert" | "tls_key" | "tls_certificates" => "tls".into(),
+        "listen" | "admin" => "listeners".into(),
+        other => other.to_string(),
+    }
+}
+
+/// Tells what is wrong with a value in its place in the configuration, if anything.
+type Check<'a> = dyn Fn(config::Value) -> Option<ConfigError> + 'a;
+
+/// The problems of `value`, whose key is `path`: the one `check` finds or, in a list or a table, one for each entry
+/// that is refused, named by its own key (`trusted_proxies[2]`, `upstreams.api.fair_weights.gold`).
+pub(super) fn split_problems(path: &str, value: config::Value, check: &Check<'_>) -> Vec<ConfigError> {
+    let Some(problem) = check(value.clone()) else {
+        return Vec::new();
+    };
+    let origin = value.origin().map(str::to_string);
+    let found = match value.kind {
+        config::ValueKind::Array(items) => {
+            // Each item alone in a list of one, where its problems are named `path[0]`.
+            let first = format!("{path}[0]");
+            let mut found = Vec::new();
+            for (index, item) in items.into_iter().enumerate() {
+                let alone = |item| check(config::Value::new(origin.as_ref(), vec![item]));
+                found.extend(split_problems(&first, item, &alone).into_iter().map(|mut problem| {
+                    if let Some(rest) = problem.key.strip_prefix(&first) {
+                        problem.key = format!("{path}[{index}]{rest}");
+                    }
+                    problem
+                }));
+            }
+            found
+        }
+        config::ValueKind::Table(entries) => table_problems(path, entries, origin.as_ref(), problem.clone(), check),
+        _ => Vec::new(),
+    };
+    if found.is_empty() {
+        vec![problem]
+    } else {
+        found
+    }
+}
+
+/// The refused entries of a table, found by taking out the one each refusal names until the rest passes: not each
+/// entry alone, as a struct's other fields may be required. `first` is the table's own refusal.
+pub(super) fn table_problems(
+    path: &str,
+    entries: config::Map<String, config::Value>,
+    origin: Option<&String>,
+    first: ConfigError,
+    check: &Check<'_>,
+) -> Vec<ConfigError> {
+    let mut rest = entries;
+    let mut refused = Vec::new();
+    let mut problem = Some(first);
+    while let Some(current) = problem.take() {
+        let named = current
+            .key
+            .strip_prefix(path)
+            .and_then(|key| key.strip_prefix('.'))
+            .and_then(|key| key.split(['.', '[']).next())
+            .and_then(|name| rest.remove_entry(name));
+        // A refusal no entry left explains: a required field, taken out here.
+        let Some((name, value)) = named else { break };
+        refused.push((name, value, current));
+        problem = check(config::Value::new(origin, rest.clone()));
+    }
+    let mut found = Vec::new();
+    for (name, value, problem) in refused {
+        if matches!(value.kind, config::ValueKind::Array(_) | config::ValueKind::Table(_)) {
+            // Among the entries that passed, so that only its own problems show.
+            let within = |value| {
+                let mut entries = rest.clone();
+                entries.insert(name.clone(), value);
+                check(config::Value::new(origin, entries))
+            };
+            found.extend(split_problems(&format!("{path}.{name}"), value, &within));
+        } else {
+            found.push(problem);
+        }
+    }
+    found
+}
+
+/// The problem with `key = value` alone in a `T` (whose other keys take their defaults), named `within.key`.
+pub(super) fn one_key_problem<T: DeserializeOwned>(
+    within: &str,
+    key: String,
+    value: config::Value,
+) -> Option<ConfigError> {
+    let table: config::Map<String, config::Value> = [(key, value)].into_iter().collect();
+    config::Value::from(table)
+        .try_deserialize::<T>()
+        .err()
+        .map(|err| config_problem(err, within))
+}
+
+/// The `config` crate reports a key path for most errors but names an unknown field only in its message; either
+/// way the result is one line whose key is the offending one, below `within` (a table's path, or empty).
+pub(super) fn config_problem(err: config::ConfigError, within: &str) -> ConfigError {
+    let text = err.to_string();
+    let (key, origin) = match &err {
+        config::ConfigError::Type { key, origin, .. } | config::ConfigError::At { key, origin, .. } => {
+            (key.clone().unwrap_or_default(), origin.clone())
+        }
+        _ => (String::new(), None),
+    };
+    // The key and origin go first-class into the problem's key and the variable's note; the text keeps the rest.
+    let text = origin
+        .and_then(|origin| text.strip_suffix(&format!(" in {origin}")).map(str::to_string))
+        .unwrap_or(text);
+    let text = text.split(" for key `").next().unwrap_or(&text).to_string();
+    let key = match text
+        .strip_prefix("unknown field `")
+        .and_then(|rest| rest.split_once('`'))
+    {
+        Some((field, _)) if key.is_empty() => field.to_string(),
+        Some((field, _)) => format!("{key}.{field}"),
+        None => key,
+    };
+    let key = match (within.is_empty(), key.is_empty()) {
+        (true, true) => "config".to_string(),
+        (true, false) => key,
+        (false, true) => within.to_string(),
+        (false, false) if key.starts_with('[') => format!("{within}{key}"),
+        (false, false) => format!("{within}.{key}"),
+    };
+    ConfigError::new(key, one_line(&text))
+}
+
+pub(super) fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
