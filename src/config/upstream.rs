@@ -5,10 +5,20 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::admission::{Discipline, QueuePolicy};
-pub use crate::pool::AdaptiveLimit;
 use serde::{Deserialize, Serialize};
 
 use super::{integer, ConfigError};
+
+/// Whether, and how, an upstream's concurrency limit adapts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AdaptiveLimit {
+    /// Only `max_connections` bounds the requests in flight.
+    #[default]
+    Off,
+    /// The gradient estimate (see `pool::adaptive`): the limit follows the response times observed.
+    Gradient,
+}
 
 /// One instance of an upstream's service (an `endpoints` entry): where it is dialled and its own cap.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]

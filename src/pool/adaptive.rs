@@ -26,21 +26,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::config::UpstreamConfig;
-
-/// Whether, and how, an upstream's concurrency limit adapts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum AdaptiveLimit {
-    /// Only `max_connections` bounds the requests in flight.
-    #[default]
-    Off,
-    /// The gradient estimate described in this module.
-    Gradient,
-}
+use crate::config::{AdaptiveLimit, UpstreamConfig};
 
 /// The gradient never cuts the limit by more than half in one window.
 const MIN_GRADIENT: f64 = 0.5;

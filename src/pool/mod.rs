@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use arc_swap::{ArcSwap, ArcSwapOption, Guard};
 use http::HeaderValue;
 
-pub use adaptive::{AdaptiveLimit, AdaptiveSnapshot};
+pub use adaptive::AdaptiveSnapshot;
 pub use admit::{Admitted, Queued};
 pub use connection::{Conn, UpstreamSender};
 pub use lease::{Lease, UploadProgress};
