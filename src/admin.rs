@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use crate::metrics::WaitHistogram;
 use crate::pool::{PoolSnapshot, UpstreamPool};
 use crate::reload::ReloadError;
-use crate::server::State;
+use crate::state::State;
 
 /// Self-contained (inline CSS and JS): the admin listener may be reachable where nothing else is.
 const STATS_PAGE: &str = include_str!("admin/stats.html");
@@ -311,7 +311,7 @@ fn may_write(state: &State, headers: &http::HeaderMap) -> Result<(), Response<Fu
 }
 
 async fn reload(state: &State) -> Response<Full<Bytes>> {
-    match state.reload().await {
+    match crate::reload::reload(&state).await {
         Ok(reloaded) => {
             let mut body = String::from("reloaded\n");
             for change in &reloaded.changed {

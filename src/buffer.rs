@@ -20,6 +20,10 @@ use http_body_util::BodyExt;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 
+/// HTTP/2 flow-control window per client stream (RFC 9113 §6.9.2's default): the most a queued h2 upload can make
+/// floodgate hold before it is admitted, counted in the budget (`proxy`) and advertised by the listener (`server`).
+pub const HTTP2_STREAM_WINDOW: u32 = 65_535;
+
 /// The bytes all buffered bodies may hold at once, and what they hold now.
 pub struct BufferBudget {
     limit: AtomicU64,

@@ -32,8 +32,10 @@
 )]
 
 pub mod access;
+pub mod activity;
 pub mod admin;
 pub mod admission;
+pub mod body;
 pub mod buffer;
 pub mod config;
 pub mod error;
@@ -48,5 +50,7 @@ pub mod proxy;
 pub mod reload;
 pub mod route;
 pub mod server;
+pub mod state;
+pub mod status;
 pub mod tls;
 pub mod upstream_lane;

@@ -20,13 +20,14 @@ use tokio::sync::oneshot;
 
 use crate::access::Entry;
 use crate::admission::{self, Patience, Place, Shed};
+use crate::body::UploadProgress;
 use crate::buffer::BufferBudget;
 use crate::config::{Config, FairKey, UpstreamConfig, MAX_PRIORITY};
 use crate::error::{Outcome, ProxyError, ShedAdvice};
 use crate::forward::{self, ClientInfo, RequestBody, ResponseBody};
 use crate::metrics::{Metrics, OutcomeCounters};
 use crate::net;
-use crate::pool::{Admitted, Lease, Refused, UploadProgress, UpstreamPool};
+use crate::pool::{Admitted, Lease, Refused, UpstreamPool};
 use crate::route::{Picked, Router};
 use crate::upstream_lane::UpstreamLane;
 
@@ -201,7 +202,7 @@ impl Proxy {
         // A queued HTTP/2 upload's stream window may fill while it waits: floodgate holds those bytes, so they count.
         let window_held = match &admitted {
             Admitted::Queued(_) if body_unread && !is_http1 => {
-                let window = u64::from(crate::server::HTTP2_STREAM_WINDOW);
+                let window = u64::from(crate::buffer::HTTP2_STREAM_WINDOW);
                 let hint = upstream_request.body().size_hint();
                 Some(self.buffers.hold(hint.upper().map_or(window, |left| left.min(window))))
             }

@@ -14,12 +14,10 @@ use crate::config::{Config, ConfigError, ConfigErrors, UpstreamConfig};
 use crate::metrics::Metrics;
 use crate::pool::UpstreamPool;
 use crate::route::Router;
-use crate::server::State;
+pub use crate::state::ConfigSource;
+use crate::state::State;
 use crate::tls::UpstreamTls;
 use crate::upstream_lane::{Spawner, UpstreamLane};
-
-/// Reads the configuration again, from the same layers as at start-up.
-pub type ConfigSource = Arc<dyn Fn() -> Result<Config, ConfigErrors> + Send + Sync>;
 
 /// Why a reload changed nothing.
 #[derive(Debug, thiserror::Error)]

@@ -9,20 +9,15 @@
 
 mod head;
 mod relay;
-mod request_body;
 mod response;
-mod stall;
 #[cfg(test)]
 mod tests;
 
+use crate::body::IdleTimer;
+pub use crate::body::{client_body_failure, BodyStalled, BoxError, CutOff, RequestBody};
 pub use head::{
     check_host, check_target, check_transfer_coding, keeps_alive, strip_hop_by_hop, target_host, to_upstream,
     upstream_head, ClientInfo,
 };
 pub use relay::{complete, Completion, UpstreamBody};
-pub use request_body::{client_body_failure, CutOff, RequestBody};
 pub use response::{local_response, to_client, ResponseBody, SHED_REASON};
-pub use stall::BodyStalled;
-use stall::IdleTimer;
-
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

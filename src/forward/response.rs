@@ -14,11 +14,11 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use crate::access::Entry;
+use crate::activity::InFlight;
 use crate::buffer::{self, BufferBudget, ReadError};
 use crate::error::{ProxyError, ShedAdvice};
 use crate::metrics::OutcomeCounters;
 use crate::pool::Lease;
-use crate::server::activity::InFlight;
 
 use super::{check_transfer_coding, keeps_alive, strip_hop_by_hop, BoxError, Completion, UpstreamBody};
 

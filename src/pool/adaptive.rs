@@ -29,6 +29,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::config::{AdaptiveLimit, UpstreamConfig};
+use crate::status::AdaptiveSnapshot;
 
 /// The gradient never cuts the limit by more than half in one window.
 const MIN_GRADIENT: f64 = 0.5;
@@ -61,21 +62,6 @@ impl Params {
             probe_interval: limits.adaptive_probe_interval,
         }
     }
-}
-
-/// What `/status` and `/metrics` show of the estimate.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
-pub struct AdaptiveSnapshot {
-    /// The limit in force (lower than `estimate` while probing).
-    pub limit: usize,
-    /// The estimate itself, before rounding down.
-    pub estimate: f64,
-    /// The last window's mean response time; 0 before the first.
-    pub rtt_short_seconds: f64,
-    /// The baseline the short-term time is compared with; 0 before the first window.
-    pub rtt_baseline_seconds: f64,
-    pub gradient: f64,
-    pub probing: bool,
 }
 
 struct Probe {

@@ -17,9 +17,9 @@ use tokio::time::Instant;
 
 use super::slots::ClosingMark;
 use super::{Slot, UpstreamPool};
+use crate::body::RequestBody;
 use crate::config::{Origin, UpstreamConfig};
 use crate::error::ProxyError;
-use crate::forward::RequestBody;
 use crate::net::{self, SharedStream};
 
 pub type UpstreamSender = http1::SendRequest<RequestBody>;

@@ -14,7 +14,7 @@ use std::time::Duration;
 use http::{header, Request};
 
 use super::{Back, Conn, Grant, UpstreamPool};
-use crate::forward::RequestBody;
+use crate::body::RequestBody;
 
 /// Checks every endpoint once per interval while the pool lives and the checks are on (a reload may turn them on
 /// or off); ends when the pool is retired or gone.

@@ -29,12 +29,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use arc_swap::{ArcSwap, ArcSwapOption, Guard};
 use http::HeaderValue;
 
-pub use adaptive::AdaptiveSnapshot;
+pub use crate::status::{AdaptiveSnapshot, EndpointSnapshot, PoolSnapshot};
 pub use admit::{Admitted, Queued};
 pub use connection::{Conn, UpstreamSender};
-pub use lease::{Lease, UploadProgress};
+pub use lease::Lease;
 pub use slot::Slot;
-pub use snapshot::{EndpointSnapshot, PoolSnapshot};
 
 use endpoints::EndpointState;
 use handoff::Back;

@@ -2,44 +2,8 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{AdaptiveSnapshot, UpstreamPool};
-
-/// One endpoint in a [`PoolSnapshot`].
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct EndpointSnapshot {
-    pub address: String,
-    /// Its own cap; `None` for an upstream given by one `url` (the upstream's cap is its bound).
-    pub max_connections: Option<usize>,
-    pub connections_open: usize,
-    /// Its connections that are not idle: dialling, busy or closing.
-    pub in_flight: usize,
-    pub ejected: bool,
-    pub failed_dials: u32,
-}
-
-/// A snapshot for `/status` and the gauges.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct PoolSnapshot {
-    pub address: String,
-    pub max_connections: usize,
-    pub max_queue: usize,
-    /// The bound on requests in flight in force: the adaptive limit, or `max_connections` without one.
-    pub limit: usize,
-    /// The adaptive limit's estimate and inputs, when it is on.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub adaptive: Option<AdaptiveSnapshot>,
-    pub in_use: usize,
-    pub connections_open: usize,
-    pub connections_idle: usize,
-    pub connections_peak: usize,
-    pub connections_opened_total: u64,
-    pub queue_depth: usize,
-    pub queue_peak: usize,
-    pub requests_total: u64,
-    /// Removed or replaced by a reload, finishing what it had admitted.
-    pub draining: bool,
-    pub endpoints: Vec<EndpointSnapshot>,
-}
+use super::UpstreamPool;
+use crate::status::{EndpointSnapshot, PoolSnapshot};
 
 impl UpstreamPool {
     pub fn snapshot(&self) -> PoolSnapshot {

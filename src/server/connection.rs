@@ -18,8 +18,8 @@ use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
-use super::activity::{ClientActivity, Expired};
 use super::h2_frames::FrameWatch;
+use crate::activity::{ClientActivity, Expired};
 use crate::config::Config;
 use crate::error::Outcome;
 use crate::forward::ClientInfo;
@@ -29,8 +29,8 @@ use crate::tls::ALPN_H2;
 
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// HTTP/2 flow-control windows (RFC 9113 §6.9.2's default for a stream); see where they are set.
-pub const HTTP2_STREAM_WINDOW: u32 = 65_535;
+use crate::buffer::HTTP2_STREAM_WINDOW;
+
 const HTTP2_CONNECTION_WINDOW: u32 = 4 * HTTP2_STREAM_WINDOW;
 
 /// How long an idle connection closing politely waits for its peer to finish the goodbye (see `drive`).

@@ -12,7 +12,7 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::activity::ClientActivity;
+use crate::activity::ClientActivity;
 
 const PREFACE_BYTES: usize = 24;
 const FRAME_HEADER_BYTES: usize = 9;

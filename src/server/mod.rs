@@ -5,9 +5,7 @@
 //! listener settings in force when it was accepted (a reload changes them for later ones), and on shutdown
 //! `/readyz` turns 503, accepting stops, and in-flight and queued requests get `shutdown_timeout` to finish.
 
-pub mod activity;
 mod connection;
-pub use connection::HTTP2_STREAM_WINDOW;
 mod h2_frames;
 
 use std::future::Future;
@@ -27,7 +25,9 @@ use crate::admin;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
-use crate::reload::{self, ConfigSource, Plan, ReloadError, Reloaded};
+use crate::reload::{self, Plan, ReloadError, Reloaded};
+use crate::state::ConfigSource;
+pub use crate::state::State;
 use crate::upstream_lane::UpstreamLane;
 
 /// Why floodgate could not start. Each message leaves its cause to the error's source, which a chain printer
@@ -46,28 +46,6 @@ pub enum StartError {
     Lane(#[source] std::io::Error),
 }
 
-/// What the listeners, the admin listener and a reload share.
-pub struct State {
-    pub proxy: Arc<Proxy>,
-    pub ready: AtomicBool,
-    /// The configuration in force; new client connections read their settings from it.
-    pub config: ArcSwap<Config>,
-    /// Present when `tls_cert` and `tls_key` are set: every client connection is then TLS.
-    pub(crate) tls: ArcSwapOption<rustls::ServerConfig>,
-    /// Bounds open client connections at `max_client_connections`.
-    pub(crate) client_room: Arc<Semaphore>,
-    /// Set once, by [`Floodgate::reload_from`], whether or not a [`Reloader`] was taken before.
-    pub(crate) source: std::sync::OnceLock<ConfigSource>,
-    pub(crate) reloading: tokio::sync::Mutex<()>,
-}
-
-impl State {
-    /// Reads the configuration again and puts it in force (SIGHUP, `POST /reload`).
-    pub async fn reload(&self) -> Result<Reloaded, ReloadError> {
-        reload::reload(self).await
-    }
-}
-
 /// A bound, not yet running floodgate.
 pub struct Floodgate {
     listener: TcpListener,
@@ -81,7 +59,7 @@ pub struct Reloader(Arc<State>);
 
 impl Reloader {
     pub async fn reload(&self) -> Result<Reloaded, ReloadError> {
-        self.0.reload().await
+        reload::reload(&self.0).await
     }
 }
 

@@ -8,14 +8,14 @@ use std::time::Duration;
 use tokio::time::{Instant, Sleep};
 
 /// Fails a body that has made no progress for `timeout`; the timer is only armed while the body waits.
-pub(super) struct IdleTimer {
-    pub(super) timeout: Duration,
+pub(crate) struct IdleTimer {
+    pub(crate) timeout: Duration,
     sleep: Option<Pin<Box<Sleep>>>,
     progressed: bool,
 }
 
 impl IdleTimer {
-    pub(super) fn new(timeout: Duration) -> Self {
+    pub(crate) fn new(timeout: Duration) -> Self {
         IdleTimer {
             timeout,
             sleep: None,
@@ -23,12 +23,12 @@ impl IdleTimer {
         }
     }
 
-    pub(super) fn progressed(&mut self) {
+    pub(crate) fn progressed(&mut self) {
         self.progressed = true;
     }
 
     /// Called when the inner body is pending: true once it has been pending for the whole timeout.
-    pub(super) fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+    pub(crate) fn expired(&mut self, cx: &mut Context<'_>) -> bool {
         let deadline = Instant::now() + self.timeout;
         let sleep = self
             .sleep
@@ -44,4 +44,4 @@ impl IdleTimer {
 /// A body, the client's or the upstream's, sent nothing for its idle timeout.
 #[derive(Debug, thiserror::Error)]
 #[error("{0} sent nothing for {1:?}")]
-pub struct BodyStalled(pub(super) &'static str, pub(super) Duration);
+pub struct BodyStalled(pub(crate) &'static str, pub(crate) Duration);

@@ -11,11 +11,9 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
+use super::{BodyStalled, BoxError, IdleTimer, UploadProgress};
 use crate::buffer::{self, BufferBudget, Buffered, ReadError};
 use crate::error::ProxyError;
-use crate::pool::UploadProgress;
-
-use super::{BodyStalled, BoxError, IdleTimer};
 
 /// The client's request body on its way upstream; fails if the client stops sending for too long.
 pub struct RequestBody {

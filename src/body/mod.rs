@@ -1,0 +1,14 @@
+//! The request body on its way upstream, and what both directions' bodies share: the timer that fails a body
+//! making no progress, and how far an upload has gone. Below both `forward` (which relays bodies) and `pool` (whose
+//! connections carry them); it never holds a lease or a connection.
+
+mod progress;
+mod request;
+mod stall;
+
+pub use progress::UploadProgress;
+pub use request::{client_body_failure, CutOff, RequestBody};
+pub use stall::BodyStalled;
+pub(crate) use stall::IdleTimer;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

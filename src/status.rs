@@ -1,0 +1,54 @@
+//! What `/status`, the stats page and the gauges read of a pool: plain data, made by the pool under its lock and
+//! read by `metrics` and `admin`. It never refers to anything else in the crate, so both sides can depend on it.
+
+/// One endpoint in a [`PoolSnapshot`].
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct EndpointSnapshot {
+    pub address: String,
+    /// Its own cap; `None` for an upstream given by one `url` (the upstream's cap is its bound).
+    pub max_connections: Option<usize>,
+    pub connections_open: usize,
+    /// Its connections that are not idle: dialling, busy or closing.
+    pub in_flight: usize,
+    pub ejected: bool,
+    pub failed_dials: u32,
+}
+
+/// A snapshot for `/status` and the gauges.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PoolSnapshot {
+    pub address: String,
+    pub max_connections: usize,
+    pub max_queue: usize,
+    /// The bound on requests in flight in force: the adaptive limit, or `max_connections` without one.
+    pub limit: usize,
+    /// The adaptive limit's estimate and inputs, when it is on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub adaptive: Option<AdaptiveSnapshot>,
+    pub in_use: usize,
+    pub connections_open: usize,
+    pub connections_idle: usize,
+    pub connections_peak: usize,
+    pub connections_opened_total: u64,
+    pub queue_depth: usize,
+    pub queue_peak: usize,
+    pub requests_total: u64,
+    /// Removed or replaced by a reload, finishing what it had admitted.
+    pub draining: bool,
+    pub endpoints: Vec<EndpointSnapshot>,
+}
+
+/// What `/status` and `/metrics` show of the estimate.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct AdaptiveSnapshot {
+    /// The limit in force (lower than `estimate` while probing).
+    pub limit: usize,
+    /// The estimate itself, before rounding down.
+    pub estimate: f64,
+    /// The last window's mean response time; 0 before the first.
+    pub rtt_short_seconds: f64,
+    /// The baseline the short-term time is compared with; 0 before the first window.
+    pub rtt_baseline_seconds: f64,
+    pub gradient: f64,
+    pub probing: bool,
+}
