@@ -311,7 +311,7 @@ fn may_write(state: &State, headers: &http::HeaderMap) -> Result<(), Response<Fu
 }
 
 async fn reload(state: &State) -> Response<Full<Bytes>> {
-    match crate::reload::reload(&state).await {
+    match crate::reload::reload(state).await {
         Ok(reloaded) => {
             let mut body = String::from("reloaded\n");
             for change in &reloaded.changed {
