@@ -209,7 +209,7 @@ impl Default for UpstreamConfig {
 impl UpstreamConfig {
     /// The endpoints the pool of upstream `name` dials, each with its own cap: every `endpoints` entry, or the one
     /// `url` with no cap of its own (`usize::MAX`: the upstream's `max_connections` alone bounds it). The first
-    /// problem found is named by its key; validation reports them all (see [`UpstreamConfig::endpoint_problems`]).
+    /// problem found is named by its key; validation reports them all (see `UpstreamConfig::endpoint_problems`).
     pub fn endpoint_list(&self, name: &str) -> Result<Vec<(Origin, usize)>, ConfigError> {
         self.endpoint_problems(name).map_err(|problems| {
             problems

@@ -1,9 +1,9 @@
 //! The bounded pool of one upstream: its slots, its idle connections and the queue that waits for either.
 //!
 //! Owns the one invariant: at most `max_connections` TCP connections to the upstream exist at any instant, counting
-//! ones being dialled, busy, idle and still closing. [`slots::Slots`] holds the counts and is the only code that
+//! ones being dialled, busy, idle and still closing. `slots::Slots` holds the counts and is the only code that
 //! changes them; a [`Slot`] stands for one count and gives it back when dropped; whatever comes back to the pool
-//! enters through one door ([`handoff`]). It never builds requests or answers: that is `forward`'s job. The rules
+//! enters through one door (`handoff`). It never builds requests or answers: that is `forward`'s job. The rules
 //! for endpoints, changed caps and the adaptive limit are in `docs/architecture.md`.
 
 mod adaptive;
