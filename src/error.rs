@@ -125,32 +125,24 @@ impl Outcome {
 }
 
 impl ProxyError {
+    /// The status floodgate answers with, by the outcome it is counted as: one grouping for both.
     pub fn status(&self) -> StatusCode {
-        match self {
+        match self.outcome() {
             // The client has given up by now; 504 is what a gateway says when time ran out.
-            ProxyError::Shed(Shed::Deadline) => StatusCode::GATEWAY_TIMEOUT,
-            ProxyError::Shed(Shed::Quota) => StatusCode::TOO_MANY_REQUESTS,
-            ProxyError::Shed(_) => StatusCode::SERVICE_UNAVAILABLE,
-            ProxyError::NoRoute => StatusCode::NOT_FOUND,
-            ProxyError::TunnelNotSupported => StatusCode::NOT_IMPLEMENTED,
-            ProxyError::MissingHost
-            | ProxyError::InvalidHost
-            | ProxyError::AsteriskTarget
-            | ProxyError::AuthorityFormTarget
-            | ProxyError::UnsupportedScheme
-            | ProxyError::ClientBody(_) => StatusCode::BAD_REQUEST,
-            ProxyError::UnsupportedTransferCoding => StatusCode::NOT_IMPLEMENTED,
-            ProxyError::ClientBodyTimeout(_) | ProxyError::ClientTooSlow(_) => StatusCode::REQUEST_TIMEOUT,
-            // Nobody reads it; a status is still needed for the log line.
-            ProxyError::ClientGone => StatusCode::BAD_REQUEST,
-            ProxyError::Connect(_)
-            | ProxyError::ConnectTimeout(_)
-            | ProxyError::UpstreamTls(_)
-            | ProxyError::Upstream(_)
-            | ProxyError::UpstreamBodyTooLong
-            | ProxyError::UpstreamMalformed(_)
-            | ProxyError::Abandoned => StatusCode::BAD_GATEWAY,
-            ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            Outcome::ShedDeadline | Outcome::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Outcome::ShedQuota => StatusCode::TOO_MANY_REQUESTS,
+            Outcome::ShedQueueFull | Outcome::ShedQueueTimeout | Outcome::ShedOverload => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Outcome::NoRoute => StatusCode::NOT_FOUND,
+            Outcome::NotImplemented => StatusCode::NOT_IMPLEMENTED,
+            // A client that left reads nothing; a status is still needed for the log line.
+            Outcome::BadRequest | Outcome::ClientAbort => StatusCode::BAD_REQUEST,
+            Outcome::ClientTimeout => StatusCode::REQUEST_TIMEOUT,
+            Outcome::UpstreamError => StatusCode::BAD_GATEWAY,
+            // Not outcomes of a ProxyError; kept total rather than panicking.
+            Outcome::HeaderTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Outcome::Ok => StatusCode::OK,
         }
     }
 
