@@ -1,0 +1,361 @@
+//! An admitted request's exchange with the upstream, run in the upstream lane: the request sent (retried when
+//! that is safe), the response head turned into the client's answer, and an exchange the client gave up on
+//! finished so its connection is reused or its slot held until the upstream is done. It never routes or admits.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use std::future::Future;
+use std::pin::Pin;
+
+use http::{Method, Request, Response};
+use http_body_util::BodyExt;
+use hyper::body::{Body, Incoming};
+use tokio::sync::oneshot;
+
+use crate::access::Entry;
+use crate::admission::{Patience, Shed};
+use crate::body::UploadProgress;
+use crate::buffer::BufferBudget;
+use crate::error::{Outcome, ProxyError, ShedAdvice};
+use crate::forward::{self, RequestBody, ResponseBody};
+use crate::metrics::OutcomeCounters;
+use crate::net;
+use crate::pool::{Admitted, Lease, Refused, UpstreamPool};
+
+/// A failure carries the access-log entry back, so that its answer's line is written where it is counted.
+pub(super) type Answer = Result<Response<ResponseBody>, (ProxyError, Option<Box<Entry>>)>;
+
+/// Sends the request upstream and turns the response head into the client's.
+pub(super) async fn exchange(
+    lease: Lease,
+    request: Request<RequestBody>,
+    access: Option<Box<Entry>>,
+    watch_body: bool,
+    buffers: Arc<BufferBudget>,
+) -> Answer {
+    let pool = lease.pool().clone();
+    let (response, lease) = match send(&pool, lease, request).await {
+        Ok(sent) => sent,
+        Err(err) => return Err((err, access)),
+    };
+    let counters = pool.metrics.requests.clone();
+    forward::to_client(response, lease, counters, access, watch_body, &buffers).await
+}
+
+/// An admitted request on its way to the upstream side: the rest of its path runs there, in a task of its own.
+pub(super) struct AdmittedExchange {
+    pub(super) admitted: Admitted,
+    pub(super) patience: Patience,
+    pub(super) arrived: tokio::time::Instant,
+    pub(super) class: u8,
+    /// An HTTP/1 client's socket: watched while the request waits with its body still unread (hyper notices a
+    /// vanished client by itself otherwise), and looked at once more when the request's turn comes.
+    pub(super) http1_socket: Option<Arc<tokio::net::TcpStream>>,
+    pub(super) body_unread: bool,
+    /// A queued HTTP/2 upload's stream window, counted in the buffer budget until the request leaves the queue.
+    pub(super) window_held: Option<crate::buffer::Reservation>,
+    pub(super) request: Request<RequestBody>,
+    pub(super) access: Option<Box<Entry>>,
+    pub(super) watch_body: bool,
+    pub(super) buffers: Arc<BufferBudget>,
+}
+
+impl AdmittedExchange {
+    /// Waits for a grant if queued, then runs the exchange and hands its answer to the client's task. A client
+    /// that leaves while the request is queued takes it out of the queue; one that leaves later does not cancel
+    /// the exchange (cancelling would close the upstream connection while the upstream still works on the
+    /// request): the answer nobody takes is dropped, so a response body drains and keeps its connection.
+    pub(super) async fn run(self, mut answer: oneshot::Sender<Answer>) {
+        let AdmittedExchange {
+            admitted,
+            patience,
+            arrived,
+            class,
+            http1_socket,
+            body_unread,
+            window_held,
+            request,
+            mut access,
+            watch_body,
+            buffers,
+        } = self;
+        let lease = match admitted {
+            Admitted::Now(lease) => lease,
+            Admitted::Queued(queued) => {
+                let counters = queued.pool().metrics.requests.clone();
+                let client_gone = async {
+                    let socket_closed = async {
+                        match &http1_socket {
+                            Some(stream) if body_unread => net::peer_closed(stream).await,
+                            _ => std::future::pending().await,
+                        }
+                    };
+                    tokio::select! {
+                        () = answer.closed() => {}
+                        () = socket_closed => {}
+                    }
+                };
+                match queued.wait(patience, client_gone).await {
+                    // In a storm the client's task may not have run since its client left (clients that give up
+                    // close): a request nobody waits for any more is not sent. Its lease goes to the next waiter.
+                    Ok(lease) if http1_socket.as_deref().is_some_and(net::peer_has_closed) => {
+                        drop(lease);
+                        client_left(&counters, access, answer);
+                        return;
+                    }
+                    Ok(lease) => lease,
+                    Err(Refused::Shed(shed)) => {
+                        if let Err(Err((_, access))) = answer.send(Err((ProxyError::Shed(shed), access))) {
+                            forward::complete(&counters, None, access, Outcome::ClientAbort, 0);
+                        }
+                        return;
+                    }
+                    Err(Refused::ClientGone) => {
+                        client_left(&counters, access, answer);
+                        return;
+                    }
+                }
+            }
+        };
+        // Out of the queue: the body now streams upstream, at the upstream's pace.
+        drop(window_held);
+        let pool = lease.pool().clone();
+        pool.metrics.queue_waited_in(class, arrived.elapsed());
+        if let Some(entry) = access.as_mut() {
+            entry.admitted();
+        }
+        let answered = exchange(lease, request, access, watch_body, buffers).await;
+        if let Err(Err((_, access))) = answer.send(answered) {
+            forward::complete(&pool.metrics.requests, None, access, Outcome::ClientAbort, 0);
+        }
+    }
+}
+
+/// A queued request's client left: counted as its abort, and answered (if its task still waits) with an answer
+/// nobody will read.
+pub(super) fn client_left(counters: &OutcomeCounters, access: Option<Box<Entry>>, answer: oneshot::Sender<Answer>) {
+    forward::complete(counters, None, access, Outcome::ClientAbort, 0);
+    let _ = answer.send(Ok(forward::local_response(&ProxyError::Shed(Shed::QueueTimeout), None)));
+}
+
+/// The sending loop, with the retry rules: a request the upstream never received is retried on another
+/// connection; one that may have reached it is retried once, on a fresh connection, only if it is a GET or HEAD
+/// without a body and the connection was a reused one (the upstream closed it while idle). A failed lease is
+/// given up before the retry is admitted, so its slot can serve the retry. A fresh dial that fails is retried too
+/// when the upstream has other endpoints: nothing was sent, and the failed endpoint now ranks below the others
+/// (or, after `eject_after` failures, is ejected and the retry waits for a slot the others can take). Enough such
+/// retries for every endpoint to be ejected, at most; then the dial's error is the answer.
+pub(super) async fn send(
+    pool: &Arc<UpstreamPool>,
+    mut lease: Lease,
+    mut request: Request<RequestBody>,
+) -> Result<(Response<Incoming>, Lease), ProxyError> {
+    // The head is kept (an allocation) only where a replay can happen: on a reused connection.
+    let mut replay = if lease.reused() { replayable(&request) } else { None };
+    // Every unsent attempt uses up a stale idle connection or a fresh dial, so this bound is never the limit in
+    // practice; it only guarantees termination.
+    let (max_connections, eject_after, limit) = {
+        let limits = pool.limits();
+        (limits.max_connections, limits.eject_after, limits.request_timeout)
+    };
+    let mut attempts_left = max_connections.saturating_add(2);
+    // A failed dial is retried only with other endpoints to go to, and a dead endpoint is chosen at most until
+    // `eject_after` failures eject it: so many retries reach a live endpoint if there is one.
+    let mut dial_retries = match pool.endpoints().len() {
+        0 | 1 => 0,
+        endpoints => endpoints.saturating_mul(eject_after.max(1) as usize),
+    };
+    loop {
+        attempts_left = attempts_left.saturating_sub(1);
+        let reused = lease.reused();
+        let conn = match lease.connection().await {
+            Ok(conn) => conn,
+            Err(err) => {
+                lease.forbid_reuse();
+                drop(lease);
+                if reused && attempts_left > 0 {
+                    // A stale idle connection: nothing was sent on it.
+                    pool.metrics.retried_unsent.inc();
+                    lease = readmit(pool, false).await?;
+                    continue;
+                }
+                if !reused && dial_retries > 0 {
+                    // A failed dial: nothing was sent, and another endpoint may take it.
+                    dial_retries -= 1;
+                    pool.metrics.retried_unsent.inc();
+                    lease = readmit(pool, false).await?;
+                    continue;
+                }
+                return Err(err);
+            }
+        };
+        let dispatched = Instant::now();
+        let in_flight = pool.in_flight();
+        let upload = request.body().upload();
+        let mut responded = Box::pin(conn.sender.try_send_request(request));
+        let answered = tokio::select! {
+            answered = &mut responded => Ok(answered),
+            () = tokio::time::sleep(limit) => Err(()),
+        };
+        match answered {
+            Err(()) => {
+                // The upstream was ready for more body and the client had not sent it: the client is the slow one.
+                if upload.as_ref().is_some_and(UploadProgress::awaiting_client) {
+                    lease.abandon();
+                    return Err(ProxyError::ClientTooSlow(limit));
+                }
+                // The upstream may still be working on it: its late answer is waited for, and read, elsewhere.
+                pool.spawn(finish_abandoned(responded, lease));
+                return Err(ProxyError::UpstreamTimeout(limit));
+            }
+            Ok(Ok(response)) => {
+                pool.responded(in_flight, dispatched.elapsed());
+                if let Some(upload) = upload {
+                    lease.reuse_once_sent(upload);
+                }
+                return Ok((response, lease));
+            }
+            Ok(Err(mut failed)) => {
+                lease.forbid_reuse();
+                drop(lease);
+                if let Some(unsent) = failed.take_message() {
+                    if reused && attempts_left > 0 {
+                        pool.metrics.retried_unsent.inc();
+                        request = unsent;
+                        lease = readmit(pool, false).await?;
+                        continue;
+                    }
+                } else if reused {
+                    if let Some(again) = replay.take().map(ReplayHead::rebuild) {
+                        tracing::debug!(upstream = %pool.name, "retrying an idempotent request on a fresh connection");
+                        pool.metrics.replayed.inc();
+                        request = again;
+                        lease = readmit(pool, true).await?;
+                        continue;
+                    }
+                }
+                let err = failed.into_error();
+                return Err(forward::client_body_failure(&err).unwrap_or(ProxyError::Upstream(err)));
+            }
+        }
+    }
+}
+
+/// An exchange whose client was answered `504`: the upstream is still working on it, and a thread-per-connection
+/// upstream runs it on a thread of its own until it is done. The lease (and its slot) is kept until then: the late
+/// answer is read and discarded within `abort_drain_timeout` and `abort_drain_bytes`, and the connection reused if
+/// it is whole; otherwise it is closed once the upstream has closed its side. So the upstream never works on more
+/// requests than the cap, and no new connection is dialled beside one still busy.
+pub(super) async fn finish_abandoned<F>(response: Pin<Box<F>>, mut lease: Lease)
+where
+    F: Future<Output = Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<RequestBody>>>>,
+{
+    let (max_bytes, limit) = {
+        let limits = lease.pool().limits();
+        (limits.abort_drain_bytes, limits.abort_drain_timeout)
+    };
+    let read_whole = tokio::time::timeout(limit, async {
+        let response = response.await.ok()?;
+        let reusable = forward::keeps_alive(response.version(), response.headers());
+        let mut body = response.into_body();
+        let mut read: u64 = 0;
+        while let Some(frame) = body.frame().await {
+            read += frame.ok()?.data_ref().map_or(0, |data| data.len() as u64);
+            if read > max_bytes {
+                return None;
+            }
+        }
+        Some(reusable)
+    })
+    .await;
+    match read_whole {
+        Ok(Some(true)) => {}
+        Ok(Some(false)) => lease.forbid_reuse(),
+        Ok(None) | Err(_) => lease.abandon(),
+    }
+}
+
+/// A retry goes to the front of the queue: it was admitted once already. `fresh` keeps it off long-idle
+/// connections, which may have been closed by the upstream like the one that just failed.
+pub(super) async fn readmit(pool: &Arc<UpstreamPool>, fresh: bool) -> Result<Lease, ProxyError> {
+    let deadline = tokio::time::Instant::now() + pool.limits().queue_timeout;
+    let admitted = if fresh {
+        pool.admit_fresh(deadline).await
+    } else {
+        pool.admit(true, deadline, std::future::pending()).await
+    };
+    admitted.map_err(|refused| match refused {
+        Refused::Shed(shed) => ProxyError::Shed(shed),
+        Refused::ClientGone => ProxyError::Shed(Shed::QueueTimeout),
+    })
+}
+
+/// The head of a GET/HEAD without a body, kept to resend it if a reused connection fails after sending.
+pub(super) struct ReplayHead {
+    method: Method,
+    uri: http::Uri,
+    headers: http::HeaderMap,
+}
+
+impl ReplayHead {
+    fn rebuild(self) -> Request<RequestBody> {
+        let mut request = Request::new(RequestBody::empty());
+        *request.method_mut() = self.method;
+        *request.uri_mut() = self.uri;
+        *request.headers_mut() = self.headers;
+        request
+    }
+}
+
+pub(super) fn replayable(request: &Request<RequestBody>) -> Option<ReplayHead> {
+    let idempotent = request.method() == Method::GET || request.method() == Method::HEAD;
+    (idempotent && request.body().is_end_stream()).then(|| ReplayHead {
+        method: request.method().clone(),
+        uri: request.uri().clone(),
+        headers: request.headers().clone(),
+    })
+}
+
+/// Counts a client abort (and writes its access line) if dropped before [`AbortWatch::disarm`], which hands the
+/// access-log entry back.
+pub(super) struct AbortWatch<'a> {
+    counters: Option<&'a OutcomeCounters>,
+    access: Option<Box<Entry>>,
+}
+
+impl<'a> AbortWatch<'a> {
+    pub(super) fn new(counters: &'a OutcomeCounters, access: Option<Box<Entry>>) -> Self {
+        AbortWatch {
+            counters: Some(counters),
+            access,
+        }
+    }
+
+    pub(super) fn disarm(mut self) -> Option<Box<Entry>> {
+        self.counters = None;
+        self.access.take()
+    }
+}
+
+impl Drop for AbortWatch<'_> {
+    fn drop(&mut self) {
+        if let Some(counters) = self.counters {
+            forward::complete(counters, None, self.access.take(), Outcome::ClientAbort, 0);
+        }
+    }
+}
+
+/// The proxy's own answer to an error, counted under `counters` and logged like any other request.
+pub(super) fn answer_locally(
+    counters: &OutcomeCounters,
+    err: ProxyError,
+    advice: Option<&ShedAdvice>,
+    access: Option<Box<Entry>>,
+) -> Response<ResponseBody> {
+    let response = forward::local_response(&err, advice);
+    // The body of a local answer is the reason's text.
+    let bytes = err.reason().len() as u64;
+    forward::complete(counters, Some(response.status()), access, err.outcome(), bytes);
+    response
+}
