@@ -18,6 +18,8 @@ pub const TARGET: &str = "floodgate::access";
 #[derive(Debug)]
 pub struct Entry {
     client: SocketAddr,
+    /// `X-Request-Id` as it went upstream (see `edge`); `-` without one.
+    request_id: String,
     method: Method,
     path: String,
     arrived: Instant,
@@ -28,12 +30,18 @@ pub struct Entry {
 
 impl Entry {
     /// `None` when the access log is off: the request's path carries nothing for it.
-    pub fn start(enabled: bool, client: SocketAddr, method: &Method, path: &str) -> Option<Box<Entry>> {
+    pub fn start<B>(enabled: bool, client: SocketAddr, request: &http::Request<B>) -> Option<Box<Entry>> {
         enabled.then(|| {
+            let request_id = request
+                .headers()
+                .get(crate::edge::X_REQUEST_ID)
+                .and_then(|id| id.to_str().ok())
+                .unwrap_or("-");
             Box::new(Entry {
                 client,
-                method: method.clone(),
-                path: path.to_string(),
+                request_id: request_id.to_string(),
+                method: request.method().clone(),
+                path: request.uri().path().to_string(),
                 arrived: Instant::now(),
                 upstream: None,
                 admitted: None,
@@ -68,6 +76,7 @@ impl Entry {
         tracing::info!(
             target: TARGET,
             client = %self.client,
+            request_id = %self.request_id,
             method = %self.method,
             path = %self.path,
             status = status.map_or(0, |s| s.as_u16()),

@@ -61,6 +61,9 @@ pub enum ProxyError {
     /// The upstream side stopped with the exchange on it: floodgate is exiting.
     #[error("the exchange was abandoned: floodgate is shutting down")]
     Abandoned,
+    /// floodgate's own code panicked while handling the request.
+    #[error("internal error")]
+    Internal,
 }
 
 /// What the metrics call an outcome; one per way a request can end.
@@ -80,10 +83,11 @@ pub enum Outcome {
     ClientTimeout,
     NotImplemented,
     NoRoute,
+    Internal,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 14] = [
+    pub const ALL: [Outcome; 15] = [
         Outcome::Ok,
         Outcome::ShedQueueFull,
         Outcome::ShedQueueTimeout,
@@ -98,6 +102,7 @@ impl Outcome {
         Outcome::ClientTimeout,
         Outcome::NotImplemented,
         Outcome::NoRoute,
+        Outcome::Internal,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -116,6 +121,7 @@ impl Outcome {
             Outcome::ClientTimeout => "client_timeout",
             Outcome::NotImplemented => "not_implemented",
             Outcome::NoRoute => "no_route",
+            Outcome::Internal => "internal_error",
         }
     }
 
@@ -140,6 +146,7 @@ impl ProxyError {
             Outcome::BadRequest | Outcome::ClientAbort => StatusCode::BAD_REQUEST,
             Outcome::ClientTimeout => StatusCode::REQUEST_TIMEOUT,
             Outcome::UpstreamError => StatusCode::BAD_GATEWAY,
+            Outcome::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             // Not outcomes of a ProxyError; kept total rather than panicking.
             Outcome::HeaderTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Outcome::Ok => StatusCode::OK,
@@ -173,6 +180,7 @@ impl ProxyError {
             | ProxyError::UpstreamMalformed(_)
             | ProxyError::Abandoned => "upstream error\n",
             ProxyError::UpstreamTimeout(_) => "upstream timeout\n",
+            ProxyError::Internal => "internal error\n",
         }
     }
 
@@ -202,6 +210,7 @@ impl ProxyError {
             | ProxyError::UpstreamMalformed(_)
             | ProxyError::Abandoned => Outcome::UpstreamError,
             ProxyError::UpstreamTimeout(_) => Outcome::UpstreamTimeout,
+            ProxyError::Internal => Outcome::Internal,
         }
     }
 

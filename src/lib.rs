@@ -38,6 +38,7 @@ pub mod admission;
 pub mod body;
 pub mod buffer;
 pub mod config;
+pub mod edge;
 pub mod error;
 pub mod forward;
 #[doc(hidden)]

@@ -386,11 +386,12 @@ fn init_logging(format: LogFormat, level: &str, access: Option<tracing_appender:
             .with_writer(std::io::stderr)
             .with_ansi(std::io::stderr().is_terminal())
             .boxed(),
-        // Flattened: a log shipper finds `message` and the fields beside `level`, not under a "fields" object.
+        // Flattened: a log shipper finds `message` and the fields beside `level`, not under a "fields" object. A
+        // line written while a request is handled carries its span (`span.id` is its X-Request-Id, see edge.rs).
         LogFormat::Json => fmt::layer()
             .json()
             .flatten_event(true)
-            .with_current_span(false)
+            .with_current_span(true)
             .with_span_list(false)
             .with_writer(std::io::stderr)
             .boxed(),

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::task::Poll;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::FutureExt;
 use tokio::sync::mpsc;
 
 type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -57,8 +58,15 @@ impl UpstreamLane {
         })
     }
 
-    /// Runs `task` in the lane. Once the lane has stopped (floodgate is exiting), the task is dropped unrun.
+    /// Runs `task` in the lane. Once the lane has stopped (floodgate is exiting), the task is dropped unrun. A task
+    /// that panics ends alone (what it held is dropped, so its lease and slot go back): one exchange's bug must not
+    /// stop every upstream connection.
     pub fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        let task = std::panic::AssertUnwindSafe(task).catch_unwind().map(|ended| {
+            if ended.is_err() {
+                tracing::error!("a task in the upstream lane panicked; its exchange is abandoned");
+            }
+        });
         let _ = self.inbox.send(Box::pin(task));
     }
 

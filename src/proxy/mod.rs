@@ -144,11 +144,12 @@ impl Proxy {
         let is_http1 = request.version() <= Version::HTTP_11;
         // The client asked to hear from us before it sends the body: that answer waits for admission.
         let awaits_continue = request.headers().contains_key(header::EXPECT);
-        let mut access = Entry::start(self.access_log, client.peer, request.method(), request.uri().path());
+        let mut access = Entry::start(self.access_log, client.peer, &request);
         let (pool, picked, mut upstream_request) = match self.prepare(request, &client) {
             Ok(prepared) => prepared,
             Err(err) => return self.refuse(err, access),
         };
+        tracing::Span::current().record("upstream", &*pool.name);
         if let Some(entry) = access.as_mut() {
             entry.routed(&pool.name);
         }
@@ -225,7 +226,8 @@ impl Proxy {
             buffers: self.buffers.clone(),
         };
         let (answer, answered) = oneshot::channel();
-        self.lane.spawn(admitted.run(answer));
+        self.lane
+            .spawn(tracing::Instrument::in_current_span(admitted.run(answer)));
         match answered.await {
             Ok(Ok(response)) => response,
             Ok(Err((err, access))) => {

@@ -4,13 +4,12 @@
 //! Owns the client-side timeouts (first bytes, request head, idle keep-alive) and the connection's part in a
 //! graceful shutdown. It never takes an upstream slot: requests are handed to the [`Proxy`], which admits them.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::server::conn::{http1, http2};
-use hyper::service::service_fn;
+use hyper_util::service::TowerToHyperService;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
@@ -163,19 +162,7 @@ async fn serve_io<I>(
     // for, whatever (close_notify included) comes before it.
     let http1_stream = (protocol == Protocol::Http1).then_some(stream);
     let client = Arc::new(ClientInfo::new(peer, proxy.is_trusted(peer.ip()), http1_stream).over_tls(tls));
-    let service = {
-        let activity = activity.clone();
-        let proxy = proxy.clone();
-        service_fn(move |request| {
-            let in_flight = activity.request_started();
-            let proxy = proxy.clone();
-            let client = client.clone();
-            async move {
-                let response = proxy.serve(request, client).await;
-                Ok::<_, Infallible>(response.map(|body| body.tracked(in_flight)))
-            }
-        })
-    };
+    let service = TowerToHyperService::new(crate::edge::stack(proxy.clone(), client, activity.clone()));
     let deadlines = activity.expired(config.header_read_timeout, config.client_idle_timeout);
     // A peer that does not answer a polite goodbye (HTTP/2's GOAWAY and PING) is cut off after this, once no
     // request of its own is in flight: it would otherwise hold its connection, and a place among

@@ -1,0 +1,152 @@
+//! The request's edges, built in one place: the proxy as a `tower::Service`, and what every request gets around
+//! it. An `X-Request-Id` (a trusted peer's kept, any other's replaced by one made here) is set on the request, so
+//! it goes upstream and into the access log, and returned on the answer; a tracing span per request carries the
+//! ID, the upstream and the outcome; a panic in floodgate's own code is answered `500` rather than by a reset
+//! connection. It never routes, admits or answers anything but that `500`.
+//!
+//! Request IDs are tower-http's (`SetRequestId`, `PropagateRequestId`). Panics are caught here rather than by
+//! tower-http's `CatchPanic`, which boxes every response body; admission, the pool and retries stay the proxy's
+//! own (see `docs/architecture.md`).
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::hash::{BuildHasher, Hasher};
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::task::{Context, Poll};
+
+use futures_util::FutureExt;
+use http::{HeaderName, HeaderValue, Request, Response};
+use hyper::body::Incoming;
+use tower::util::MapRequestLayer;
+use tower::{Service, ServiceBuilder};
+use tower_http::request_id::{MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
+use tracing::Instrument;
+
+use crate::activity::ClientActivity;
+use crate::error::ProxyError;
+use crate::forward::{local_response, ClientInfo, ResponseBody};
+use crate::metrics::Metrics;
+use crate::proxy::Proxy;
+
+pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// The stack one client connection's requests go through; `activity` counts them in flight on that connection.
+pub fn stack(
+    proxy: Arc<Proxy>,
+    client: Arc<ClientInfo>,
+    activity: Arc<ClientActivity>,
+) -> impl Service<Request<Incoming>, Response = Response<ResponseBody>, Error = Infallible, Future: Send> + Clone {
+    let trusted = client.trusted;
+    ServiceBuilder::new()
+        // An ID from a peer that is not trusted could be chosen to collide with another request's.
+        .layer(MapRequestLayer::new(move |mut request: Request<Incoming>| {
+            if !trusted {
+                request.headers_mut().remove(X_REQUEST_ID);
+            }
+            request
+        }))
+        .layer(SetRequestIdLayer::new(X_REQUEST_ID, MakeId))
+        .layer(PropagateRequestIdLayer::new(X_REQUEST_ID))
+        .service(ProxyService {
+            proxy,
+            client,
+            activity,
+        })
+}
+
+/// Makes request IDs: this process's random prefix and a counter, in hex (`3f9c0e7a1b2d4c5e-1a`): unique across
+/// restarts and replicas without a clock or a random number per request.
+#[derive(Clone, Copy)]
+struct MakeId;
+
+static PREFIX: LazyLock<u64> = LazyLock::new(|| std::collections::hash_map::RandomState::new().build_hasher().finish());
+static NEXT: AtomicU64 = AtomicU64::new(1);
+
+impl MakeRequestId for MakeId {
+    fn make_request_id<B>(&mut self, _: &Request<B>) -> Option<RequestId> {
+        let id = format!("{:016x}-{:x}", *PREFIX, NEXT.fetch_add(1, Ordering::Relaxed));
+        HeaderValue::from_str(&id).ok().map(RequestId::new)
+    }
+}
+
+/// The proxy as a service, for one client connection.
+#[derive(Clone)]
+struct ProxyService {
+    proxy: Arc<Proxy>,
+    client: Arc<ClientInfo>,
+    activity: Arc<ClientActivity>,
+}
+
+impl Service<Request<Incoming>> for ProxyService {
+    type Response = Response<ResponseBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Incoming>) -> Self::Future {
+        let in_flight = self.activity.request_started();
+        let id = request
+            .headers()
+            .get(X_REQUEST_ID)
+            .and_then(|id| id.to_str().ok())
+            .unwrap_or("-");
+        let span = tracing::info_span!(
+            "request",
+            id,
+            upstream = tracing::field::Empty,
+            outcome = tracing::field::Empty
+        );
+        let served = self.proxy.clone().serve(request, self.client.clone());
+        let answered = answer_panic(served, self.proxy.metrics.clone());
+        Box::pin(async move { Ok(answered.await.map(|body| body.tracked(in_flight))) }.instrument(span))
+    }
+}
+
+/// `serve`'s answer, or, if it panics, a `500` counted as `internal_error`: the panic ends this request alone,
+/// and what it held (a lease, a place in the queue) is given back as it unwinds.
+async fn answer_panic(
+    serve: impl Future<Output = Response<ResponseBody>>,
+    metrics: Arc<Metrics>,
+) -> Response<ResponseBody> {
+    AssertUnwindSafe(serve).catch_unwind().await.unwrap_or_else(|_| {
+        tracing::error!("handling a request panicked; it is answered 500");
+        let err = ProxyError::Internal;
+        metrics.client_side(err.outcome(), Some(err.status()));
+        local_response(&err, None)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panic_while_serving_is_answered_500_and_counted() {
+        let metrics = Arc::new(Metrics::new());
+        let bug = std::hint::black_box(true);
+        let panicking = async move {
+            assert!(!bug, "a bug in floodgate's own code");
+            local_response(&ProxyError::NoRoute, None)
+        };
+        let answer = answer_panic(panicking, metrics.clone()).await;
+        assert_eq!(answer.status(), http::StatusCode::INTERNAL_SERVER_ERROR);
+        let counted: Vec<_> = metrics.client_side_counters().totals().collect();
+        assert_eq!(counted, vec![(crate::error::Outcome::Internal, 1)]);
+    }
+
+    #[test]
+    fn request_ids_are_unique_and_valid_header_values() {
+        let request = Request::new(());
+        let ids: std::collections::HashSet<_> = (0..1000)
+            .filter_map(|_| MakeId.make_request_id(&request))
+            .map(|id| id.into_header_value())
+            .collect();
+        assert_eq!(ids.len(), 1000);
+    }
+}
