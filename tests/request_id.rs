@@ -51,14 +51,25 @@ async fn a_request_without_an_id_gets_one_that_the_upstream_the_client_and_the_a
 
     let (first, first_seen) = through(&proxy, &upstream, "").await;
     let (second, _) = through(&proxy, &upstream, "").await;
-    let id = first.header(ID).unwrap_or_else(|| panic!("no {ID} on the answer: {}", first.text()));
+    let id = first
+        .header(ID)
+        .unwrap_or_else(|| panic!("no {ID} on the answer: {}", first.text()));
     assert!(!id.is_empty());
-    assert_eq!(first_seen.header(ID), Some(id), "the upstream got another ID: {first_seen:?}");
+    assert_eq!(
+        first_seen.header(ID),
+        Some(id),
+        "the upstream got another ID: {first_seen:?}"
+    );
     assert_ne!(second.header(ID), Some(id), "two requests, one ID");
 
     let lines = access_lines(&proxy, 2).await;
     assert_eq!(lines[0]["request_id"], id, "{}", lines[0]);
-    assert_eq!(lines[1]["request_id"], second.header(ID).unwrap_or_default(), "{}", lines[1]);
+    assert_eq!(
+        lines[1]["request_id"],
+        second.header(ID).unwrap_or_default(),
+        "{}",
+        lines[1]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -105,7 +116,10 @@ async fn a_log_line_written_while_a_request_is_handled_carries_its_span() {
     .await;
     let shed = get(proxy.listen, "/shed-me").await;
     assert_eq!(shed.status, StatusCode::SERVICE_UNAVAILABLE);
-    let id = shed.header(ID).unwrap_or_else(|| panic!("a shed answer without {ID}")).to_owned();
+    let id = shed
+        .header(ID)
+        .unwrap_or_else(|| panic!("a shed answer without {ID}"))
+        .to_owned();
 
     let warned = || {
         proxy

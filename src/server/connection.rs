@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::server::conn::{http1, http2};
-use hyper_util::service::TowerToHyperService;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;

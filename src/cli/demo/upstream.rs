@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-
 /// What the upstream measured over its lifetime.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct UpstreamStats {
