@@ -430,19 +430,6 @@ async fn the_connection_of_a_buffered_response_goes_back_to_the_pool() {
     assert_eq!(conns.len(), 1);
 }
 
-/// The access lines (JSON) among what the proxy wrote, once `count` of them are there.
-async fn access_lines(proxy: &Proxy, count: usize) -> Vec<serde_json::Value> {
-    let parse = |output: String| -> Vec<serde_json::Value> {
-        output
-            .lines()
-            .filter_map(|line| line.strip_prefix("[stdout] "))
-            .filter_map(|line| serde_json::from_str(line).ok())
-            .collect()
-    };
-    wait_until_sync("the access lines", T, || parse(proxy.output()).len() >= count).await;
-    parse(proxy.output())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn buffered_responses_are_counted_once_with_their_bytes_and_an_upstream_cut_is_answered_502() {
     let upstream = Upstream::start().await;
@@ -470,7 +457,7 @@ async fn buffered_responses_are_counted_once_with_their_bytes_and_an_upstream_cu
     let cut = conn.read_response(false, T).await.unwrap();
     assert_eq!(cut.status, 502, "{}", cut.text());
 
-    let lines = access_lines(&proxy, 4).await;
+    let lines = proxy.access_lines(4).await;
     let summary: Vec<(String, u64, u64, String)> = lines
         .iter()
         .map(|line| {

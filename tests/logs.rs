@@ -130,22 +130,6 @@ fn a_bad_log_level_or_format_stops_start_up_with_one_line_naming_the_key() {
     }
 }
 
-/// The access lines (JSON) among what the proxy wrote, once `count` of them are there.
-async fn access_lines(proxy: &Proxy, count: usize) -> Vec<serde_json::Value> {
-    let parse = |output: String| -> Vec<serde_json::Value> {
-        output
-            .lines()
-            .filter_map(|line| line.strip_prefix("[stdout] "))
-            .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("access line not JSON ({e}): {line}")))
-            .collect()
-    };
-    wait_until_sync("the access lines", Duration::from_secs(5), || {
-        parse(proxy.output()).len() >= count
-    })
-    .await;
-    parse(proxy.output())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_access_log_has_a_line_for_a_served_and_for_a_shed_request() {
     let upstream = Upstream::start().await;
@@ -167,7 +151,7 @@ async fn the_access_log_has_a_line_for_a_served_and_for_a_shed_request() {
 
     let served = get(proxy.listen, "/hello?secret=1").await;
     assert_eq!(served.status, StatusCode::OK);
-    let lines = access_lines(&proxy, 1).await;
+    let lines = proxy.access_lines(1).await;
     let line = &lines[0];
     assert_eq!(line["target"], "floodgate::access", "{line}");
     assert!(line["timestamp"].is_string(), "{line}");
@@ -197,7 +181,7 @@ async fn the_access_log_has_a_line_for_a_served_and_for_a_shed_request() {
     .await;
     let shed = get(proxy.listen, "/shed-me").await;
     assert_eq!(shed.status, StatusCode::SERVICE_UNAVAILABLE);
-    let lines = access_lines(&proxy, 2).await;
+    let lines = proxy.access_lines(2).await;
     let line = &lines[1];
     assert_eq!(line["path"], "/shed-me", "{line}");
     assert_eq!(line["status"], 503, "{line}");
@@ -208,7 +192,7 @@ async fn the_access_log_has_a_line_for_a_served_and_for_a_shed_request() {
 
     upstream.release_stalled();
     assert_eq!(stalled.await.unwrap().status, StatusCode::OK);
-    let lines = access_lines(&proxy, 3).await;
+    let lines = proxy.access_lines(3).await;
     assert_eq!(lines[2]["path"], "/stall", "{}", lines[2]);
     assert_eq!(lines[2]["outcome"], "ok", "{}", lines[2]);
 }

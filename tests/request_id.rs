@@ -24,22 +24,6 @@ async fn through(proxy: &Proxy, upstream: &Upstream, head_extra: &str) -> (RawRe
     (answer, seen[before].clone())
 }
 
-/// The access lines (JSON) the proxy wrote to stdout, once `count` are there.
-async fn access_lines(proxy: &Proxy, count: usize) -> Vec<serde_json::Value> {
-    let parse = |output: String| -> Vec<serde_json::Value> {
-        output
-            .lines()
-            .filter_map(|line| line.strip_prefix("[stdout] "))
-            .filter_map(|line| serde_json::from_str(line).ok())
-            .collect()
-    };
-    wait_until_sync("the access lines", Duration::from_secs(5), || {
-        parse(proxy.output()).len() >= count
-    })
-    .await;
-    parse(proxy.output())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_without_an_id_gets_one_that_the_upstream_the_client_and_the_access_log_all_see() {
     let upstream = Upstream::start().await;
@@ -62,7 +46,7 @@ async fn a_request_without_an_id_gets_one_that_the_upstream_the_client_and_the_a
     );
     assert_ne!(second.header(ID), Some(id), "two requests, one ID");
 
-    let lines = access_lines(&proxy, 2).await;
+    let lines = proxy.access_lines(2).await;
     assert_eq!(lines[0]["request_id"], id, "{}", lines[0]);
     assert_eq!(
         lines[1]["request_id"],

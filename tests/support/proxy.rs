@@ -46,6 +46,23 @@ pub(super) fn parse_ready_line(line: &str) -> Option<(SocketAddr, SocketAddr)> {
 }
 
 impl Proxy {
+    /// The access-log lines (JSON) the proxy wrote to stdout, once `count` of them are there; other stdout lines
+    /// (the ready line) are skipped.
+    pub async fn access_lines(&self, count: usize) -> Vec<serde_json::Value> {
+        let parse = |output: String| -> Vec<serde_json::Value> {
+            output
+                .lines()
+                .filter_map(|line| line.strip_prefix("[stdout] "))
+                .filter_map(|line| serde_json::from_str(line).ok())
+                .collect()
+        };
+        wait_until_sync("the access lines", Duration::from_secs(10), || {
+            parse(self.output()).len() >= count
+        })
+        .await;
+        parse(self.output())
+    }
+
     /// Starts floodgate with `--listen 127.0.0.1:0 --admin 127.0.0.1:0`
     /// followed by `args`; panics (with its stderr) when it is not ready in
     /// 10 s.
