@@ -11,6 +11,9 @@ use http::{Method, StatusCode};
 
 use crate::error::Outcome;
 
+/// The header that carries a request's ID (set by `edge`), read here for the access log's `request_id`.
+pub const X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
+
 /// The target of access-log events; the ordinary log leaves it out.
 pub const TARGET: &str = "floodgate::access";
 
@@ -34,7 +37,7 @@ impl Entry {
         enabled.then(|| {
             let request_id = request
                 .headers()
-                .get(crate::edge::X_REQUEST_ID)
+                .get(X_REQUEST_ID)
                 .and_then(|id| id.to_str().ok())
                 .unwrap_or("-");
             Box::new(Entry {

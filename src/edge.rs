@@ -18,7 +18,7 @@ use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
 
 use futures_util::FutureExt;
-use http::{HeaderName, HeaderValue, Request, Response};
+use http::{HeaderValue, Request, Response};
 use hyper::body::Incoming;
 use tower::util::MapRequestLayer;
 use tower::{Service, ServiceBuilder};
@@ -31,7 +31,7 @@ use crate::forward::{local_response, ClientInfo, ResponseBody};
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
 
-pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub use crate::access::X_REQUEST_ID;
 
 /// The stack one client connection's requests go through; `activity` counts them in flight on that connection.
 pub fn stack(

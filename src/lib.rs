@@ -53,5 +53,4 @@ pub mod route;
 pub mod server;
 pub mod state;
 pub mod status;
-pub mod tls;
 pub mod upstream_lane;

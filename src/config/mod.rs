@@ -6,7 +6,7 @@
 //! durations, the validation that refuses a configuration with one line per problem, each naming its key, and
 //! the redaction of [`Secret`] values wherever a configuration is shown. It never reads the network and never
 //! starts anything; the only files it touches besides the configuration are the TLS ones it names (and the
-//! system's root certificates, for an `https://` upstream without `tls_ca`), checked through [`crate::tls`], and
+//! system's root certificates, for an `https://` upstream without `tls_ca`), checked through [`tls`] (its own child module), and
 //! the `access_log` file, opened to append (and removed again if that created it), so that `floodgate check`
 //! refuses what start-up would. What it returns is trusted by every other module.
 
@@ -17,6 +17,7 @@ mod overrides;
 mod secret;
 #[cfg(test)]
 mod tests;
+pub mod tls;
 mod upstream;
 mod validate;
 

@@ -43,7 +43,7 @@ impl Config {
             }
         }
         // The files are read here so that `floodgate check` refuses what start-up would.
-        if let Err(found) = crate::tls::listener_config(self) {
+        if let Err(found) = super::tls::listener_config(self) {
             problems.0.extend(found);
         }
         if let Some(token) = &self.admin_token {
@@ -82,7 +82,7 @@ impl Config {
             match upstream.endpoint_problems(name) {
                 Ok(endpoints) => {
                     if let Some((origin, _)) = endpoints.first() {
-                        if let Err(found) = crate::tls::upstream_client(name, upstream, origin) {
+                        if let Err(found) = super::tls::upstream_client(name, upstream, origin) {
                             problems.0.extend(found);
                         }
                     }

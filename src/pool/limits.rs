@@ -6,9 +6,9 @@ use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
 use super::{adaptive, PoolState, UpstreamPool};
+use crate::config::tls::UpstreamTls;
 use crate::config::UpstreamConfig;
 use crate::error::ShedAdvice;
-use crate::tls::UpstreamTls;
 
 impl UpstreamPool {
     /// Whether the pool was retired by a reload.

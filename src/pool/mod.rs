@@ -41,9 +41,9 @@ use idle::{expire_idle, IdleConn};
 use slots::Slots;
 
 use crate::admission::{Shed, WaitQueue};
+use crate::config::tls::UpstreamTls;
 use crate::config::{Origin, UpstreamConfig};
 use crate::metrics::UpstreamMetrics;
-use crate::tls::UpstreamTls;
 use crate::upstream_lane::Spawner;
 
 /// What an admitted request is handed: a connection ready for reuse, or the right to dial a new one.
@@ -103,7 +103,7 @@ pub struct UpstreamPool {
 }
 
 impl UpstreamPool {
-    /// `tls` is [`crate::tls::upstream_client`]'s, built for this origin (`None` for `http://`).
+    /// `tls` is [`crate::config::tls::upstream_client`]'s, built for this origin (`None` for `http://`).
     pub fn new(
         name: &str,
         origin: Origin,

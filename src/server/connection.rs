@@ -19,12 +19,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::h2_frames::FrameWatch;
 use crate::activity::{ClientActivity, Expired};
+use crate::config::tls::ALPN_H2;
 use crate::config::Config;
 use crate::error::Outcome;
 use crate::forward::ClientInfo;
 use crate::net::{ReadObserver, SharedStream};
 use crate::proxy::Proxy;
-use crate::tls::ALPN_H2;
 
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 

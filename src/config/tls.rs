@@ -7,6 +7,8 @@
 //! reach a terminal or a log. It never opens a socket and never decides what a failed handshake costs (the
 //! listener and the pool do). Everything is built from the configuration in one call per side, so that a reload
 //! can build it again to re-read the files.
+//! It is part of the configuration because checking a configuration means building this from it: `floodgate check`
+//! refuses what start-up would.
 //! The crypto provider is *ring*: it builds with the Rust toolchain and a C compiler alone, where aws-lc-rs
 //! needs cmake (and, on some targets, clang) on the build machine.
 
@@ -25,7 +27,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
-use crate::config::{Config, ConfigError, Origin, Scheme, UpstreamConfig};
+use super::{Config, ConfigError, Origin, Scheme, UpstreamConfig};
 
 /// What the listener negotiates, most preferred first; the client's pick decides HTTP/2 or HTTP/1.
 pub const ALPN_H2: &[u8] = b"h2";
