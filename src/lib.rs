@@ -2,7 +2,7 @@
 //!
 //! A reverse proxy for services whose cost follows the concurrency their clients drive at them (a stock Ktor
 //! service spends a thread, and its memory, per concurrent connection). floodgate holds a bounded pool of
-//! keep-alive connections to each upstream, admits requests through a bounded queue ([`admission`]: its
+//! keep-alive connections to each upstream, admits requests through a bounded queue (`admission`: its
 //! discipline, client deadlines, fair lanes, priority classes), sheds what cannot be served in time with a status
 //! that says why, and shows what it does on an admin listener. [`reload`] puts a new configuration in force
 //! without dropping a request.
@@ -32,25 +32,25 @@
 )]
 
 pub mod access;
-pub mod activity;
-pub mod admin;
-pub mod admission;
-pub mod body;
-pub mod buffer;
+pub(crate) mod activity;
+pub(crate) mod admin;
+pub(crate) mod admission;
+pub(crate) mod body;
+pub(crate) mod buffer;
 pub mod config;
-pub mod edge;
+pub(crate) mod edge;
 pub mod error;
 pub mod forward;
 #[doc(hidden)]
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod metrics;
-pub mod net;
+pub(crate) mod net;
 pub mod pool;
-pub mod proxy;
+pub(crate) mod proxy;
 pub mod reload;
-pub mod route;
+pub(crate) mod route;
 pub mod server;
-pub mod state;
-pub mod status;
+pub(crate) mod state;
+pub(crate) mod status;
 pub mod upstream_lane;

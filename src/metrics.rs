@@ -63,7 +63,7 @@ pub struct Metrics {
     /// Kept per upstream name, as the families keep their metrics, so asking twice gives the same counts.
     queue_wait_buckets: Mutex<BTreeMap<String, Arc<BucketCounts>>>,
     pub client_connections: Gauge,
-    /// Request and response body bytes held in memory now (moved by [`crate::buffer::BufferBudget`]).
+    /// Request and response body bytes held in memory now (moved by `buffer::BufferBudget`).
     pub buffered_bytes: Gauge,
     /// Bodies that fitted their upstream's buffer limit but streamed because `max_buffered_bytes` was reached.
     pub buffer_fallbacks: Counter,
