@@ -25,3 +25,11 @@ pub use config_file::config_file;
 pub use header_rewrite::header_rewrite;
 pub use request_head::request_head;
 pub use upstream_response::upstream_response;
+
+/// The single-threaded runtime each target's fixture runs in, built once per process.
+fn runtime() -> tokio::runtime::Runtime {
+    match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(err) => panic!("cannot build a runtime: {err}"),
+    }
+}

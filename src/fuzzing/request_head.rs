@@ -68,10 +68,7 @@ struct Fixture {
 fn fixture() -> &'static Fixture {
     static FIXTURE: OnceLock<Fixture> = OnceLock::new();
     FIXTURE.get_or_init(|| {
-        let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-            Ok(runtime) => runtime,
-            Err(err) => panic!("cannot build a runtime: {err}"),
-        };
+        let runtime = super::runtime();
         let config = match Config::load_toml(ROUTES, "request_head routes", &Overrides::default()) {
             Ok(config) => config,
             Err(err) => panic!("the fixture's config is refused: {err}"),

@@ -32,21 +32,9 @@ use crate::upstream_lane::UpstreamLane;
 /// relaying a body see every input. The timeouts bound what a hang would cost; nothing here waits on them.
 const UPSTREAMS: &str = r#"
 [upstreams.buffered]
-url = "http://UPSTREAM"
-max_connections = 8
-request_timeout = "2s"
-body_idle_timeout = "2s"
-connect_timeout = "2s"
-abort_drain_timeout = "300ms"
-close_timeout = "300ms"
+LIMITS
 [upstreams.streamed]
-url = "http://UPSTREAM"
-max_connections = 8
-request_timeout = "2s"
-body_idle_timeout = "2s"
-connect_timeout = "2s"
-abort_drain_timeout = "300ms"
-close_timeout = "300ms"
+LIMITS
 buffer_response_bytes = 0
 [[routes]]
 path_prefix = "/s/"
@@ -89,10 +77,7 @@ struct Fixture {
 fn fixture() -> &'static Fixture {
     static FIXTURE: OnceLock<Fixture> = OnceLock::new();
     FIXTURE.get_or_init(|| {
-        let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-            Ok(runtime) => runtime,
-            Err(err) => panic!("cannot build a runtime: {err}"),
-        };
+        let runtime = super::runtime();
         let answer: Arc<Mutex<Arc<[u8]>>> = Arc::new(Mutex::new(Arc::from(&b""[..])));
         let proxy = runtime.block_on(async {
             let listener = match TcpListener::bind("127.0.0.1:0").await {
@@ -120,7 +105,11 @@ fn fixture() -> &'static Fixture {
 }
 
 fn proxy_for(upstream: SocketAddr) -> Proxy {
-    let toml = UPSTREAMS.replace("UPSTREAM", &upstream.to_string());
+    let limits = format!(
+        "url = \"http://{upstream}\"\nmax_connections = 8\nrequest_timeout = \"2s\"\nbody_idle_timeout = \"2s\"\n\
+         connect_timeout = \"2s\"\nabort_drain_timeout = \"300ms\"\nclose_timeout = \"300ms\""
+    );
+    let toml = UPSTREAMS.replace("LIMITS", &limits);
     let config = match Config::load_toml(&toml, "upstream_response upstreams", &Overrides::default()) {
         Ok(config) => config,
         Err(err) => panic!("the fixture's config is refused: {err}"),
