@@ -1047,7 +1047,10 @@ async fn running_out_of_file_descriptors_backs_accept_off_without_spinning_and_s
         ticks <= 20,
         "{ticks} CPU ticks in {window:?} of exhaustion: a busy loop"
     );
-    assert_eq!(count_lines(&proxy.output(), "accept failed"), 1, "{}", proxy.output());
+    // One warning per episode, not per retry. A second episode is possible and not a loop: the admin connection of
+    // the last `/status` poll above may close after the descriptors ran out, letting one more client in.
+    let episodes = count_lines(&proxy.output(), "accept failed");
+    assert!((1..=2).contains(&episodes), "{episodes} episodes:\n{}", proxy.output());
     match backlogged.read_head(Duration::from_millis(200)).await {
         Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
         other => panic!("a client past the descriptor limit was dealt with: {other:?}"),
