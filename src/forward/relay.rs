@@ -50,7 +50,6 @@ pub fn complete(
     bytes: u64,
 ) {
     counters.record(outcome, status);
-    tracing::Span::current().record("outcome", outcome.as_str());
     if let Some(entry) = access {
         entry.write(outcome, status, bytes);
     }

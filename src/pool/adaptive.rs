@@ -204,6 +204,11 @@ impl Adaptive {
         self.lock().in_force()
     }
 
+    /// Whether the limit adapts now; read without a lock.
+    pub fn is_on(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
+    }
+
     pub fn snapshot(&self) -> Option<AdaptiveSnapshot> {
         let estimate = self.lock();
         estimate.params.on.then(|| estimate.snapshot())

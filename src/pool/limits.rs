@@ -46,9 +46,14 @@ impl UpstreamPool {
         self.lock().leased
     }
 
-    /// Requests in flight: leases held, and grants on their way to a waiter.
-    pub fn in_flight(&self) -> usize {
-        self.lock().leased
+    /// Requests in flight (leases held, grants on their way to a waiter) as the adaptive limit reads them at a
+    /// dispatch; 0 while it is off, read then without taking the pool's lock on the request's path.
+    pub fn in_flight_for_limit(&self) -> usize {
+        if self.adaptive.is_on() {
+            self.lock().leased
+        } else {
+            0
+        }
     }
 
     /// A response head arrived `took` after its request was dispatched with `in_flight` requests in flight: the

@@ -191,7 +191,7 @@ pub(super) async fn send(
             }
         };
         let dispatched = Instant::now();
-        let in_flight = pool.in_flight();
+        let in_flight = pool.in_flight_for_limit();
         let upload = request.body().upload();
         let mut responded = Box::pin(conn.sender.try_send_request(request));
         let answered = tokio::select! {
