@@ -28,8 +28,17 @@ use crate::proxy::Proxy;
 use crate::reload::Plan;
 use crate::upstream_lane::UpstreamLane;
 
+/// What both upstreams share. The timeouts bound what a hang would cost; nothing here waits on them.
+const LIMITS: &str = r#"url = "http://UPSTREAM"
+max_connections = 8
+request_timeout = "2s"
+body_idle_timeout = "2s"
+connect_timeout = "2s"
+abort_drain_timeout = "300ms"
+close_timeout = "300ms""#;
+
 /// `buffered` reads a body of up to 64 KiB before the head goes out (the default), `streamed` none: both ways of
-/// relaying a body see every input. The timeouts bound what a hang would cost; nothing here waits on them.
+/// relaying a body see every input.
 const UPSTREAMS: &str = r#"
 [upstreams.buffered]
 LIMITS
@@ -105,11 +114,9 @@ fn fixture() -> &'static Fixture {
 }
 
 fn proxy_for(upstream: SocketAddr) -> Proxy {
-    let limits = format!(
-        "url = \"http://{upstream}\"\nmax_connections = 8\nrequest_timeout = \"2s\"\nbody_idle_timeout = \"2s\"\n\
-         connect_timeout = \"2s\"\nabort_drain_timeout = \"300ms\"\nclose_timeout = \"300ms\""
-    );
-    let toml = UPSTREAMS.replace("LIMITS", &limits);
+    let toml = UPSTREAMS
+        .replace("LIMITS", LIMITS)
+        .replace("UPSTREAM", &upstream.to_string());
     let config = match Config::load_toml(&toml, "upstream_response upstreams", &Overrides::default()) {
         Ok(config) => config,
         Err(err) => panic!("the fixture's config is refused: {err}"),
