@@ -1,9 +1,9 @@
 //! The request's edges, built in one place: the proxy as a `tower::Service`, and what every request gets around
 //! it. An `X-Request-Id` (a trusted peer's kept, any other's replaced by one made here) is set on the request, so
 //! it goes upstream and into the access log, and returned on the answer; a tracing span per request carries the
-//! ID and the upstream (the outcome is the access log's: the span ends with the response head, before most requests
-//! are counted); a panic in floodgate's own code is answered `500` rather than by a reset
-//! connection. It never routes, admits or answers anything but that `500`.
+//! ID, the route, the upstream and the outcome, and stays open until the response's last byte (the outcome is
+//! recorded where it is counted, `forward::complete`); a panic in floodgate's own code is answered `500` rather
+//! than by a reset connection. It never routes, admits or answers anything but that `500`.
 //!
 //! Request IDs are tower-http's (`SetRequestId`, `PropagateRequestId`). Panics are caught here rather than by
 //! tower-http's `CatchPanic`, which boxes every response body; admission, the pool and retries stay the proxy's
@@ -100,7 +100,9 @@ impl Service<Request<Incoming>> for ProxyService {
                 .get(X_REQUEST_ID)
                 .and_then(|id| id.to_str().ok())
                 .unwrap_or("-"),
-            upstream = tracing::field::Empty
+            route = tracing::field::Empty,
+            upstream = tracing::field::Empty,
+            outcome = tracing::field::Empty,
         );
         let served = self.proxy.clone().serve(request, self.client.clone());
         let answered = answer_panic(served, self.proxy.metrics.clone());

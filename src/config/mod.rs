@@ -1,14 +1,9 @@
-//! Configuration: layers turned into one validated, typed [`Config`]. Each layer overrides the one before:
-//! built-in defaults, a TOML file, `FLOODGATE__` environment variables ([`Env`]), command-line flags
-//! ([`Overrides`]).
+//! Configuration: layers turned into one validated, typed [`Config`]: built-in defaults, a TOML file,
+//! `FLOODGATE__` environment variables ([`Env`]), command-line flags ([`Overrides`]), each over the one before.
 //!
-//! Owns the defaults (stated again in `config/floodgate.toml`), the environment mapping, the parsing of humane
-//! durations, the validation that refuses a configuration with one line per problem, each naming its key, and
-//! the redaction of [`Secret`] values wherever a configuration is shown. It never reads the network and never
-//! starts anything; the only files it touches besides the configuration are the TLS ones it names (and the
-//! system's root certificates, for an `https://` upstream without `tls_ca`), checked through [`tls`] (its own child module), and
-//! the `access_log` file, opened to append (and removed again if that created it), so that `floodgate check`
-//! refuses what start-up would. What it returns is trusted by every other module.
+//! Owns the defaults, the layering, humane durations, validation (one line per problem, each naming its key) and
+//! the redaction of [`Secret`]s. It never reads the network; the only other files it touches are those it must
+//! check for `floodgate check` to refuse what start-up would (TLS files via [`tls`], the `access_log` file).
 
 mod env;
 mod errors;

@@ -1,16 +1,9 @@
-//! TLS both ways: termination on the client listener (`tls_cert`/`tls_key` and `[[tls_certificates]]`, picked by
-//! the client's SNI name, ALPN `h2` and `http/1.1`), and the client side of `https://` upstreams (`tls_ca` or the
-//! system's roots, `tls_client_cert`/`tls_client_key`, `tls_server_name`, ALPN `http/1.1`).
+//! TLS both ways: termination on the client listener (certificates picked by SNI, ALPN `h2` and `http/1.1`) and
+//! the client side of `https://` upstreams. Part of the configuration because checking one means building this.
 //!
-//! Owns reading and checking the PEM files, the choice of certificate by SNI name, and the wording of what is
-//! wrong: each problem names the key whose file is at fault and never quotes the file, so a private key cannot
-//! reach a terminal or a log. It never opens a socket and never decides what a failed handshake costs (the
-//! listener and the pool do). Everything is built from the configuration in one call per side, so that a reload
-//! can build it again to re-read the files.
-//! It is part of the configuration because checking a configuration means building this from it: `floodgate check`
-//! refuses what start-up would.
-//! The crypto provider is *ring*: it builds with the Rust toolchain and a C compiler alone, where aws-lc-rs
-//! needs cmake (and, on some targets, clang) on the build machine.
+//! Owns reading the PEM files and the choice of certificate by SNI; a problem names its key and never quotes the
+//! file, so a private key cannot reach a log. It never opens a socket. The crypto provider is *ring*, which needs
+//! no cmake on the build machine (aws-lc-rs does).
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -27,21 +27,40 @@ use super::{BodyStalled, BoxError, CutOff, IdleTimer};
 /// How a request's end is counted once its answer is done with: the one place that counts the outcome and
 /// writes the access-log line, for relayed and local answers alike.
 pub struct Completion {
-    pub counters: Arc<OutcomeCounters>,
-    pub status: StatusCode,
+    counters: Arc<OutcomeCounters>,
+    status: StatusCode,
     /// Present only while the access log is on; it also counts the body bytes relayed.
-    pub access: Option<Box<Entry>>,
+    pub(super) access: Option<Box<Entry>>,
+    /// The request's span, kept open until the body ends, when its outcome is known.
+    span: tracing::Span,
 }
 
 impl Completion {
+    /// Made while the request's span is the current one.
+    pub fn new(counters: Arc<OutcomeCounters>, status: StatusCode, access: Option<Box<Entry>>) -> Self {
+        Completion {
+            counters,
+            status,
+            access,
+            span: tracing::Span::current(),
+        }
+    }
+
     pub fn record(self, outcome: Outcome) {
         let bytes = self.access.as_ref().map_or(0, |entry| entry.relayed_bytes());
-        complete(&self.counters, Some(self.status), self.access, outcome, bytes);
+        count(
+            &self.counters,
+            Some(self.status),
+            self.access,
+            outcome,
+            bytes,
+            &self.span,
+        );
     }
 }
 
-/// Counts how a request ended and writes its access-log line (when `access` is there): every request the proxy
-/// answers, or loses to its client, ends here exactly once.
+/// Counts how a request ended, on its metrics, its span (the current one) and its access-log line (when
+/// `access` is there): every request the proxy answers, or loses to its client, ends here exactly once.
 pub fn complete(
     counters: &OutcomeCounters,
     status: Option<StatusCode>,
@@ -49,7 +68,19 @@ pub fn complete(
     outcome: Outcome,
     bytes: u64,
 ) {
+    count(counters, status, access, outcome, bytes, &tracing::Span::current());
+}
+
+fn count(
+    counters: &OutcomeCounters,
+    status: Option<StatusCode>,
+    access: Option<Box<Entry>>,
+    outcome: Outcome,
+    bytes: u64,
+    span: &tracing::Span,
+) {
     counters.record(outcome, status);
+    span.record("outcome", outcome.as_str());
     if let Some(entry) = access {
         entry.write(outcome, status, bytes);
     }

@@ -199,11 +199,7 @@ pub async fn to_client(
     }
     strip_hop_by_hop(&mut parts.headers);
     parts.version = Version::HTTP_11;
-    let completion = Completion {
-        counters,
-        status: parts.status,
-        access,
-    };
+    let completion = Completion::new(counters, parts.status, access);
     let limits = lease.pool().limits();
     let (limit, idle_timeout) = (limits.buffer_response_bytes, limits.body_idle_timeout);
     drop(limits);

@@ -1,26 +1,10 @@
 //! The adaptive concurrency limit of one upstream: how many requests may be in flight at it, moved between
-//! `min_connections` and `max_connections` from the response times it observes, so that the pool finds the
-//! upstream's knee (the concurrency past which it only gets slower) by itself.
+//! `min_connections` and `max_connections` by a gradient of response times (after Netflix's concurrency-limits;
+//! the formula and the baseline probe are in `docs/concepts.md`).
 //!
-//! Owns the estimate and its inputs: the samples of the window in progress (taken with atomics, no lock per
-//! response), the short-term and baseline response times, and the periodic probe that measures the baseline
-//! again. It never grants or refuses anything: it hands the number in force to the pool, which enforces it beside
-//! the cap under its own lock. It never holds its own lock while waiting on the pool's for longer than it takes
-//! to put a new number in force, and the pool never takes this lock while holding its own.
-//!
-//! Gradient (after Netflix's concurrency-limits), once per `adaptive_window` that saw a response:
-//! ```text
-//! short    = mean response time (dispatch → response head) of the window's responses
-//! baseline = lowest window mean since the last probe
-//! gradient = clamp(adaptive_tolerance × baseline / short, 0.5, 1.0)
-//! target   = limit × gradient + √limit                (√limit: room for a small queue at the upstream)
-//! limit    = (1 − adaptive_smoothing) × limit + adaptive_smoothing × target, within [min, max]
-//! ```
-//! A window in which fewer than half the limit were ever in flight does not raise it (the limit was not what
-//! held the load back, so the window says nothing about more). Every `adaptive_probe_interval` the number in
-//! force drops to `limit / (2 × adaptive_tolerance)` until one whole window has been served at or below it; that
-//! window's mean is the new baseline, and the limit resumes where it was. Without the probe the baseline would
-//! have to drift towards what is measured at the limit itself, and the limit with it.
+//! Owns the estimate and its inputs (the window's samples, taken with atomics; the short and baseline response
+//! times; the probe). It never grants or refuses: it hands the number in force to the pool, and never takes its
+//! own lock while the pool holds the pool's.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};

@@ -149,7 +149,9 @@ impl Proxy {
             Ok(prepared) => prepared,
             Err(err) => return self.refuse(err, access),
         };
-        tracing::Span::current().record("upstream", &*pool.name);
+        let span = tracing::Span::current();
+        span.record("route", &*picked.label);
+        span.record("upstream", &*pool.name);
         if let Some(entry) = access.as_mut() {
             entry.routed(&pool.name);
         }
