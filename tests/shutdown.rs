@@ -84,3 +84,37 @@ async fn sigterm_with_a_stuck_request_exits_after_the_shutdown_timeout() {
     );
     let _ = stuck.await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_waits_for_the_upstream_to_finish_an_exchange_that_timed_out_before_exiting() {
+    let upstream = Upstream::start().await;
+    let mut proxy = Proxy::for_upstream(
+        &upstream,
+        1,
+        &["--request-timeout", "200ms", "--shutdown-timeout", "30s"],
+    )
+    .await;
+    // The client is answered 504; the upstream is still working on the request, which still counts.
+    let timed_out = get(proxy.listen, "/stall").await;
+    assert_eq!(timed_out.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(upstream.inflight(), 1);
+
+    proxy.sigterm();
+    // No client connection is left, but the exit waits for the upstream rather than cutting it off mid-response.
+    wait_until_sync("the wait for the upstream is logged", Duration::from_secs(5), || {
+        proxy.output().contains("waiting for the upstreams to finish")
+    })
+    .await;
+    assert_eq!(
+        proxy.wait_exit(Duration::ZERO).await,
+        None,
+        "exited with the upstream at work"
+    );
+    assert_eq!(upstream.inflight(), 1);
+
+    upstream.release_stalled();
+    let exit = proxy.wait_exit(Duration::from_secs(10)).await;
+    let exit = exit.expect("floodgate did not exit within 10 s of the upstream finishing");
+    assert!(exit.success(), "exit status {exit}");
+    assert_eq!(upstream.inflight(), 0);
+}

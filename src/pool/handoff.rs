@@ -52,6 +52,9 @@ impl UpstreamPool {
             Back::Slot { endpoint, closing } => {
                 let mut state = self.lock();
                 state.slots.take_back(endpoint, closing.as_ref());
+                if state.retired && state.slots.open() == 0 {
+                    self.emptied.notify_waiters();
+                }
                 // Issued again at once to a waiter the rules let have it (none while above a lowered cap).
                 if !state.slots.has_room() {
                     return;

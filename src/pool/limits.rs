@@ -178,6 +178,23 @@ impl UpstreamPool {
         drop(idle);
     }
 
+    /// Resolves once the pool is retired and its last connection has closed: the upstream is done with every
+    /// exchange sent to it, the ones whose clients were answered or left before it finished included.
+    pub async fn connections_closed(&self) {
+        loop {
+            let emptied = self.emptied.notified();
+            tokio::pin!(emptied);
+            emptied.as_mut().enable();
+            {
+                let state = self.lock();
+                if state.retired && state.slots.open() == 0 {
+                    return;
+                }
+            }
+            emptied.await;
+        }
+    }
+
     /// Whether the pool is retired and has nothing left: no connection, no waiter.
     pub fn drained(&self) -> bool {
         let state = self.lock();

@@ -97,6 +97,8 @@ pub struct UpstreamPool {
     /// Moving average of how long an admitted request holds its slot, in microseconds (0: none seen yet).
     hold_us: AtomicU64,
     adaptive: adaptive::Adaptive,
+    /// Told when a retired pool's last connection has closed.
+    emptied: tokio::sync::Notify,
     /// Where the pool's tasks run (its connections, their closing, its timers): the upstream lane when floodgate
     /// builds it, else the runtime it was built in.
     spawner: Spawner,
@@ -169,6 +171,7 @@ impl UpstreamPool {
             requests_total: AtomicU64::new(0),
             hold_us: AtomicU64::new(0),
             adaptive,
+            emptied: tokio::sync::Notify::new(),
             spawner,
         });
         pool.spawn(expire_idle(Arc::downgrade(&pool)));

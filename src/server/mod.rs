@@ -164,7 +164,8 @@ impl Floodgate {
         );
         connections.close();
         let shutdown_timeout = state.config.load().shutdown_timeout;
-        let drained = tokio::time::timeout(shutdown_timeout, connections.wait()).await.is_ok();
+        let deadline = tokio::time::Instant::now() + shutdown_timeout;
+        let drained = tokio::time::timeout_at(deadline, connections.wait()).await.is_ok();
         if !drained {
             tracing::warn!(
                 remaining = connections.len(),
@@ -172,12 +173,31 @@ impl Floodgate {
                 "shutdown_timeout passed with connections still open"
             );
         }
-        for pool in state.proxy.all_pools() {
-            pool.close_idle();
-        }
+        upstreams_done(&state.proxy.all_pools(), deadline).await;
         stop.cancel();
         let _ = admin_task.await;
         Ok(())
+    }
+}
+
+/// Idle upstream connections close now; connections the upstream is still working on for requests already
+/// answered (a timed-out exchange, an abandoned body being drained) are waited for until `deadline`, so the
+/// upstream is not cut off mid-response by the exit.
+async fn upstreams_done(pools: &[Arc<crate::pool::UpstreamPool>], deadline: tokio::time::Instant) {
+    for pool in pools {
+        pool.retire();
+    }
+    let busy: usize = pools.iter().map(|pool| pool.snapshot().connections_open).sum();
+    if busy == 0 {
+        return;
+    }
+    tracing::info!(
+        connections = busy,
+        "waiting for the upstreams to finish work already sent to them"
+    );
+    let closed = futures_util::future::join_all(pools.iter().map(|pool| pool.connections_closed()));
+    if tokio::time::timeout_at(deadline, closed).await.is_err() {
+        tracing::warn!("shutdown_timeout passed with upstream connections still at work; they are closed");
     }
 }
 
