@@ -28,6 +28,17 @@ use crate::config::{Origin, Scheme, UpstreamConfig};
 use crate::metrics::Metrics;
 use crate::pool::{Lease, PoolSnapshot, Refused, UpstreamPool};
 
+/// The models' queue order: a retry joins at the front, behind the retries already there; anything else at the back.
+fn enqueue(queue: &mut VecDeque<usize>, retries: &mut BTreeSet<usize>, id: usize, retry: bool) {
+    if retry {
+        let behind = queue.iter().take_while(|queued| retries.contains(queued)).count();
+        retries.insert(id);
+        queue.insert(behind, id);
+    } else {
+        queue.push_back(id);
+    }
+}
+
 fn paused_runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -283,17 +294,7 @@ mod slot_level {
         }
 
         fn join(&mut self, id: usize, front: bool, deadline: u64) -> Option<Outcome> {
-            if front {
-                let behind = self
-                    .queue
-                    .iter()
-                    .take_while(|queued| self.retries.contains(queued))
-                    .count();
-                self.retries.insert(id);
-                self.queue.insert(behind, id);
-            } else {
-                self.queue.push_back(id);
-            }
+            super::enqueue(&mut self.queue, &mut self.retries, id, front);
             self.queue_peak = self.queue_peak.max(self.queue.len());
             self.waiters.insert(id, Waiter::Queued { deadline, gone: false });
             None
@@ -1216,17 +1217,7 @@ mod connection_level {
         }
 
         fn join(&mut self, r: usize, front: bool) {
-            if front {
-                let behind = self
-                    .queue
-                    .iter()
-                    .take_while(|queued| self.retries.contains(queued))
-                    .count();
-                self.retries.insert(r);
-                self.queue.insert(behind, r);
-            } else {
-                self.queue.push_back(r);
-            }
+            super::enqueue(&mut self.queue, &mut self.retries, r, front);
             self.queue_peak = self.queue_peak.max(self.queue.len());
         }
 
