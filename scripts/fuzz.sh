@@ -4,7 +4,7 @@
 # run it by hand, and commit the corpus it leaves.
 set -euo pipefail
 
-TARGETS=(config request_head header_rewrite upstream_response)
+TARGETS=(config request_head header_rewrite upstream_response h1_request_head h1_response_head)
 
 usage() {
     cat <<EOF

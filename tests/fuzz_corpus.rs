@@ -8,22 +8,28 @@ use std::path::{Path, PathBuf};
 
 use floodgate::fuzzing;
 
-fn inputs(target: &str) -> Vec<PathBuf> {
+fn inputs(corpora: &[&str]) -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
     let mut files = Vec::new();
     for kind in ["seeds", "corpus", "regressions"] {
-        let Ok(entries) = std::fs::read_dir(root.join(kind).join(target)) else {
-            continue;
-        };
-        files.extend(entries.map(|entry| entry.unwrap().path()).filter(|path| path.is_file()));
+        for corpus in corpora {
+            let Ok(entries) = std::fs::read_dir(root.join(kind).join(corpus)) else {
+                continue;
+            };
+            files.extend(entries.map(|entry| entry.unwrap().path()).filter(|path| path.is_file()));
+        }
     }
     files.sort();
     files
 }
 
-/// Runs every input, then fails naming each one that panicked.
 fn replay(target: &str, run: fn(&[u8])) {
-    let files = inputs(target);
+    replay_corpora(target, &[target], run);
+}
+
+/// Runs every input of `corpora`, then fails naming each one that panicked.
+fn replay_corpora(target: &str, corpora: &[&str], run: fn(&[u8])) {
+    let files = inputs(corpora);
     assert!(!files.is_empty(), "no corpus for {target} under fuzz/");
     let failed: Vec<String> = files
         .iter()
@@ -59,4 +65,24 @@ fn header_rewrite_corpus() {
 #[test]
 fn upstream_response_corpus() {
     replay("upstream_response", fuzzing::upstream_response);
+}
+
+#[test]
+fn h1_request_head_corpus() {
+    // Its own inputs, and every client head the request_head target has kept.
+    replay_corpora(
+        "h1_request_head",
+        &["h1_request_head", "request_head"],
+        fuzzing::h1_request_head,
+    );
+}
+
+#[test]
+fn h1_response_head_corpus() {
+    // Its own inputs, and every upstream answer the upstream_response target has kept.
+    replay_corpora(
+        "h1_response_head",
+        &["h1_response_head", "upstream_response"],
+        fuzzing::h1_response_head,
+    );
 }

@@ -11,17 +11,25 @@
 //!   read as a response head.
 //! - [`upstream_response`]: bytes from an upstream socket, relayed to an HTTP/1 client buffered, streamed and for
 //!   a HEAD.
+//! - [`h1_request_head`]: bytes from a client socket, read by floodgate's own HTTP/1 head reader and by hyper's
+//!   server: both must accept or refuse them alike, and read the same message.
+//! - [`h1_response_head`]: bytes from an upstream socket, read by floodgate's own HTTP/1 head reader and by
+//!   hyper's client, alike.
 
 // Panicking on a broken invariant is the point of this module: the fuzzer and the corpus replay catch it.
 #![allow(clippy::panic)]
 
 mod config_file;
+mod h1_request_head;
+mod h1_response_head;
 mod header_rewrite;
 mod request_head;
 mod upstream_head;
 mod upstream_response;
 
 pub use config_file::config_file;
+pub use h1_request_head::h1_request_head;
+pub use h1_response_head::h1_response_head;
 pub use header_rewrite::header_rewrite;
 pub use request_head::request_head;
 pub use upstream_response::upstream_response;

@@ -1,0 +1,121 @@
+//! The `h1_response_head` target, differential: what an upstream writes back goes to floodgate's own response-head
+//! reader (`h1::response_head`) and to hyper's HTTP/1 client as floodgate's pool builds it, for a GET and for a
+//! HEAD. Both must accept the final head or neither, and when accepted read the same status, version, reason,
+//! header lines and body framing (a length, or a body without one).
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode, Version};
+use http_body::Body as _;
+use http_body_util::Empty;
+use hyper::client::conn::http1;
+use hyper::ext::ReasonPhrase;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::h1::response_head::{self, ResponseFraming};
+
+/// hyper's own bound on a head it reads without a `max_header_size` (its largest read buffer).
+const HYPER_MAX_HEAD_BYTES: usize = 8192 + 4096 * 100;
+
+/// A connection that has not finished with all of its input by then is stuck.
+const STUCK_AFTER: Duration = Duration::from_secs(10);
+
+#[derive(Debug, PartialEq)]
+struct Read {
+    status: StatusCode,
+    version: Version,
+    reason: Option<Bytes>,
+    headers: HeaderMap,
+    /// The body's exact length, when its framing gives one.
+    length: Option<u64>,
+}
+
+/// Runs `bytes` through both readers, as the answer to a GET and to a HEAD, and panics on any difference.
+pub fn h1_response_head(bytes: &[u8]) {
+    for method in [Method::GET, Method::HEAD] {
+        let ours = response_head::parse(bytes, &method, HYPER_MAX_HEAD_BYTES);
+        let ours_read = match &ours {
+            Ok(Some((head, _))) => Some(Read {
+                status: head.parts.status,
+                version: head.parts.version,
+                reason: head.reason.clone(),
+                headers: head.parts.headers.clone(),
+                length: match head.body {
+                    ResponseFraming::Length(length) => Some(length),
+                    ResponseFraming::Chunked | ResponseFraming::UntilClose => None,
+                },
+            }),
+            _ => None,
+        };
+        let theirs =
+            runtime().block_on(async { tokio::time::timeout(STUCK_AFTER, hyper_reads(bytes, method.clone())).await });
+        let Ok(theirs) = theirs else {
+            panic!("hyper's connection is stuck after {STUCK_AFTER:?}");
+        };
+        match (ours_read, theirs) {
+            (None, None) => {}
+            (Some(ours), None) => panic!("{method}: floodgate accepts a head hyper refuses: {ours:?}"),
+            (None, Some(theirs)) => panic!("{method}: floodgate refuses ({ours:?}) a head hyper accepts: {theirs:?}"),
+            (Some(ours), Some(theirs)) => {
+                assert_eq!(
+                    ours, theirs,
+                    "{method}: floodgate (left) and hyper (right) read the head differently"
+                );
+            }
+        }
+    }
+}
+
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(super::runtime)
+}
+
+/// The response hyper's client hands back for a `method` request to an upstream that answers `bytes` and closes.
+async fn hyper_reads(bytes: &[u8], method: Method) -> Option<Read> {
+    let (client_side, mut upstream) = tokio::io::duplex(64 * 1024);
+    let upstream_side = async {
+        // The request head first, as a real upstream would read it; then the answer, then the close.
+        let mut request = Vec::new();
+        let mut chunk = [0u8; 1024];
+        while !request.windows(4).any(|window| window == b"\r\n\r\n") {
+            match upstream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => request.extend_from_slice(chunk.get(..n).unwrap_or_default()),
+            }
+        }
+        if upstream.write_all(bytes).await.is_ok() {
+            let _ = upstream.shutdown().await;
+        }
+        let mut rest = Vec::new();
+        let _ = upstream.read_to_end(&mut rest).await;
+    };
+    let client = async move {
+        let (mut sender, connection) = http1::Builder::new().handshake(TokioIo::new(client_side)).await.ok()?;
+        let driving = tokio::spawn(connection);
+        let request = Request::builder()
+            .method(method)
+            .uri("/")
+            .header("host", "upstream")
+            .body(Empty::<Bytes>::new())
+            .ok()?;
+        let response = sender.send_request(request).await;
+        driving.abort();
+        let response = response.ok()?;
+        Some(Read {
+            status: response.status(),
+            version: response.version(),
+            reason: response
+                .extensions()
+                .get::<ReasonPhrase>()
+                .map(|reason| Bytes::copy_from_slice(reason.as_bytes())),
+            length: response.body().size_hint().exact(),
+            headers: response.headers().clone(),
+        })
+    };
+    let (read, ()) = tokio::join!(client, upstream_side);
+    read
+}

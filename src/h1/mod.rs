@@ -1,0 +1,35 @@
+//! floodgate's own HTTP/1 codec, for a data path in which a connection with no request in progress holds no
+//! buffer. Its pieces land here before the path that drives them: so far the heads, a client's request
+//! ([`request_head`]) and an upstream's response ([`response_head`]), each checked against hyper's reading by a
+//! differential fuzz target. It never touches a socket, a pool or a metric.
+
+mod fields;
+pub(crate) mod request_head;
+pub(crate) mod response_head;
+
+use http::StatusCode;
+
+/// How many header lines a head may have, as hyper's default; more is answered `431`.
+pub(crate) const MAX_HEADERS: usize = 100;
+
+/// Why a head is refused; the connection ends after the answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum HeadError {
+    #[error("the head is larger than its limit or has more than {MAX_HEADERS} lines")]
+    TooLarge,
+    #[error("the request target is too long")]
+    TargetTooLong,
+    #[error("malformed head: {0}")]
+    Malformed(&'static str),
+}
+
+impl HeadError {
+    /// The answer to a client whose request head this is.
+    pub(crate) fn status(self) -> StatusCode {
+        match self {
+            HeadError::TooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            HeadError::TargetTooLong => StatusCode::URI_TOO_LONG,
+            HeadError::Malformed(_) => StatusCode::BAD_REQUEST,
+        }
+    }
+}

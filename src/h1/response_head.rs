@@ -1,0 +1,253 @@
+//! An upstream's HTTP/1 response head, read from the bytes received so far: `httparse` tokenizes it, and the
+//! rules here decide how its body is delimited (RFC 9112 §6.3, which depends on the request's method) and whether
+//! the connection may carry another request. Interim `1xx` heads before the final one are passed over. It never
+//! reads a socket and never holds a buffer.
+//!
+//! It accepts and refuses what hyper's HTTP/1 client does with floodgate's settings, and yields the same
+//! message; `fuzzing::h1_response_head` checks that on every input of the corpus. What floodgate then refuses to
+//! relay (both framings, a `101` it did not ask for) is decided later, as for hyper's reading.
+
+use bytes::Bytes;
+use http::header::{self, HeaderName, HeaderValue};
+use http::{HeaderMap, Method, Response, StatusCode, Version};
+
+use super::fields::{digits, has_token, last_coding_is_chunked, tokenizer_error};
+use super::{HeadError, MAX_HEADERS};
+
+/// The largest `Content-Length` taken, as for requests.
+const MAX_CONTENT_LENGTH: u64 = u64::MAX - 2;
+
+/// A complete final response head and what it says of the rest of the connection.
+#[derive(Debug)]
+pub(crate) struct ResponseHead {
+    pub parts: http::response::Parts,
+    /// The reason phrase, when it is not the status's usual one.
+    pub reason: Option<Bytes>,
+    pub body: ResponseFraming,
+    /// Whether the connection may carry another request after this response's body.
+    pub keep_alive: bool,
+    /// A `101`, or a `2xx` to `CONNECT`: the connection leaves HTTP.
+    pub upgrade: bool,
+}
+
+/// How the response's body is delimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ResponseFraming {
+    /// Exactly this many bytes; 0 for no body (`HEAD`, `204`, `304`, and a `101`).
+    Length(u64),
+    Chunked,
+    /// Everything until the upstream closes the connection.
+    UntilClose,
+}
+
+/// Reads the final head at the start of `received` to a request made with `method`, past any interim `1xx`:
+/// `Ok(None)` while it is incomplete (and all of it smaller than `max_head_bytes`), else the head and how many
+/// bytes of `received` it and the interim heads took.
+pub(crate) fn parse(
+    received: &[u8],
+    method: &Method,
+    max_head_bytes: usize,
+) -> Result<Option<(ResponseHead, usize)>, HeadError> {
+    let mut start = 0;
+    loop {
+        let Some(rest) = received.get(start..).filter(|rest| !rest.is_empty()) else {
+            return Ok(None);
+        };
+        let Some((head, len)) = parse_one(rest, method, max_head_bytes, received.len())? else {
+            return Ok(None);
+        };
+        start += len;
+        if let Some(head) = head {
+            return Ok(Some((head, start)));
+        }
+    }
+}
+
+/// One head at the start of `bytes`: `Some((None, len))` for an interim `1xx` to pass over.
+fn parse_one(
+    bytes: &[u8],
+    method: &Method,
+    max_head_bytes: usize,
+    received: usize,
+) -> Result<Option<(Option<ResponseHead>, usize)>, HeadError> {
+    let mut lines = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut response = httparse::Response::new(&mut lines);
+    let head_len = match response.parse(bytes) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) if received >= max_head_bytes => return Err(HeadError::TooLarge),
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
+        Err(err) => return Err(HeadError::Malformed(tokenizer_error(err))),
+    };
+    let (Some(minor), Some(code), Some(reason)) = (response.version, response.code, response.reason) else {
+        return Err(HeadError::Malformed("incomplete status line"));
+    };
+    let status = StatusCode::from_u16(code).map_err(|_| HeadError::Malformed("invalid status code"))?;
+    let version = if minor == 1 { Version::HTTP_11 } else { Version::HTTP_10 };
+    let mut keep_alive = version == Version::HTTP_11;
+    let mut close_asked = false;
+    let mut headers = HeaderMap::with_capacity(response.headers.len());
+    for line in response.headers.iter() {
+        let name =
+            HeaderName::from_bytes(line.name.as_bytes()).map_err(|_| HeadError::Malformed("invalid header name"))?;
+        let value = HeaderValue::from_bytes(line.value).map_err(|_| HeadError::Malformed("invalid header value"))?;
+        if name == header::CONNECTION {
+            // As for requests: a `close` once seen is not undone.
+            if close_asked || has_token(&value, "close") {
+                close_asked = true;
+                keep_alive = false;
+            } else if !keep_alive {
+                keep_alive = has_token(&value, "keep-alive");
+            }
+        }
+        headers.append(name, value);
+    }
+    let Some((body, upgrade)) = framing(status, version, method, &headers)? else {
+        return Ok(Some((None, head_len)));
+    };
+    let reason = (status.canonical_reason() != Some(reason)).then(|| Bytes::copy_from_slice(reason.as_bytes()));
+    let (mut parts, ()) = Response::new(()).into_parts();
+    parts.status = status;
+    parts.version = version;
+    parts.headers = headers;
+    let head = ResponseHead {
+        parts,
+        reason,
+        body,
+        keep_alive: keep_alive && !upgrade,
+        upgrade,
+    };
+    Ok(Some((Some(head), head_len)))
+}
+
+/// RFC 9112 §6.3 for a response: its body's framing and whether it leaves HTTP; `None` for an interim `1xx`.
+fn framing(
+    status: StatusCode,
+    version: Version,
+    method: &Method,
+    headers: &HeaderMap,
+) -> Result<Option<(ResponseFraming, bool)>, HeadError> {
+    match status.as_u16() {
+        101 => return Ok(Some((ResponseFraming::Length(0), true))),
+        100..=199 => return Ok(None),
+        204 | 304 => return Ok(Some((ResponseFraming::Length(0), false))),
+        _ => {}
+    }
+    if *method == Method::HEAD {
+        return Ok(Some((ResponseFraming::Length(0), false)));
+    }
+    if *method == Method::CONNECT && status.is_success() {
+        return Ok(Some((ResponseFraming::Length(0), true)));
+    }
+    if let Some(last) = headers.get_all(header::TRANSFER_ENCODING).iter().next_back() {
+        if version == Version::HTTP_10 {
+            return Err(HeadError::Malformed("Transfer-Encoding in an HTTP/1.0 response"));
+        }
+        // A coding list that does not end in chunked is delimited by the close (RFC 9112 §6.3 rule 4).
+        let body = if last_coding_is_chunked(last) {
+            ResponseFraming::Chunked
+        } else {
+            ResponseFraming::UntilClose
+        };
+        return Ok(Some((body, false)));
+    }
+    if !headers.contains_key(header::CONTENT_LENGTH) {
+        return Ok(Some((ResponseFraming::UntilClose, false)));
+    }
+    let length = one_length(headers).ok_or(HeadError::Malformed("invalid Content-Length"))?;
+    Ok(Some((ResponseFraming::Length(length), false)))
+}
+
+/// The one length every `Content-Length` line and list element states, if they all state the same.
+fn one_length(headers: &HeaderMap) -> Option<u64> {
+    let mut length = None;
+    for line in headers.get_all(header::CONTENT_LENGTH) {
+        for element in line.to_str().ok()?.split(',') {
+            let this = digits(element.trim_matches([' ', '\t']).as_bytes())?;
+            if length.is_some_and(|length| length != this) {
+                return None;
+            }
+            length = Some(this);
+        }
+    }
+    length.filter(|&length| length <= MAX_CONTENT_LENGTH)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAX: usize = 64 * 1024;
+
+    fn head(text: &str, method: &Method) -> (ResponseHead, usize) {
+        match parse(text.as_bytes(), method, MAX) {
+            Ok(Some(read)) => read,
+            other => panic!("{text:?} gave {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_length_a_chunked_body_and_a_close_delimited_one() {
+        let (ok, len) = head("HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc", &Method::GET);
+        assert_eq!(
+            (ok.body, len, ok.keep_alive, ok.reason),
+            (ResponseFraming::Length(3), 38, true, None)
+        );
+        let (chunked, _) = head(
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            &Method::GET,
+        );
+        assert_eq!(chunked.body, ResponseFraming::Chunked);
+        let (until_close, _) = head("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", &Method::GET);
+        assert_eq!(until_close.body, ResponseFraming::UntilClose);
+        let (old, _) = head("HTTP/1.0 200 Fine\r\n\r\n", &Method::GET);
+        assert_eq!(old.body, ResponseFraming::UntilClose);
+        assert!(!old.keep_alive);
+        assert_eq!(old.reason.as_deref(), Some(&b"Fine"[..]));
+    }
+
+    #[test]
+    fn heads_without_a_body_whatever_their_headers_say() {
+        for (text, method) in [
+            ("HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n", Method::HEAD),
+            ("HTTP/1.1 204 No Content\r\nContent-Length: 9\r\n\r\n", Method::GET),
+            (
+                "HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: chunked\r\n\r\n",
+                Method::GET,
+            ),
+        ] {
+            assert_eq!(head(text, &method).0.body, ResponseFraming::Length(0), "{text:?}");
+        }
+        let (upgrade, _) = head("HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n", &Method::GET);
+        assert!(upgrade.upgrade && !upgrade.keep_alive);
+    }
+
+    #[test]
+    fn interim_heads_are_passed_over_and_counted_in_what_was_taken() {
+        let text = "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
+        let (ok, len) = head(text, &Method::POST);
+        assert_eq!((ok.parts.status, len), (StatusCode::OK, text.len()));
+        assert!(!ok.parts.headers.contains_key(header::LINK));
+        assert!(matches!(parse(&text.as_bytes()[..30], &Method::POST, MAX), Ok(None)));
+    }
+
+    #[test]
+    fn lengths_must_agree_and_be_numbers() {
+        let (listed, _) = head(
+            "HTTP/1.1 200 OK\r\nContent-Length: 4, 4\r\nContent-Length: 4\r\n\r\n",
+            &Method::GET,
+        );
+        assert_eq!(listed.body, ResponseFraming::Length(4));
+        for text in [
+            "HTTP/1.1 200 OK\r\nContent-Length: 4, 5\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length:\r\n\r\n",
+            "HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+        ] {
+            assert!(
+                matches!(parse(text.as_bytes(), &Method::GET, MAX), Err(HeadError::Malformed(_))),
+                "{text:?}"
+            );
+        }
+    }
+}
