@@ -1,21 +1,29 @@
 //! The `h1_response_head` target, differential: what an upstream writes back goes to floodgate's own response-head
 //! reader (`h1::response_head`) and to hyper's HTTP/1 client as floodgate's pool builds it, for a GET and for a
 //! HEAD. Both must accept the final head or neither, and when accepted read the same status, version, reason,
-//! header lines and body framing (a length, or a body without one).
+//! header lines and body framing (a length, or a body without one); then the same body, its bytes and trailers or
+//! a failure for both, but for `h1::chunked`'s two refusals hyper does not make.
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Method, Request, StatusCode, Version};
 use http_body::Body as _;
-use http_body_util::Empty;
+use http_body_util::{BodyExt, Empty};
 use hyper::client::conn::http1;
 use hyper::ext::ReasonPhrase;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::h1::chunked::{self, Chunk, ChunkedDecoder, ChunkedError};
 use crate::h1::response_head::{self, ResponseFraming};
+
+/// hyper's bound on a response's trailer section (it sets none of its own for upstreams).
+const TRAILER_BYTES: usize = 16 * 1024;
+
+/// A body as either reader took it: its bytes and trailers, or a failure.
+type BodyRead = Result<(Bytes, Option<HeaderMap>), ()>;
 
 /// hyper's own bound on a head it reads without a `max_header_size` (its largest read buffer).
 const HYPER_MAX_HEAD_BYTES: usize = 8192 + 4096 * 100;
@@ -38,16 +46,19 @@ pub fn h1_response_head(bytes: &[u8]) {
     for method in [Method::GET, Method::HEAD] {
         let ours = response_head::parse(bytes, &method, HYPER_MAX_HEAD_BYTES);
         let ours_read = match &ours {
-            Ok(Some((head, _))) => Some(Read {
-                status: head.parts.status,
-                version: head.parts.version,
-                reason: head.reason.clone(),
-                headers: head.parts.headers.clone(),
-                length: match head.body {
-                    ResponseFraming::Length(length) => Some(length),
-                    ResponseFraming::Chunked | ResponseFraming::UntilClose => None,
+            Ok(Some((head, len))) => Some((
+                Read {
+                    status: head.parts.status,
+                    version: head.parts.version,
+                    reason: head.reason.clone(),
+                    headers: head.parts.headers.clone(),
+                    length: match head.body {
+                        ResponseFraming::Length(length) => Some(length),
+                        ResponseFraming::Chunked | ResponseFraming::UntilClose => None,
+                    },
                 },
-            }),
+                body_after(head.body, bytes.get(*len..).unwrap_or_default()),
+            )),
             _ => None,
         };
         let theirs =
@@ -57,13 +68,54 @@ pub fn h1_response_head(bytes: &[u8]) {
         };
         match (ours_read, theirs) {
             (None, None) => {}
-            (Some(ours), None) => panic!("{method}: floodgate accepts a head hyper refuses: {ours:?}"),
-            (None, Some(theirs)) => panic!("{method}: floodgate refuses ({ours:?}) a head hyper accepts: {theirs:?}"),
-            (Some(ours), Some(theirs)) => {
+            (Some(ours), None) => panic!("{method}: floodgate accepts a head hyper refuses: {:?}", ours.0),
+            (None, Some(theirs)) => {
+                panic!(
+                    "{method}: floodgate refuses ({ours:?}) a head hyper accepts: {:?}",
+                    theirs.0
+                )
+            }
+            (Some((ours, ours_body)), Some((theirs, theirs_body))) => {
                 assert_eq!(
                     ours, theirs,
                     "{method}: floodgate (left) and hyper (right) read the head differently"
                 );
+                match (ours_body, theirs_body) {
+                    (Err(stricter), Ok(_))
+                        if stricter == chunked::TOO_MANY_DIGITS || stricter == chunked::BARE_LF_IN_TRAILERS => {}
+                    (ours, theirs) => assert_eq!(
+                        ours.map_err(|_| ()),
+                        theirs,
+                        "{method}: floodgate (left) and hyper (right) read the body differently"
+                    ),
+                }
+            }
+        }
+    }
+}
+
+/// The body framed by `framing` at the start of `rest` (all of what the upstream sent after the head), as
+/// floodgate's decoder reads it.
+fn body_after(framing: ResponseFraming, rest: &[u8]) -> Result<(Bytes, Option<HeaderMap>), ChunkedError> {
+    let incomplete = ChunkedError("cut short");
+    match framing {
+        ResponseFraming::Length(length) => {
+            let length = usize::try_from(length).map_err(|_| incomplete)?;
+            let body = rest.get(..length).ok_or(incomplete)?;
+            Ok((Bytes::copy_from_slice(body), None))
+        }
+        ResponseFraming::UntilClose => Ok((Bytes::copy_from_slice(rest), None)),
+        ResponseFraming::Chunked => {
+            let mut decoder = ChunkedDecoder::new(TRAILER_BYTES);
+            let mut received = BytesMut::from(rest);
+            let (mut data, mut trailers) = (BytesMut::new(), None);
+            loop {
+                match decoder.decode(&mut received)? {
+                    Some(Chunk::Data(bytes)) => data.extend_from_slice(&bytes),
+                    Some(Chunk::Trailers(fields)) => trailers = Some(fields),
+                    Some(Chunk::End) => return Ok((data.freeze(), trailers)),
+                    None => return Err(incomplete),
+                }
             }
         }
     }
@@ -75,7 +127,7 @@ fn runtime() -> &'static tokio::runtime::Runtime {
 }
 
 /// The response hyper's client hands back for a `method` request to an upstream that answers `bytes` and closes.
-async fn hyper_reads(bytes: &[u8], method: Method) -> Option<Read> {
+async fn hyper_reads(bytes: &[u8], method: Method) -> Option<(Read, BodyRead)> {
     let (client_side, mut upstream) = tokio::io::duplex(64 * 1024);
     let upstream_side = async {
         // The request head first, as a real upstream would read it; then the answer, then the close.
@@ -102,10 +154,8 @@ async fn hyper_reads(bytes: &[u8], method: Method) -> Option<Read> {
             .header("host", "upstream")
             .body(Empty::<Bytes>::new())
             .ok()?;
-        let response = sender.send_request(request).await;
-        driving.abort();
-        let response = response.ok()?;
-        Some(Read {
+        let response = sender.send_request(request).await.ok()?;
+        let read = Read {
             status: response.status(),
             version: response.version(),
             reason: response
@@ -114,7 +164,18 @@ async fn hyper_reads(bytes: &[u8], method: Method) -> Option<Read> {
                 .map(|reason| Bytes::copy_from_slice(reason.as_bytes())),
             length: response.body().size_hint().exact(),
             headers: response.headers().clone(),
-        })
+        };
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map(|collected| {
+                let trailers = collected.trailers().cloned();
+                (collected.to_bytes(), trailers)
+            })
+            .map_err(|_| ());
+        driving.abort();
+        Some((read, body))
     };
     let (read, ()) = tokio::join!(client, upstream_side);
     read

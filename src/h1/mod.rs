@@ -1,8 +1,9 @@
 //! floodgate's own HTTP/1 codec, for a data path in which a connection with no request in progress holds no
-//! buffer. Its pieces land here before the path that drives them: so far the heads, a client's request
-//! ([`request_head`]) and an upstream's response ([`response_head`]), each checked against hyper's reading by a
-//! differential fuzz target. It never touches a socket, a pool or a metric.
+//! buffer. Its pieces land here before the path that drives them: so far the readers of a client's request head
+//! ([`request_head`]), an upstream's response head ([`response_head`]) and a chunked body ([`chunked`]), checked
+//! against hyper's reading by differential fuzz targets. It never touches a socket, a pool or a metric.
 
+pub(crate) mod chunked;
 mod fields;
 pub(crate) mod request_head;
 pub(crate) mod response_head;
