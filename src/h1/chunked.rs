@@ -113,7 +113,7 @@ impl ChunkedDecoder {
         let line = received.get(..line_end.unwrap_or(received.len())).unwrap_or_default();
         let content = line.split(|&b| b == b'\r').next().unwrap_or_default();
         // Checked before the line is complete, so that a line that never ends cannot grow without bound.
-        match line.first() {
+        match received.first() {
             None => return Ok(None),
             Some(b) if !b.is_ascii_hexdigit() => return Err(ChunkedError("chunk size line without a size")),
             Some(_) => {}
@@ -246,6 +246,7 @@ mod tests {
     fn what_hyper_refuses_is_refused() {
         for bad in [
             &b"\r\n\r\n"[..],
+            b"\n",
             b"x\r\n",
             b"4\nWiki\r\n0\r\n\r\n",
             b"4;ext\nWiki\r\n0\r\n\r\n",
@@ -254,6 +255,15 @@ mod tests {
             b"fffffffffffffffff\r\n",
         ] {
             assert!(decode_all(bad).is_err(), "{bad:?}");
+        }
+        // Refused as soon as the bytes say so, not when the body would have ended.
+        for early in [&b"\nabc"[..], b"4\r\nWikiX", b"4;x\ny"] {
+            let mut received = BytesMut::from(early);
+            let mut decoder = ChunkedDecoder::new(16 * 1024);
+            let refused = std::iter::from_fn(|| Some(decoder.decode(&mut received)))
+                .take(4)
+                .any(|step| step.is_err());
+            assert!(refused, "{early:?}");
         }
         let long_extension = format!("1;{}\r\na\r\n0\r\n\r\n", "e".repeat(MAX_EXTENSION_BYTES));
         assert!(decode_all(long_extension.as_bytes()).is_err());
