@@ -7,20 +7,18 @@
 //! difference allowed.
 
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Response, Uri, Version};
 use http_body::Body as _;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::Empty;
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use hyper_util::rt::TokioIo;
 
-use crate::h1::chunked::{self, Chunk, ChunkedDecoder, ChunkedError};
+use super::h1_diff::{self, BodyRead, Framed};
 use crate::h1::request_head::{self, BodyFraming};
 
 /// floodgate's default `max_header_bytes`, for both readers.
@@ -39,9 +37,6 @@ struct Read {
     body: BodyFraming,
 }
 
-/// A request body as either reader took it: its bytes and trailers, or a failure.
-type BodyRead = Result<(Bytes, Option<HeaderMap>), ()>;
-
 /// Runs `bytes` through both readers and panics on any difference.
 pub fn h1_request_head(bytes: &[u8]) {
     let ours = request_head::parse(bytes, MAX_HEAD_BYTES);
@@ -54,70 +49,30 @@ pub fn h1_request_head(bytes: &[u8]) {
                 headers: head.parts.headers.clone(),
                 body: head.body,
             },
-            body_after(head.body, bytes.get(*len..).unwrap_or_default()),
+            h1_diff::ours(framed(head.body), bytes.get(*len..).unwrap_or_default()),
         )),
         _ => None,
     };
-    let theirs = runtime().block_on(async { tokio::time::timeout(STUCK_AFTER, hyper_reads(bytes)).await });
+    let theirs = h1_diff::runtime().block_on(async { tokio::time::timeout(STUCK_AFTER, hyper_reads(bytes)).await });
     let Ok(theirs) = theirs else {
         panic!("hyper's connection is stuck after {STUCK_AFTER:?}");
     };
-    match (ours_read, theirs) {
-        (None, None) => {}
-        (Some(ours), None) => panic!("floodgate accepts a head hyper refuses: {:?}", ours.0),
-        (None, Some(theirs)) => panic!("floodgate refuses ({ours:?}) a head hyper accepts: {:?}", theirs.0),
-        (Some((ours, ours_body)), Some((theirs, theirs_body))) => {
-            assert_eq!(
-                ours, theirs,
-                "floodgate (left) and hyper (right) read the head differently"
-            );
-            match (ours_body, theirs_body) {
-                (Err(stricter), Ok(_))
-                    if stricter == chunked::TOO_MANY_DIGITS || stricter == chunked::BARE_LF_IN_TRAILERS => {}
-                (ours, theirs) => assert_eq!(
-                    ours.map_err(|_| ()),
-                    theirs,
-                    "floodgate (left) and hyper (right) read the body differently"
-                ),
-            }
-        }
-    }
+    h1_diff::agree("request", ours_read, theirs, &ours);
 }
 
-/// The body framed by `framing` at the start of `rest`, as floodgate's decoder reads it.
-fn body_after(framing: BodyFraming, rest: &[u8]) -> Result<(Bytes, Option<HeaderMap>), ChunkedError> {
-    let incomplete = ChunkedError("cut short");
-    match framing {
-        BodyFraming::Length(length) => {
-            let length = usize::try_from(length).map_err(|_| incomplete)?;
-            let body = rest.get(..length).ok_or(incomplete)?;
-            Ok((Bytes::copy_from_slice(body), None))
-        }
-        BodyFraming::Chunked => {
-            let mut decoder = ChunkedDecoder::new(MAX_HEAD_BYTES);
-            let mut received = BytesMut::from(rest);
-            let (mut data, mut trailers) = (BytesMut::new(), None);
-            loop {
-                match decoder.decode(&mut received)? {
-                    Some(Chunk::Data(bytes)) => data.extend_from_slice(&bytes),
-                    Some(Chunk::Trailers(fields)) => trailers = Some(fields),
-                    Some(Chunk::End) => return Ok((data.freeze(), trailers)),
-                    None => return Err(incomplete),
-                }
-            }
-        }
+fn framed(body: BodyFraming) -> Framed {
+    match body {
+        BodyFraming::Length(length) => Framed::Length(length),
+        BodyFraming::Chunked => Framed::Chunked {
+            max_trailer_bytes: MAX_HEAD_BYTES,
+        },
     }
-}
-
-fn runtime() -> &'static tokio::runtime::Runtime {
-    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(super::runtime)
 }
 
 /// The first request hyper's server hands to its service, if any, and its body as read to the end, from a client
 /// that sends `bytes` and closes.
 async fn hyper_reads(bytes: &[u8]) -> Option<(Read, BodyRead)> {
-    let (mut socket, server_side) = tokio::io::duplex(64 * 1024);
+    let (socket, server_side) = tokio::io::duplex(64 * 1024);
     let first: Arc<Mutex<Option<(Read, BodyRead)>>> = Arc::default();
     let recorder = first.clone();
     let service = service_fn(move |request: Request<Incoming>| {
@@ -132,14 +87,7 @@ async fn hyper_reads(bytes: &[u8]) -> Option<(Read, BodyRead)> {
                 headers: parts.headers,
                 body: hint.exact().map_or(BodyFraming::Chunked, BodyFraming::Length),
             };
-            let body = body
-                .collect()
-                .await
-                .map(|collected| {
-                    let trailers = collected.trailers().cloned();
-                    (collected.to_bytes(), trailers)
-                })
-                .map_err(|_| ());
+            let body = h1_diff::theirs(body).await;
             let mut first = recorder.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             if first.is_none() {
                 *first = Some((read, body));
@@ -147,23 +95,11 @@ async fn hyper_reads(bytes: &[u8]) -> Option<(Read, BodyRead)> {
             Ok::<_, Infallible>(Response::new(Empty::<Bytes>::new()))
         }
     });
-    // As `server::connection` builds it, but one request is all that is compared.
-    let mut builder = http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(None)
-        .max_header_size(MAX_HEAD_BYTES)
-        .keep_alive(false)
-        .half_close(true);
+    // One request is all that is compared.
+    let mut builder = super::listener_http1(MAX_HEAD_BYTES);
+    builder.keep_alive(false);
     let connection = builder.serve_connection(TokioIo::new(server_side), service);
-    let client_side = async {
-        if socket.write_all(bytes).await.is_ok() {
-            let _ = socket.shutdown().await;
-        }
-        let mut answers = Vec::new();
-        let _ = socket.read_to_end(&mut answers).await;
-    };
-    let (_, ()) = tokio::join!(connection, client_side);
+    let (_, ()) = tokio::join!(connection, super::client_sends(socket, bytes));
     let read = first.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
     read
 }

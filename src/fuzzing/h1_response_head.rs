@@ -4,26 +4,22 @@
 //! header lines and body framing (a length, or a body without one); then the same body, its bytes and trailers or
 //! a failure for both, but for `h1::chunked`'s two refusals hyper does not make.
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::{HeaderMap, Method, Request, StatusCode, Version};
 use http_body::Body as _;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::Empty;
 use hyper::client::conn::http1;
 use hyper::ext::ReasonPhrase;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::h1::chunked::{self, Chunk, ChunkedDecoder, ChunkedError};
+use super::h1_diff::{self, BodyRead, Framed};
 use crate::h1::response_head::{self, ResponseFraming};
 
 /// hyper's bound on a response's trailer section (it sets none of its own for upstreams).
 const TRAILER_BYTES: usize = 16 * 1024;
-
-/// A body as either reader took it: its bytes and trailers, or a failure.
-type BodyRead = Result<(Bytes, Option<HeaderMap>), ()>;
 
 /// hyper's own bound on a head it reads without a `max_header_size` (its largest read buffer).
 const HYPER_MAX_HEAD_BYTES: usize = 8192 + 4096 * 100;
@@ -57,73 +53,27 @@ pub fn h1_response_head(bytes: &[u8]) {
                         ResponseFraming::Chunked | ResponseFraming::UntilClose => None,
                     },
                 },
-                body_after(head.body, bytes.get(*len..).unwrap_or_default()),
+                h1_diff::ours(framed(head.body), bytes.get(*len..).unwrap_or_default()),
             )),
             _ => None,
         };
-        let theirs =
-            runtime().block_on(async { tokio::time::timeout(STUCK_AFTER, hyper_reads(bytes, method.clone())).await });
+        let theirs = h1_diff::runtime()
+            .block_on(async { tokio::time::timeout(STUCK_AFTER, hyper_reads(bytes, method.clone())).await });
         let Ok(theirs) = theirs else {
             panic!("hyper's connection is stuck after {STUCK_AFTER:?}");
         };
-        match (ours_read, theirs) {
-            (None, None) => {}
-            (Some(ours), None) => panic!("{method}: floodgate accepts a head hyper refuses: {:?}", ours.0),
-            (None, Some(theirs)) => {
-                panic!(
-                    "{method}: floodgate refuses ({ours:?}) a head hyper accepts: {:?}",
-                    theirs.0
-                )
-            }
-            (Some((ours, ours_body)), Some((theirs, theirs_body))) => {
-                assert_eq!(
-                    ours, theirs,
-                    "{method}: floodgate (left) and hyper (right) read the head differently"
-                );
-                match (ours_body, theirs_body) {
-                    (Err(stricter), Ok(_))
-                        if stricter == chunked::TOO_MANY_DIGITS || stricter == chunked::BARE_LF_IN_TRAILERS => {}
-                    (ours, theirs) => assert_eq!(
-                        ours.map_err(|_| ()),
-                        theirs,
-                        "{method}: floodgate (left) and hyper (right) read the body differently"
-                    ),
-                }
-            }
-        }
+        h1_diff::agree(method.as_str(), ours_read, theirs, &ours);
     }
 }
 
-/// The body framed by `framing` at the start of `rest` (all of what the upstream sent after the head), as
-/// floodgate's decoder reads it.
-fn body_after(framing: ResponseFraming, rest: &[u8]) -> Result<(Bytes, Option<HeaderMap>), ChunkedError> {
-    let incomplete = ChunkedError("cut short");
-    match framing {
-        ResponseFraming::Length(length) => {
-            let length = usize::try_from(length).map_err(|_| incomplete)?;
-            let body = rest.get(..length).ok_or(incomplete)?;
-            Ok((Bytes::copy_from_slice(body), None))
-        }
-        ResponseFraming::UntilClose => Ok((Bytes::copy_from_slice(rest), None)),
-        ResponseFraming::Chunked => {
-            let mut decoder = ChunkedDecoder::new(TRAILER_BYTES);
-            let mut received = BytesMut::from(rest);
-            let (mut data, mut trailers) = (BytesMut::new(), None);
-            loop {
-                match decoder.decode(&mut received)? {
-                    Some(Chunk::Data(bytes)) => data.extend_from_slice(&bytes),
-                    Some(Chunk::Trailers(fields)) => trailers = Some(fields),
-                    Some(Chunk::End) => return Ok((data.freeze(), trailers)),
-                    None => return Err(incomplete),
-                }
-            }
-        }
+fn framed(body: ResponseFraming) -> Framed {
+    match body {
+        ResponseFraming::Length(length) => Framed::Length(length),
+        ResponseFraming::Chunked => Framed::Chunked {
+            max_trailer_bytes: TRAILER_BYTES,
+        },
+        ResponseFraming::UntilClose => Framed::UntilClose,
     }
-}
-
-fn runtime() -> &'static tokio::runtime::Runtime {
-    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(super::runtime)
 }
 
 /// The response hyper's client hands back for a `method` request to an upstream that answers `bytes` and closes.
@@ -165,15 +115,7 @@ async fn hyper_reads(bytes: &[u8], method: Method) -> Option<(Read, BodyRead)> {
             length: response.body().size_hint().exact(),
             headers: response.headers().clone(),
         };
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .map(|collected| {
-                let trailers = collected.trailers().cloned();
-                (collected.to_bytes(), trailers)
-            })
-            .map_err(|_| ());
+        let body = h1_diff::theirs(response.into_body()).await;
         driving.abort();
         Some((read, body))
     };

@@ -20,6 +20,7 @@
 #![allow(clippy::panic)]
 
 mod config_file;
+mod h1_diff;
 mod h1_request_head;
 mod h1_response_head;
 mod header_rewrite;
@@ -33,6 +34,30 @@ pub use h1_response_head::h1_response_head;
 pub use header_rewrite::header_rewrite;
 pub use request_head::request_head;
 pub use upstream_response::upstream_response;
+
+/// hyper's HTTP/1 server as floodgate's listener builds it (`server::connection`); half-closing only lets every
+/// request of an input finish.
+fn listener_http1(max_header_bytes: usize) -> hyper::server::conn::http1::Builder {
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(None)
+        .max_header_size(max_header_bytes)
+        .keep_alive(true)
+        .half_close(true);
+    builder
+}
+
+/// A client that sends `bytes`, closes its sending side and reads every answer until the server closes. The
+/// server may stop reading early (a bad request): what is left is never sent.
+async fn client_sends(mut socket: tokio::io::DuplexStream, bytes: &[u8]) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    if socket.write_all(bytes).await.is_ok() {
+        let _ = socket.shutdown().await;
+    }
+    let mut answers = Vec::new();
+    let _ = socket.read_to_end(&mut answers).await;
+}
 
 /// The single-threaded runtime each target's fixture runs in, built once per process.
 fn runtime() -> tokio::runtime::Runtime {

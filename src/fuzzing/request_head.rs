@@ -10,10 +10,8 @@ use bytes::Bytes;
 use http::{header, Method, Request, Response, Version};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use hyper_util::rt::TokioIo;
 
 use super::upstream_head::{self, ClientHead};
 use crate::config::{Config, Overrides};
@@ -108,29 +106,14 @@ pub fn request_head(bytes: &[u8]) {
 }
 
 async fn serve(config: &Config, proxy: &Proxy, client: &ClientInfo, bytes: &[u8]) {
-    let (mut socket, server_side) = tokio::io::duplex(64 * 1024);
+    let (socket, server_side) = tokio::io::duplex(64 * 1024);
     let service = service_fn(|request: Request<Incoming>| async move {
         on_request(proxy, client, request).await;
         Ok::<_, Infallible>(Response::new(Empty::<Bytes>::new()))
     });
-    // As `server::connection` builds it; half-closing only lets every request of the input finish.
-    let mut builder = http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(None)
-        .max_header_size(config.max_header_bytes)
-        .keep_alive(true)
-        .half_close(true);
-    let connection = builder.serve_connection(TokioIo::new(server_side), service);
-    let client_side = async {
-        // The server may stop reading early (a bad request): what is left is never sent.
-        if socket.write_all(bytes).await.is_ok() {
-            let _ = socket.shutdown().await;
-        }
-        let mut answers = Vec::new();
-        let _ = socket.read_to_end(&mut answers).await;
-    };
-    let (_, ()) = tokio::join!(connection, client_side);
+    let connection =
+        super::listener_http1(config.max_header_bytes).serve_connection(TokioIo::new(server_side), service);
+    let (_, ()) = tokio::join!(connection, super::client_sends(socket, bytes));
 }
 
 async fn on_request(proxy: &Proxy, client: &ClientInfo, request: Request<Incoming>) {
