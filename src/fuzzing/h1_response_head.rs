@@ -2,7 +2,8 @@
 //! reader (`h1::response_head`) and to hyper's HTTP/1 client as floodgate's pool builds it, for a GET and for a
 //! HEAD. Both must accept the final head or neither, and when accepted read the same status, version, reason,
 //! header lines and body framing (a length, or a body without one); then the same body, its bytes and trailers or
-//! a failure for both, but for `h1::chunked`'s two refusals hyper does not make.
+//! a failure for both, but for `h1::chunked`'s two refusals hyper does not make. Then the answer to the GET is
+//! written to clients by floodgate's writer and by hyper's server, alike ([`super::h1_answer`]).
 
 use std::time::Duration;
 
@@ -15,6 +16,7 @@ use hyper::ext::ReasonPhrase;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::h1_answer;
 use super::h1_diff::{self, BodyRead, Framed};
 use crate::h1::response_head::{self, ResponseFraming};
 
@@ -62,7 +64,23 @@ pub fn h1_response_head(bytes: &[u8]) {
         let Ok(theirs) = theirs else {
             panic!("hyper's connection is stuck after {STUCK_AFTER:?}");
         };
+        let written = match (&ours, &ours_read) {
+            (Ok(Some((head, _))), Some((_, Ok((body, _))))) if method == Method::GET && !head.upgrade => {
+                Some(h1_answer::Answer {
+                    status: head.parts.status,
+                    reason: head.reason.clone(),
+                    headers: head.parts.headers.clone(),
+                    body: body.clone(),
+                    length_known: matches!(head.body, ResponseFraming::Length(_)),
+                })
+            }
+            _ => None,
+        };
         h1_diff::agree(method.as_str(), ours_read, theirs, &ours);
+        // The same answer, handed on to floodgate's clients.
+        if let Some(answer) = written {
+            h1_answer::written_alike(answer);
+        }
     }
 }
 

@@ -20,6 +20,7 @@
 #![allow(clippy::panic)]
 
 mod config_file;
+mod h1_answer;
 mod h1_diff;
 mod h1_request_head;
 mod h1_response_head;

@@ -1,12 +1,14 @@
 //! floodgate's own HTTP/1 codec, for a data path in which a connection with no request in progress holds no
 //! buffer. Its pieces land here before the path that drives them: so far the readers of a client's request head
-//! ([`request_head`]), an upstream's response head ([`response_head`]) and a chunked body ([`chunked`]), checked
-//! against hyper's reading by differential fuzz targets. It never touches a socket, a pool or a metric.
+//! ([`request_head`]), an upstream's response head ([`response_head`]) and a chunked body ([`chunked`]), and the
+//! writer of an answer to a client ([`write`]), checked against hyper's reading and writing by differential fuzz
+//! targets. It never touches a socket, a pool or a metric.
 
 pub(crate) mod chunked;
 mod fields;
 pub(crate) mod request_head;
 pub(crate) mod response_head;
+pub(crate) mod write;
 
 use http::StatusCode;
 

@@ -1,0 +1,292 @@
+//! Writing an answer to an HTTP/1 client: its head (status line, header lines, the framing and connection lines
+//! it needs) and then its body in that framing. The answers are floodgate's, whose hop-by-hop lines the relay
+//! has already removed; what reaches the client is what hyper's server wrote for them (checked by the
+//! `h1_response_head` fuzz target, byte for byte but the date). It never touches a socket.
+
+use std::cell::RefCell;
+use std::time::{Duration, SystemTime};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http::header::{self, HeaderMap};
+use http::{Method, StatusCode, Version};
+
+use super::fields::digits;
+
+/// What is known of a body when its head is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BodySize {
+    /// Already over: nothing follows the head.
+    Empty,
+    Known(u64),
+    /// A stream whose end will be known when it comes.
+    Unknown,
+}
+
+/// How the body goes after the head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Encoding {
+    /// This many bytes, as they are; 0: no body at all.
+    Length(u64),
+    /// Each piece as a chunk, then the last chunk.
+    Chunked,
+    /// As they are, the end told by closing the connection.
+    UntilClose,
+}
+
+/// The client the answer is for, as its request said.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Client<'a> {
+    pub method: &'a Method,
+    pub version: Version,
+    /// Whether the connection is to carry another request after this answer.
+    pub keep_alive: bool,
+}
+
+/// What the head written commits the rest of the exchange to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Written {
+    pub encoding: Encoding,
+    /// The connection closes once the body is written.
+    pub closes: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum WriteError {
+    #[error("an answer with Content-Length values that differ or are not numbers, or one on a tunnel's answer")]
+    ContentLength,
+}
+
+/// Writes the head of an answer with `status`, its reason phrase when not the usual one, and `headers` into `dst`.
+pub(crate) fn response_head(
+    dst: &mut BytesMut,
+    status: StatusCode,
+    reason: Option<&[u8]>,
+    headers: &HeaderMap,
+    body: BodySize,
+    client: Client<'_>,
+) -> Result<Written, WriteError> {
+    let http10 = client.version == Version::HTTP_10;
+    let connect_tunnel = *client.method == Method::CONNECT && status.is_success();
+    let no_body_ever =
+        status.is_informational() || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED;
+    let may_have_length = !no_body_ever && !connect_tunnel;
+    let may_be_chunked = may_have_length && *client.method != Method::HEAD && !http10;
+    let mut closes = !client.keep_alive || status == StatusCode::SWITCHING_PROTOCOLS || connect_tunnel;
+
+    dst.reserve(64 + headers.len() * 32);
+    dst.put_slice(if http10 { b"HTTP/1.0 " } else { b"HTTP/1.1 " });
+    dst.put_slice(status.as_str().as_bytes());
+    dst.put_u8(b' ');
+    match reason {
+        Some(reason) => dst.put_slice(reason),
+        None => dst.put_slice(status.canonical_reason().unwrap_or("<none>").as_bytes()),
+    }
+    dst.put_slice(b"\r\n");
+
+    let mut encoding = None;
+    let mut length_written = None;
+    let mut wrote_date = false;
+    for (name, value) in headers {
+        if *name == header::CONTENT_LENGTH {
+            // A tunnel's answer has no body to state a length for.
+            if connect_tunnel {
+                return Err(WriteError::ContentLength);
+            }
+            match body {
+                BodySize::Empty if *client.method != Method::HEAD => continue,
+                // A HEAD's answer states the length its GET would have had, in one line.
+                BodySize::Empty if encoding.is_some() => return Err(WriteError::ContentLength),
+                BodySize::Empty => {}
+                BodySize::Known(known) => {
+                    if length_written.is_none() {
+                        length_written = Some(known);
+                        encoding = Some(Encoding::Length(known));
+                        line(dst, b"content-length", value.as_bytes());
+                    }
+                    continue;
+                }
+                BodySize::Unknown => {
+                    let stated = digits(value.as_bytes()).ok_or(WriteError::ContentLength)?;
+                    match length_written {
+                        Some(first) if first != stated => return Err(WriteError::ContentLength),
+                        Some(_) => {}
+                        None => {
+                            length_written = Some(stated);
+                            encoding = Some(Encoding::Length(stated));
+                            line(dst, b"content-length", value.as_bytes());
+                        }
+                    }
+                    continue;
+                }
+            }
+            encoding.get_or_insert(Encoding::Length(0));
+        } else if *name == header::DATE {
+            wrote_date = true;
+        }
+        line(dst, name.as_str().as_bytes(), value.as_bytes());
+    }
+
+    // The connection's own line, as hyper adds it, after the answer's lines: HTTP/1.0 is told it may stay,
+    // HTTP/1.1 that it will not.
+    if http10 && client.keep_alive {
+        dst.put_slice(b"connection: keep-alive\r\n");
+    } else if !http10 && !client.keep_alive {
+        dst.put_slice(b"connection: close\r\n");
+    }
+    let encoding = match encoding {
+        Some(encoding) => encoding,
+        None => match body {
+            BodySize::Unknown if may_be_chunked => {
+                dst.put_slice(b"transfer-encoding: chunked\r\n");
+                Encoding::Chunked
+            }
+            BodySize::Unknown => Encoding::UntilClose,
+            BodySize::Empty | BodySize::Known(0) => {
+                if may_have_length && *client.method != Method::HEAD {
+                    dst.put_slice(b"content-length: 0\r\n");
+                }
+                Encoding::Length(0)
+            }
+            BodySize::Known(known) if may_have_length => {
+                line(dst, b"content-length", known.to_string().as_bytes());
+                Encoding::Length(known)
+            }
+            BodySize::Known(_) => Encoding::Length(0),
+        },
+    };
+    let encoding = if no_body_ever || connect_tunnel || *client.method == Method::HEAD {
+        Encoding::Length(0)
+    } else {
+        encoding
+    };
+    if encoding == Encoding::UntilClose {
+        closes = true;
+    }
+    if !wrote_date {
+        dst.put_slice(b"date: ");
+        put_date(dst);
+        dst.put_slice(b"\r\n");
+    }
+    dst.put_slice(b"\r\n");
+    Ok(Written { encoding, closes })
+}
+
+fn line(dst: &mut BytesMut, name: &[u8], value: &[u8]) {
+    dst.put_slice(name);
+    dst.put_slice(b": ");
+    dst.put_slice(value);
+    dst.put_slice(b"\r\n");
+}
+
+/// A chunk's size line, to be written before its data (and `\r\n` after it).
+pub(crate) fn chunk_size_line(len: usize) -> Bytes {
+    Bytes::from(format!("{len:X}\r\n"))
+}
+
+/// What ends a chunked body without trailers (floodgate sends none to HTTP/1 clients: no `Trailer` line announces
+/// them).
+pub(crate) const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
+
+/// The `Date` value of this second, formatted once a second per thread.
+fn put_date(dst: &mut BytesMut) {
+    thread_local! {
+        static DATE: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
+    }
+    let now = SystemTime::now();
+    let second = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO)
+        .as_secs();
+    DATE.with_borrow_mut(|(at, text)| {
+        if *at != second {
+            *at = second;
+            *text = httpdate::fmt_http_date(now);
+        }
+        dst.put_slice(text.as_bytes());
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn written(status: StatusCode, headers: &[(&str, &str)], body: BodySize, client: Client<'_>) -> (String, Written) {
+        let mut map = HeaderMap::new();
+        for (name, value) in headers {
+            map.append(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap_or(header::WARNING),
+                http::HeaderValue::from_str(value).unwrap_or(http::HeaderValue::from_static("?")),
+            );
+        }
+        let mut dst = BytesMut::new();
+        let written = response_head(&mut dst, status, None, &map, body, client).unwrap_or_else(|e| panic!("{e}"));
+        let text = String::from_utf8_lossy(&dst).into_owned();
+        // The date's value changes every second.
+        let text = match text.find("date: ") {
+            Some(at) => format!("{}date: -\r\n\r\n", &text[..at]),
+            None => text,
+        };
+        (text, written)
+    }
+
+    const GET11: Client<'static> = Client {
+        method: &Method::GET,
+        version: Version::HTTP_11,
+        keep_alive: true,
+    };
+
+    #[test]
+    fn a_stream_goes_chunked_to_http_1_1_and_until_the_close_to_http_1_0() {
+        let (text, how) = written(StatusCode::OK, &[("x-a", "1")], BodySize::Unknown, GET11);
+        assert_eq!(
+            text,
+            "HTTP/1.1 200 OK\r\nx-a: 1\r\ntransfer-encoding: chunked\r\ndate: -\r\n\r\n"
+        );
+        assert_eq!(
+            how,
+            Written {
+                encoding: Encoding::Chunked,
+                closes: false
+            }
+        );
+        let old = Client {
+            version: Version::HTTP_10,
+            ..GET11
+        };
+        let (text, how) = written(StatusCode::OK, &[], BodySize::Unknown, old);
+        assert_eq!(text, "HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ndate: -\r\n\r\n");
+        assert_eq!(
+            how,
+            Written {
+                encoding: Encoding::UntilClose,
+                closes: true
+            }
+        );
+    }
+
+    #[test]
+    fn lengths_known_or_stated_and_heads_without_a_body() {
+        let (text, how) = written(StatusCode::NOT_FOUND, &[], BodySize::Known(5), GET11);
+        assert_eq!(text, "HTTP/1.1 404 Not Found\r\ncontent-length: 5\r\ndate: -\r\n\r\n");
+        assert_eq!(how.encoding, Encoding::Length(5));
+        let head = Client {
+            method: &Method::HEAD,
+            keep_alive: false,
+            ..GET11
+        };
+        let (text, how) = written(StatusCode::OK, &[("content-length", "42")], BodySize::Empty, head);
+        assert_eq!(
+            text,
+            "HTTP/1.1 200 OK\r\ncontent-length: 42\r\nconnection: close\r\ndate: -\r\n\r\n"
+        );
+        assert_eq!(
+            how,
+            Written {
+                encoding: Encoding::Length(0),
+                closes: true
+            }
+        );
+        let (text, _) = written(StatusCode::NO_CONTENT, &[], BodySize::Empty, GET11);
+        assert_eq!(text, "HTTP/1.1 204 No Content\r\ndate: -\r\n\r\n");
+    }
+}
