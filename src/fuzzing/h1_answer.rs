@@ -4,18 +4,15 @@
 //! same, but for the date's value.
 
 use std::convert::Infallible;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Method, Response, StatusCode, Version};
-use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::ext::ReasonPhrase;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 
-use super::h1_diff;
+use super::h1_diff::{self, OneFrame};
 use crate::forward::strip_hop_by_hop;
 use crate::h1::write::{self, BodySize, Client, Encoding};
 
@@ -146,38 +143,6 @@ async fn theirs(
     };
     let (_, written) = tokio::join!(serving, client);
     written
-}
-
-/// A body of one frame, its length told or not.
-struct OneFrame {
-    data: Option<Bytes>,
-    known: bool,
-}
-
-impl http_body::Body for OneFrame {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        Poll::Ready(
-            self.data
-                .take()
-                .filter(|data| !data.is_empty())
-                .map(|data| Ok(Frame::data(data))),
-        )
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.known && self.data.as_ref().is_none_or(Bytes::is_empty)
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match (&self.data, self.known) {
-            (Some(data), true) => SizeHint::with_exact(data.len() as u64),
-            (None, true) => SizeHint::with_exact(0),
-            (_, false) => SizeHint::default(),
-        }
-    }
 }
 
 /// `bytes` with the value of its `date` line taken out.

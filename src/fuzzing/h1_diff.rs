@@ -1,10 +1,14 @@
 //! What the two differential targets share: floodgate's decoding of a body, hyper's, and the one verdict on both.
 
+use std::convert::Infallible;
 use std::fmt::Debug;
+use std::pin::Pin;
 use std::sync::OnceLock;
+use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
+use http_body::{Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
@@ -96,6 +100,38 @@ pub(super) fn agree<H: PartialEq + Debug>(
                     "{context}: floodgate (left) and hyper (right) read the body differently"
                 ),
             }
+        }
+    }
+}
+
+/// A body of one frame, its length told or not.
+pub(super) struct OneFrame {
+    pub data: Option<Bytes>,
+    pub known: bool,
+}
+
+impl http_body::Body for OneFrame {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Poll::Ready(
+            self.data
+                .take()
+                .filter(|data| !data.is_empty())
+                .map(|data| Ok(Frame::data(data))),
+        )
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.known && self.data.as_ref().is_none_or(Bytes::is_empty)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match (&self.data, self.known) {
+            (Some(data), true) => SizeHint::with_exact(data.len() as u64),
+            (None, true) => SizeHint::with_exact(0),
+            (_, false) => SizeHint::default(),
         }
     }
 }

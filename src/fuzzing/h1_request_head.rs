@@ -4,7 +4,8 @@
 //! lines (names, values, order within a name) and body framing, so the upstream would be sent the same request;
 //! then the same body: its bytes and trailers, or a failure (cut short, bad chunked framing) for both. Where
 //! floodgate is stricter on purpose (`h1::chunked`'s two refusals hyper does not make), that is the only
-//! difference allowed.
+//! difference allowed. Then the request is sent upstream by floodgate's writer and by hyper's client, alike
+//! ([`super::h1_sent`]).
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
@@ -19,6 +20,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 
 use super::h1_diff::{self, BodyRead, Framed};
+use super::h1_sent;
 use crate::h1::request_head::{self, BodyFraming};
 
 /// floodgate's default `max_header_bytes`, for both readers.
@@ -57,7 +59,21 @@ pub fn h1_request_head(bytes: &[u8]) {
     let Ok(theirs) = theirs else {
         panic!("hyper's connection is stuck after {STUCK_AFTER:?}");
     };
+    let sent = match (&ours, &ours_read) {
+        (Ok(Some((head, _))), Some((_, Ok((body, _))))) => Some(h1_sent::Outgoing {
+            method: head.parts.method.clone(),
+            uri: head.parts.uri.clone(),
+            headers: head.parts.headers.clone(),
+            body: body.clone(),
+            length_known: matches!(head.body, BodyFraming::Length(_)),
+        }),
+        _ => None,
+    };
     h1_diff::agree("request", ours_read, theirs, &ours);
+    // The same request, on its way upstream.
+    if let Some(request) = sent {
+        h1_sent::sent_alike(request);
+    }
 }
 
 fn framed(body: BodyFraming) -> Framed {

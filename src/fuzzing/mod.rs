@@ -24,6 +24,7 @@ mod h1_answer;
 mod h1_diff;
 mod h1_request_head;
 mod h1_response_head;
+mod h1_sent;
 mod header_rewrite;
 mod request_head;
 mod upstream_head;

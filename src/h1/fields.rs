@@ -1,7 +1,7 @@
 //! The pieces of a header field's value the head readers act on (RFC 9110 §5.6: lists, tokens, numbers), and
 //! the names of httparse's errors. Each is one definition shared by the request and the response side.
 
-use http::HeaderValue;
+use http::{header, HeaderMap, HeaderValue};
 
 /// A plain decimal number: no sign, no space, no list.
 pub(super) fn digits(bytes: &[u8]) -> Option<u64> {
@@ -12,6 +12,21 @@ pub(super) fn digits(bytes: &[u8]) -> Option<u64> {
         let digit = char::from(byte).to_digit(10)?;
         total.checked_mul(10)?.checked_add(u64::from(digit))
     })
+}
+
+/// The one length every `Content-Length` line and list element states (`5, 5` is 5), if they all state the same.
+pub(super) fn stated_length(headers: &HeaderMap) -> Option<u64> {
+    let mut length = None;
+    for line in headers.get_all(header::CONTENT_LENGTH) {
+        for element in line.to_str().ok()?.split(',') {
+            let this = digits(element.trim_matches([' ', '\t']).as_bytes())?;
+            if length.is_some_and(|length| length != this) {
+                return None;
+            }
+            length = Some(this);
+        }
+    }
+    length
 }
 
 /// Whether the line's last coding is `chunked` (RFC 9112 §6.3: it must be the final one).

@@ -1,7 +1,7 @@
 //! floodgate's own HTTP/1 codec, for a data path in which a connection with no request in progress holds no
 //! buffer. Its pieces land here before the path that drives them: so far the readers of a client's request head
-//! ([`request_head`]), an upstream's response head ([`response_head`]) and a chunked body ([`chunked`]), and the
-//! writer of an answer to a client ([`write`]), checked against hyper's reading and writing by differential fuzz
+//! ([`request_head`]), an upstream's response head ([`response_head`]) and a chunked body ([`chunked`]), , and the
+//! writers of an answer to a client and of a request to an upstream ([`write`]), checked against hyper's reading and writing by differential fuzz
 //! targets. It never touches a socket, a pool or a metric.
 
 pub(crate) mod chunked;

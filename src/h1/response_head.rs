@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Response, StatusCode, Version};
 
-use super::fields::{digits, has_token, last_coding_is_chunked, tokenizer_error};
+use super::fields::{has_token, last_coding_is_chunked, stated_length, tokenizer_error};
 use super::{HeadError, MAX_HEADERS};
 
 /// The largest `Content-Length` taken, as for requests.
@@ -154,23 +154,10 @@ fn framing(
     if !headers.contains_key(header::CONTENT_LENGTH) {
         return Ok(Some((ResponseFraming::UntilClose, false)));
     }
-    let length = one_length(headers).ok_or(HeadError::Malformed("invalid Content-Length"))?;
+    let length = stated_length(headers)
+        .filter(|&length| length <= MAX_CONTENT_LENGTH)
+        .ok_or(HeadError::Malformed("invalid Content-Length"))?;
     Ok(Some((ResponseFraming::Length(length), false)))
-}
-
-/// The one length every `Content-Length` line and list element states, if they all state the same.
-fn one_length(headers: &HeaderMap) -> Option<u64> {
-    let mut length = None;
-    for line in headers.get_all(header::CONTENT_LENGTH) {
-        for element in line.to_str().ok()?.split(',') {
-            let this = digits(element.trim_matches([' ', '\t']).as_bytes())?;
-            if length.is_some_and(|length| length != this) {
-                return None;
-            }
-            length = Some(this);
-        }
-    }
-    length.filter(|&length| length <= MAX_CONTENT_LENGTH)
 }
 
 #[cfg(test)]

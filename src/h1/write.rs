@@ -178,6 +178,75 @@ fn line(dst: &mut BytesMut, name: &[u8], value: &[u8]) {
     dst.put_slice(b"\r\n");
 }
 
+/// Writes the head of a request to an upstream: `method target HTTP/1.1`, then `headers` in their order after the
+/// framing lines are put right for `body` (what is written is what hyper's client writes for the same request).
+/// The headers are changed in place as hyper changes its copy; returns how the body goes.
+pub(crate) fn request_head(
+    dst: &mut BytesMut,
+    method: &Method,
+    target: &http::Uri,
+    headers: &mut HeaderMap,
+    body: BodySize,
+) -> Encoding {
+    let encoding = request_framing(method, headers, body);
+    dst.reserve(32 + headers.len() * 32);
+    dst.put_slice(method.as_str().as_bytes());
+    dst.put_u8(b' ');
+    dst.put_slice(target.to_string().as_bytes());
+    dst.put_slice(b" HTTP/1.1\r\n");
+    for (name, value) in headers.iter() {
+        line(dst, name.as_str().as_bytes(), value.as_bytes());
+    }
+    dst.put_slice(b"\r\n");
+    encoding
+}
+
+/// RFC 9112 §6.3 from the sender's side: a coding the request states wins and ends in `chunked`; else a length
+/// it states; else what the body says (a stream goes chunked, but for methods that almost never have a body).
+fn request_framing(method: &Method, headers: &mut HeaderMap, body: BodySize) -> Encoding {
+    let known = match body {
+        BodySize::Empty => {
+            headers.remove(header::TRANSFER_ENCODING);
+            return Encoding::Length(0);
+        }
+        BodySize::Known(known) => Some(known),
+        BodySize::Unknown => None,
+    };
+    let stated = super::fields::stated_length(headers);
+    if let header::Entry::Occupied(mut codings) = headers.entry(header::TRANSFER_ENCODING) {
+        let ends_chunked = codings
+            .iter()
+            .next_back()
+            .is_some_and(super::fields::last_coding_is_chunked);
+        if !ends_chunked {
+            if let Some(last) = codings.iter_mut().next_back() {
+                let mut value = last.as_bytes().to_vec();
+                value.extend_from_slice(b", chunked");
+                if let Ok(value) = http::HeaderValue::from_bytes(&value) {
+                    *last = value;
+                }
+            }
+        }
+        headers.remove(header::CONTENT_LENGTH);
+        return Encoding::Chunked;
+    }
+    if let Some(stated) = stated {
+        return Encoding::Length(stated);
+    }
+    match known {
+        Some(known) => {
+            headers.insert(header::CONTENT_LENGTH, http::HeaderValue::from(known));
+            Encoding::Length(known)
+        }
+        None if matches!(*method, Method::GET | Method::HEAD | Method::CONNECT) => Encoding::Length(0),
+        None => {
+            headers.insert(header::TRANSFER_ENCODING, http::HeaderValue::from_static("chunked"));
+            headers.remove(header::CONTENT_LENGTH);
+            Encoding::Chunked
+        }
+    }
+}
+
 /// A chunk's size line, to be written before its data (and `\r\n` after it).
 pub(crate) fn chunk_size_line(len: usize) -> Bytes {
     Bytes::from(format!("{len:X}\r\n"))
