@@ -78,11 +78,14 @@ pub(crate) fn parse(received: &[u8], max_head_bytes: usize) -> Result<Option<(Re
         }
     }
     let body = meaning.framing()?;
-    let (mut parts, ()) = Request::new(()).into_parts();
-    parts.method = method;
-    parts.uri = uri;
-    parts.version = version;
-    parts.headers = headers;
+    let mut request = Request::builder()
+        .method(method)
+        .uri(uri)
+        .version(version)
+        .body(())
+        .map_err(|_| HeadError::Malformed("invalid request line"))?;
+    *request.headers_mut() = headers;
+    let (parts, ()) = request.into_parts();
     let head = RequestHead {
         parts,
         body,
