@@ -358,4 +358,51 @@ mod tests {
         let (text, _) = written(StatusCode::NO_CONTENT, &[], BodySize::Empty, GET11);
         assert_eq!(text, "HTTP/1.1 204 No Content\r\ndate: -\r\n\r\n");
     }
+
+    fn sent(method: Method, headers: &[(&str, &str)], body: BodySize) -> (String, Encoding) {
+        let mut map = HeaderMap::new();
+        for (name, value) in headers {
+            map.append(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap_or(header::WARNING),
+                http::HeaderValue::from_str(value).unwrap_or(http::HeaderValue::from_static("?")),
+            );
+        }
+        let mut dst = BytesMut::new();
+        let target = http::Uri::from_static("/up?x=1");
+        let encoding = request_head(&mut dst, &method, &target, &mut map, body);
+        (String::from_utf8_lossy(&dst).into_owned(), encoding)
+    }
+
+    #[test]
+    fn a_request_states_its_framing_once_and_in_the_form_its_body_needs() {
+        let (text, how) = sent(Method::POST, &[("host", "a")], BodySize::Known(3));
+        assert_eq!(text, "POST /up?x=1 HTTP/1.1\r\nhost: a\r\ncontent-length: 3\r\n\r\n");
+        assert_eq!(how, Encoding::Length(3));
+        let (text, how) = sent(Method::POST, &[("content-length", "7")], BodySize::Unknown);
+        assert_eq!(text, "POST /up?x=1 HTTP/1.1\r\ncontent-length: 7\r\n\r\n");
+        assert_eq!(how, Encoding::Length(7), "a stated length is kept over an unknown body");
+        let (text, how) = sent(Method::PUT, &[("content-length", "x")], BodySize::Unknown);
+        assert_eq!(text, "PUT /up?x=1 HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n");
+        assert_eq!(how, Encoding::Chunked, "a bad stated length gives way to chunked");
+        let (text, how) = sent(Method::GET, &[], BodySize::Unknown);
+        assert_eq!(text, "GET /up?x=1 HTTP/1.1\r\n\r\n");
+        assert_eq!(how, Encoding::Length(0), "a GET's stream is sent as no body");
+    }
+
+    #[test]
+    fn a_coding_that_does_not_end_in_chunked_is_made_to() {
+        let (text, how) = sent(
+            Method::POST,
+            &[("transfer-encoding", "gzip"), ("content-length", "5")],
+            BodySize::Known(5),
+        );
+        assert_eq!(
+            text,
+            "POST /up?x=1 HTTP/1.1\r\ntransfer-encoding: gzip, chunked\r\n\r\n"
+        );
+        assert_eq!(how, Encoding::Chunked);
+        let (text, how) = sent(Method::POST, &[("transfer-encoding", "chunked")], BodySize::Empty);
+        assert_eq!(text, "POST /up?x=1 HTTP/1.1\r\n\r\n");
+        assert_eq!(how, Encoding::Length(0), "an ended body sends no coding");
+    }
 }
