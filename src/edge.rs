@@ -32,7 +32,7 @@ use crate::forward::{local_response, ClientInfo, ResponseBody};
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
 
-pub use crate::access::X_REQUEST_ID;
+use crate::access::X_REQUEST_ID;
 
 /// The stack one client connection's requests go through; `activity` counts them in flight on that connection.
 pub fn stack(

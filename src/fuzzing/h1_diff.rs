@@ -13,6 +13,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use crate::h1::chunked::{self, Chunk, ChunkedDecoder, ChunkedError};
+use crate::h1::write::{self, Encoding};
 
 /// A body as hyper read it: its bytes and trailers, or a failure.
 pub(super) type BodyRead = Result<(Bytes, Option<HeaderMap>), ()>;
@@ -133,5 +134,21 @@ impl http_body::Body for OneFrame {
             (None, true) => SizeHint::with_exact(0),
             (_, false) => SizeHint::default(),
         }
+    }
+}
+
+/// `body` in `encoding`, as a writer of floodgate's sends it; a stated length shorter than the body sends that
+/// much of it.
+pub(super) fn put_body(dst: &mut BytesMut, encoding: Encoding, body: &[u8]) {
+    match encoding {
+        Encoding::Length(length) => {
+            let length = usize::try_from(length).unwrap_or(usize::MAX).min(body.len());
+            dst.extend_from_slice(body.get(..length).unwrap_or_default());
+        }
+        Encoding::Chunked => {
+            write::put_chunk(dst, body);
+            dst.extend_from_slice(write::LAST_CHUNK);
+        }
+        Encoding::UntilClose => dst.extend_from_slice(body),
     }
 }

@@ -14,7 +14,7 @@ use super::h1_diff::{self, OneFrame};
 use crate::forward::strip_hop_by_hop;
 use crate::h1::chunked::{Chunk, ChunkedDecoder};
 use crate::h1::request_head::{self, BodyFraming};
-use crate::h1::write::{self, BodySize, Encoding};
+use crate::h1::write::{self, BodySize};
 
 /// A connection that has not finished with all of its input by then is stuck.
 const STUCK_AFTER: Duration = Duration::from_secs(10);
@@ -57,21 +57,8 @@ pub(super) fn sent_alike(mut request: Outgoing) {
 fn ours(request: &Outgoing, body: BodySize) -> Vec<u8> {
     let mut dst = BytesMut::new();
     let mut headers = request.headers.clone();
-    match write::request_head(&mut dst, &request.method, &request.uri, &mut headers, body) {
-        Encoding::Length(length) => {
-            let length = usize::try_from(length).unwrap_or(usize::MAX).min(request.body.len());
-            dst.extend_from_slice(request.body.get(..length).unwrap_or_default());
-        }
-        Encoding::Chunked => {
-            if !request.body.is_empty() {
-                dst.extend_from_slice(&write::chunk_size_line(request.body.len()));
-                dst.extend_from_slice(&request.body);
-                dst.extend_from_slice(b"\r\n");
-            }
-            dst.extend_from_slice(write::LAST_CHUNK);
-        }
-        Encoding::UntilClose => dst.extend_from_slice(&request.body),
-    }
+    let encoding = write::request_head(&mut dst, &request.method, &request.uri, &mut headers, body);
+    h1_diff::put_body(&mut dst, encoding, &request.body);
     dst.to_vec()
 }
 

@@ -6,7 +6,6 @@
 //! which hyper takes as a line's end. It never reads a socket: the caller feeds it bytes and owns the buffer.
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{HeaderName, HeaderValue};
 use http::HeaderMap;
 
 use super::MAX_HEADERS;
@@ -178,11 +177,8 @@ impl ChunkedDecoder {
         let trailers = match httparse::parse_headers(section, &mut lines) {
             Ok(httparse::Status::Complete((len, fields))) if len == section_len => {
                 let mut trailers = HeaderMap::with_capacity(fields.len());
-                for field in fields {
-                    let name = HeaderName::from_bytes(field.name.as_bytes())
-                        .map_err(|_| ChunkedError("invalid trailer name"))?;
-                    let value =
-                        HeaderValue::from_bytes(field.value).map_err(|_| ChunkedError("invalid trailer value"))?;
+                for line in fields {
+                    let (name, value) = super::fields::field(line).map_err(ChunkedError)?;
                     trailers.append(name, value);
                 }
                 trailers
@@ -235,7 +231,7 @@ mod tests {
         let trailers = trailers.unwrap_or_default();
         assert_eq!(
             (trailers.len(), &trailers["x-sum"]),
-            (2, &HeaderValue::from_static("1"))
+            (2, &http::HeaderValue::from_static("1"))
         );
         assert_eq!(left, 4, "what follows the body stays");
         let (data, trailers, _) = decode_all(b"0\r\n\r\n").unwrap_or_default();

@@ -1,7 +1,10 @@
 //! The pieces of a header field's value the head readers act on (RFC 9110 §5.6: lists, tokens, numbers), and
 //! the names of httparse's errors. Each is one definition shared by the request and the response side.
 
-use http::{header, HeaderMap, HeaderValue};
+use http::header::HeaderName;
+use http::{header, HeaderMap, HeaderValue, Version};
+
+use super::HeadError;
 
 /// A plain decimal number: no sign, no space, no list.
 pub(super) fn digits(bytes: &[u8]) -> Option<u64> {
@@ -38,11 +41,37 @@ pub(super) fn last_coding_is_chunked(value: &HeaderValue) -> bool {
         .is_some_and(|coding| coding.trim_matches([' ', '\t']).eq_ignore_ascii_case("chunked"))
 }
 
-pub(super) fn has_token(value: &HeaderValue, token: &str) -> bool {
-    value.to_str().is_ok_and(|line| {
-        line.split(',')
-            .any(|item| item.trim_matches([' ', '\t']).eq_ignore_ascii_case(token))
-    })
+/// One header line as httparse tokenized it, as a name and a value; the error names which was invalid.
+pub(super) fn field(line: &httparse::Header<'_>) -> Result<(HeaderName, HeaderValue), &'static str> {
+    let name = HeaderName::from_bytes(line.name.as_bytes()).map_err(|_| "invalid header name")?;
+    let value = HeaderValue::from_bytes(line.value).map_err(|_| "invalid header value")?;
+    Ok((name, value))
+}
+
+/// How long a head httparse found complete is; `None` while it is incomplete and `received` (all the bytes read
+/// for it) is still below `max_head_bytes`.
+pub(super) fn head_len(
+    parsed: httparse::Result<usize>,
+    received: usize,
+    max_head_bytes: usize,
+) -> Result<Option<usize>, HeadError> {
+    match parsed {
+        Ok(httparse::Status::Complete(len)) if len > max_head_bytes => Err(HeadError::TooLarge),
+        Ok(httparse::Status::Complete(len)) => Ok(Some(len)),
+        Ok(httparse::Status::Partial) if received >= max_head_bytes => Err(HeadError::TooLarge),
+        Ok(httparse::Status::Partial) => Ok(None),
+        Err(httparse::Error::TooManyHeaders) => Err(HeadError::TooLarge),
+        Err(err) => Err(HeadError::Malformed(tokenizer_error(err))),
+    }
+}
+
+/// The version of a start line httparse read (it reads only `HTTP/1.0` and `HTTP/1.1`).
+pub(super) fn version(minor: u8) -> Version {
+    if minor == 1 {
+        Version::HTTP_11
+    } else {
+        Version::HTTP_10
+    }
 }
 
 pub(super) fn tokenizer_error(err: httparse::Error) -> &'static str {

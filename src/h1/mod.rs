@@ -15,6 +15,9 @@ use http::StatusCode;
 /// How many header lines a head may have, as hyper's default; more is answered `431`.
 pub(crate) const MAX_HEADERS: usize = 100;
 
+/// The largest `Content-Length` taken, as hyper takes it (the two values above are its body decoder's markers).
+const MAX_CONTENT_LENGTH: u64 = u64::MAX - 2;
+
 /// Why a head is refused; the connection ends after the answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum HeadError {

@@ -4,20 +4,20 @@
 //! head.
 //!
 //! It accepts and refuses exactly what hyper's HTTP/1 server does with floodgate's settings, and yields the same
-//! message; `fuzzing::h1_request_head` checks that on every input of the corpus.
+//! message; `fuzzing::h1_request_head` checks that on every input of the corpus. Whether the connection stays open
+//! is `forward::keeps_alive`'s answer, the relay's own (it reads a `close` even in a `Connection` line with a
+//! non-ASCII byte, which hyper passes over).
 
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Request, Uri, Version};
 
-use super::fields::{digits, has_token, last_coding_is_chunked, tokenizer_error};
-use super::{HeadError, MAX_HEADERS};
+use super::fields::{self, digits, last_coding_is_chunked};
+use super::{HeadError, MAX_CONTENT_LENGTH, MAX_HEADERS};
+use crate::forward::keeps_alive;
 
 /// The longest request target taken; longer is answered `414` (the most a `Uri` holds).
 const MAX_TARGET_BYTES: usize = u16::MAX as usize - 1;
-
-/// The largest `Content-Length` taken: the two values above it are the body decoder's markers in hyper.
-const MAX_CONTENT_LENGTH: u64 = u64::MAX - 2;
 
 /// A complete request head and what it says of the rest of the connection.
 #[derive(Debug)]
@@ -46,16 +46,10 @@ pub(crate) enum BodyFraming {
 pub(crate) fn parse(received: &[u8], max_head_bytes: usize) -> Result<Option<(RequestHead, usize)>, HeadError> {
     let mut lines = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut request = httparse::Request::new(&mut lines);
-    let head_len = match request.parse(received) {
-        Ok(httparse::Status::Complete(len)) => len,
-        Ok(httparse::Status::Partial) if received.len() >= max_head_bytes => return Err(HeadError::TooLarge),
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
-        Err(err) => return Err(HeadError::Malformed(tokenizer_error(err))),
+    let parsed = request.parse(received);
+    let Some(head_len) = fields::head_len(parsed, received.len(), max_head_bytes)? else {
+        return Ok(None);
     };
-    if head_len > max_head_bytes {
-        return Err(HeadError::TooLarge);
-    }
     // A complete parse fills all three.
     let (Some(method), Some(target), Some(minor)) = (request.method, request.path, request.version) else {
         return Err(HeadError::Malformed("incomplete request line"));
@@ -66,13 +60,11 @@ pub(crate) fn parse(received: &[u8], max_head_bytes: usize) -> Result<Option<(Re
     let method = Method::from_bytes(method.as_bytes()).map_err(|_| HeadError::Malformed("invalid method"))?;
     let uri = Uri::from_maybe_shared(Bytes::copy_from_slice(target.as_bytes()))
         .map_err(|_| HeadError::Malformed("invalid request target"))?;
-    let version = if minor == 1 { Version::HTTP_11 } else { Version::HTTP_10 };
+    let version = fields::version(minor);
     let mut meaning = Meaning::new(version, method == Method::CONNECT);
     let mut headers = HeaderMap::with_capacity(request.headers.len());
     for line in request.headers.iter() {
-        let name =
-            HeaderName::from_bytes(line.name.as_bytes()).map_err(|_| HeadError::Malformed("invalid header name"))?;
-        let value = HeaderValue::from_bytes(line.value).map_err(|_| HeadError::Malformed("invalid header value"))?;
+        let (name, value) = fields::field(line).map_err(HeadError::Malformed)?;
         if meaning.read(&name, &value, &mut headers)? {
             headers.append(name, value);
         }
@@ -86,22 +78,21 @@ pub(crate) fn parse(received: &[u8], max_head_bytes: usize) -> Result<Option<(Re
         .map_err(|_| HeadError::Malformed("invalid request line"))?;
     *request.headers_mut() = headers;
     let (parts, ()) = request.into_parts();
+    // A message framed both ways was an attempt to confuse some hop: nothing more is read after it.
+    let framed_twice = meaning.coded.is_some() && meaning.length_seen;
     let head = RequestHead {
+        keep_alive: keeps_alive(version, &parts.headers) && !framed_twice,
         parts,
         body,
-        keep_alive: meaning.keep_alive(),
         expects_continue: meaning.expects_continue,
         wants_upgrade: meaning.wants_upgrade,
     };
     Ok(Some((head, head_len)))
 }
 
-/// What the framing and connection headers say, read line by line in order.
+/// What the framing and expectation headers say, read line by line in order.
 struct Meaning {
     http11: bool,
-    keep_alive: bool,
-    /// A `Connection: close` once seen is not undone by a later `keep-alive`.
-    close_asked: bool,
     /// A `Transfer-Encoding` line was seen; whether the last one ends in `chunked`.
     coded: Option<bool>,
     /// A `Content-Length` line was seen (taken or not).
@@ -116,8 +107,6 @@ impl Meaning {
         let http11 = version == Version::HTTP_11;
         Meaning {
             http11,
-            keep_alive: http11,
-            close_asked: false,
             coded: None,
             length_seen: false,
             length: None,
@@ -155,14 +144,6 @@ impl Meaning {
                     None => self.length = Some(length),
                 }
             }
-            header::CONNECTION => {
-                if self.close_asked || has_token(value, "close") {
-                    self.close_asked = true;
-                    self.keep_alive = false;
-                } else if !self.keep_alive {
-                    self.keep_alive = has_token(value, "keep-alive");
-                }
-            }
             header::EXPECT => self.expects_continue = value.as_bytes().eq_ignore_ascii_case(b"100-continue"),
             header::UPGRADE => self.wants_upgrade = self.http11,
             _ => {}
@@ -176,11 +157,6 @@ impl Meaning {
             Some(false) => Err(HeadError::Malformed("Transfer-Encoding that does not end in chunked")),
             None => Ok(BodyFraming::Length(self.length.unwrap_or(0))),
         }
-    }
-
-    /// A message framed both ways was an attempt to confuse some hop: nothing more is read after it.
-    fn keep_alive(&self) -> bool {
-        self.keep_alive && !(self.coded.is_some() && self.length_seen)
     }
 }
 

@@ -8,14 +8,12 @@
 //! relay (both framings, a `101` it did not ask for) is decided later, as for hyper's reading.
 
 use bytes::Bytes;
-use http::header::{self, HeaderName, HeaderValue};
+use http::header;
 use http::{HeaderMap, Method, Response, StatusCode, Version};
 
-use super::fields::{has_token, last_coding_is_chunked, stated_length, tokenizer_error};
-use super::{HeadError, MAX_HEADERS};
-
-/// The largest `Content-Length` taken, as for requests.
-const MAX_CONTENT_LENGTH: u64 = u64::MAX - 2;
+use super::fields::{self, last_coding_is_chunked, stated_length};
+use super::{HeadError, MAX_CONTENT_LENGTH, MAX_HEADERS};
+use crate::forward::keeps_alive;
 
 /// A complete final response head and what it says of the rest of the connection.
 #[derive(Debug)]
@@ -72,34 +70,18 @@ fn parse_one(
 ) -> Result<Option<(Option<ResponseHead>, usize)>, HeadError> {
     let mut lines = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut response = httparse::Response::new(&mut lines);
-    let head_len = match response.parse(bytes) {
-        Ok(httparse::Status::Complete(len)) => len,
-        Ok(httparse::Status::Partial) if received >= max_head_bytes => return Err(HeadError::TooLarge),
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
-        Err(err) => return Err(HeadError::Malformed(tokenizer_error(err))),
+    let parsed = response.parse(bytes);
+    let Some(head_len) = fields::head_len(parsed, received, max_head_bytes)? else {
+        return Ok(None);
     };
     let (Some(minor), Some(code), Some(reason)) = (response.version, response.code, response.reason) else {
         return Err(HeadError::Malformed("incomplete status line"));
     };
     let status = StatusCode::from_u16(code).map_err(|_| HeadError::Malformed("invalid status code"))?;
-    let version = if minor == 1 { Version::HTTP_11 } else { Version::HTTP_10 };
-    let mut keep_alive = version == Version::HTTP_11;
-    let mut close_asked = false;
+    let version = fields::version(minor);
     let mut headers = HeaderMap::with_capacity(response.headers.len());
     for line in response.headers.iter() {
-        let name =
-            HeaderName::from_bytes(line.name.as_bytes()).map_err(|_| HeadError::Malformed("invalid header name"))?;
-        let value = HeaderValue::from_bytes(line.value).map_err(|_| HeadError::Malformed("invalid header value"))?;
-        if name == header::CONNECTION {
-            // As for requests: a `close` once seen is not undone.
-            if close_asked || has_token(&value, "close") {
-                close_asked = true;
-                keep_alive = false;
-            } else if !keep_alive {
-                keep_alive = has_token(&value, "keep-alive");
-            }
-        }
+        let (name, value) = fields::field(line).map_err(HeadError::Malformed)?;
         headers.append(name, value);
     }
     let Some((body, upgrade)) = framing(status, version, method, &headers)? else {
@@ -111,10 +93,10 @@ fn parse_one(
     parts.version = version;
     parts.headers = headers;
     let head = ResponseHead {
+        keep_alive: keeps_alive(version, &parts.headers) && !upgrade,
         parts,
         reason,
         body,
-        keep_alive: keep_alive && !upgrade,
         upgrade,
     };
     Ok(Some((Some(head), head_len)))

@@ -4,9 +4,10 @@
 //! `h1_response_head` fuzz target, byte for byte but the date). It never touches a socket.
 
 use std::cell::RefCell;
+use std::fmt::Write as _;
 use std::time::{Duration, SystemTime};
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{BufMut, BytesMut};
 use http::header::{self, HeaderMap};
 use http::{Method, StatusCode, Version};
 
@@ -71,7 +72,6 @@ pub(crate) fn response_head(
         status.is_informational() || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED;
     let may_have_length = !no_body_ever && !connect_tunnel;
     let may_be_chunked = may_have_length && *client.method != Method::HEAD && !http10;
-    let mut closes = !client.keep_alive || status == StatusCode::SWITCHING_PROTOCOLS || connect_tunnel;
 
     dst.reserve(64 + headers.len() * 32);
     dst.put_slice(if http10 { b"HTTP/1.0 " } else { b"HTTP/1.1 " });
@@ -83,8 +83,8 @@ pub(crate) fn response_head(
     }
     dst.put_slice(b"\r\n");
 
+    // Set by the first `Content-Length` line written, when the answer states its own length.
     let mut encoding = None;
-    let mut length_written = None;
     let mut wrote_date = false;
     for (name, value) in headers {
         if *name == header::CONTENT_LENGTH {
@@ -98,8 +98,7 @@ pub(crate) fn response_head(
                 BodySize::Empty if encoding.is_some() => return Err(WriteError::ContentLength),
                 BodySize::Empty => {}
                 BodySize::Known(known) => {
-                    if length_written.is_none() {
-                        length_written = Some(known);
+                    if encoding.is_none() {
                         encoding = Some(Encoding::Length(known));
                         line(dst, b"content-length", value.as_bytes());
                     }
@@ -107,11 +106,10 @@ pub(crate) fn response_head(
                 }
                 BodySize::Unknown => {
                     let stated = digits(value.as_bytes()).ok_or(WriteError::ContentLength)?;
-                    match length_written {
-                        Some(first) if first != stated => return Err(WriteError::ContentLength),
+                    match encoding {
+                        Some(Encoding::Length(first)) if first != stated => return Err(WriteError::ContentLength),
                         Some(_) => {}
                         None => {
-                            length_written = Some(stated);
                             encoding = Some(Encoding::Length(stated));
                             line(dst, b"content-length", value.as_bytes());
                         }
@@ -148,7 +146,7 @@ pub(crate) fn response_head(
                 Encoding::Length(0)
             }
             BodySize::Known(known) if may_have_length => {
-                line(dst, b"content-length", known.to_string().as_bytes());
+                let _ = write!(dst, "content-length: {known}\r\n");
                 Encoding::Length(known)
             }
             BodySize::Known(_) => Encoding::Length(0),
@@ -159,9 +157,10 @@ pub(crate) fn response_head(
     } else {
         encoding
     };
-    if encoding == Encoding::UntilClose {
-        closes = true;
-    }
+    let closes = !client.keep_alive
+        || status == StatusCode::SWITCHING_PROTOCOLS
+        || connect_tunnel
+        || encoding == Encoding::UntilClose;
     if !wrote_date {
         dst.put_slice(b"date: ");
         put_date(dst);
@@ -192,7 +191,7 @@ pub(crate) fn request_head(
     dst.reserve(32 + headers.len() * 32);
     dst.put_slice(method.as_str().as_bytes());
     dst.put_u8(b' ');
-    dst.put_slice(target.to_string().as_bytes());
+    let _ = write!(dst, "{target}");
     dst.put_slice(b" HTTP/1.1\r\n");
     for (name, value) in headers.iter() {
         line(dst, name.as_str().as_bytes(), value.as_bytes());
@@ -247,9 +246,14 @@ fn request_framing(method: &Method, headers: &mut HeaderMap, body: BodySize) -> 
     }
 }
 
-/// A chunk's size line, to be written before its data (and `\r\n` after it).
-pub(crate) fn chunk_size_line(len: usize) -> Bytes {
-    Bytes::from(format!("{len:X}\r\n"))
+/// One chunk of a chunked body: its size line, `data` and the CRLF that ends it (an empty `data` is no chunk:
+/// that would be the last).
+pub(crate) fn put_chunk(dst: &mut BytesMut, data: &[u8]) {
+    if !data.is_empty() {
+        let _ = write!(dst, "{:X}\r\n", data.len());
+        dst.put_slice(data);
+        dst.put_slice(b"\r\n");
+    }
 }
 
 /// What ends a chunked body without trailers (floodgate sends none to HTTP/1 clients: no `Trailer` line announces
@@ -279,7 +283,7 @@ fn put_date(dst: &mut BytesMut) {
 mod tests {
     use super::*;
 
-    fn written(status: StatusCode, headers: &[(&str, &str)], body: BodySize, client: Client<'_>) -> (String, Written) {
+    fn map(headers: &[(&str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();
         for (name, value) in headers {
             map.append(
@@ -287,8 +291,13 @@ mod tests {
                 http::HeaderValue::from_str(value).unwrap_or(http::HeaderValue::from_static("?")),
             );
         }
+        map
+    }
+
+    fn written(status: StatusCode, headers: &[(&str, &str)], body: BodySize, client: Client<'_>) -> (String, Written) {
         let mut dst = BytesMut::new();
-        let written = response_head(&mut dst, status, None, &map, body, client).unwrap_or_else(|e| panic!("{e}"));
+        let written =
+            response_head(&mut dst, status, None, &map(headers), body, client).unwrap_or_else(|e| panic!("{e}"));
         let text = String::from_utf8_lossy(&dst).into_owned();
         // The date's value changes every second.
         let text = match text.find("date: ") {
@@ -360,16 +369,9 @@ mod tests {
     }
 
     fn sent(method: Method, headers: &[(&str, &str)], body: BodySize) -> (String, Encoding) {
-        let mut map = HeaderMap::new();
-        for (name, value) in headers {
-            map.append(
-                http::HeaderName::from_bytes(name.as_bytes()).unwrap_or(header::WARNING),
-                http::HeaderValue::from_str(value).unwrap_or(http::HeaderValue::from_static("?")),
-            );
-        }
         let mut dst = BytesMut::new();
         let target = http::Uri::from_static("/up?x=1");
-        let encoding = request_head(&mut dst, &method, &target, &mut map, body);
+        let encoding = request_head(&mut dst, &method, &target, &mut map(headers), body);
         (String::from_utf8_lossy(&dst).into_owned(), encoding)
     }
 
