@@ -1,9 +1,10 @@
 //! The request's edges, built in one place: the proxy as a `tower::Service`, and what every request gets around
 //! it. An `X-Request-Id` (a trusted peer's kept, any other's replaced by one made here) is set on the request, so
 //! it goes upstream and into the access log, and returned on the answer; a tracing span per request carries the
-//! ID, the route, the upstream and the outcome, and stays open until the response's last byte (the outcome is
-//! recorded where it is counted, `forward::complete`); a panic in floodgate's own code is answered `500` rather
-//! than by a reset connection. It never routes, admits or answers anything but that `500`.
+//! ID, the route, the upstream and the outcome, and stays open until the response's last byte (the route is asked
+//! of the proxy before the span is made; the outcome is recorded where it is counted, `forward::complete`); a
+//! panic in floodgate's own code is answered `500` rather than by a reset connection. It never admits or answers
+//! anything but that `500`.
 //!
 //! Request IDs are tower-http's (`SetRequestId`, `PropagateRequestId`). Panics are caught here rather than by
 //! tower-http's `CatchPanic`, which boxes every response body; admission, the pool and retries stay the proxy's
@@ -24,6 +25,7 @@ use hyper::body::Incoming;
 use tower::util::MapRequestLayer;
 use tower::{Service, ServiceBuilder};
 use tower_http::request_id::{MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
+use tracing::field::display;
 use tracing::Instrument;
 
 use crate::activity::ClientActivity;
@@ -92,35 +94,51 @@ impl Service<Request<Incoming>> for ProxyService {
 
     fn call(&mut self, request: Request<Incoming>) -> Self::Future {
         let in_flight = self.activity.request_started();
-        // The fields are read only when the span is on.
+        // Routed first so the span is made with its fields (each later record costs about as much as making
+        // it); the fields are read only when the span is on.
+        let routed = self.proxy.route(&request);
+        let (route, upstream) = match &routed {
+            Ok((pool, picked)) => (Some(display(&picked.label)), Some(display(&pool.name))),
+            Err(_) => (None, None),
+        };
         let span = tracing::info_span!(
             "request",
-            id = request
+            id = %request
                 .headers()
                 .get(X_REQUEST_ID)
                 .and_then(|id| id.to_str().ok())
                 .unwrap_or("-"),
-            route = tracing::field::Empty,
-            upstream = tracing::field::Empty,
+            route,
+            upstream,
             outcome = tracing::field::Empty,
         );
-        let served = self.proxy.clone().serve(request, self.client.clone());
-        let answered = answer_panic(served, self.proxy.metrics.clone());
-        Box::pin(async move { Ok(answered.await.map(|body| body.tracked(in_flight))) }.instrument(span))
+        let (proxy, client) = (self.proxy.clone(), self.client.clone());
+        // The serving future is made inside the box: an async future held across an await is stored twice, and
+        // moving kilobytes of it into the box costs more than the request's own work.
+        Box::pin(
+            async move {
+                let metrics = proxy.metrics.clone();
+                let answered = answer_panic(proxy.serve_routed(request, client, routed), metrics).await;
+                Ok(answered.map(|body| body.tracked(in_flight)))
+            }
+            .instrument(span),
+        )
     }
 }
 
 /// `serve`'s answer, or, if it panics, a `500` counted as `internal_error`: the panic ends this request alone,
 /// and what it held (a lease, a place in the queue) is given back as it unwinds.
-async fn answer_panic(
+fn answer_panic(
     serve: impl Future<Output = Response<ResponseBody>>,
     metrics: Arc<Metrics>,
-) -> Response<ResponseBody> {
-    AssertUnwindSafe(serve).catch_unwind().await.unwrap_or_else(|_| {
-        tracing::error!("handling a request panicked; it is answered 500");
-        let err = ProxyError::Internal;
-        metrics.client_side(err.outcome(), Some(err.status()));
-        local_response(&err, None)
+) -> impl Future<Output = Response<ResponseBody>> {
+    AssertUnwindSafe(serve).catch_unwind().map(move |served| {
+        served.unwrap_or_else(|_| {
+            tracing::error!("handling a request panicked; it is answered 500");
+            let err = ProxyError::Internal;
+            metrics.client_side(err.outcome(), Some(err.status()));
+            local_response(&err, None)
+        })
     })
 }
 

@@ -62,11 +62,7 @@ impl UpstreamLane {
     /// that panics ends alone (what it held is dropped, so its lease and slot go back): one exchange's bug must not
     /// stop every upstream connection.
     pub fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
-        let task = std::panic::AssertUnwindSafe(task).catch_unwind().map(|ended| {
-            if ended.is_err() {
-                tracing::error!("a task in the upstream lane panicked; its exchange is abandoned");
-            }
-        });
+        // Boxed as it is: an exchange's future is kilobytes, and each wrapper around it before the box is a copy.
         let _ = self.inbox.send(Box::pin(task));
     }
 
@@ -88,7 +84,7 @@ impl UpstreamLane {
             std::future::poll_fn(move |cx| {
                 while open {
                     match inbox.poll_recv(cx) {
-                        Poll::Ready(Some(task)) => running.push(task),
+                        Poll::Ready(Some(task)) => running.push(std::panic::AssertUnwindSafe(task).catch_unwind()),
                         Poll::Ready(None) => open = false,
                         Poll::Pending => break,
                     }
@@ -97,7 +93,10 @@ impl UpstreamLane {
                 // them, and tokio's cooperative budget bounds the rest.
                 loop {
                     match running.poll_next_unpin(cx) {
-                        Poll::Ready(Some(())) => {}
+                        Poll::Ready(Some(Ok(()))) => {}
+                        Poll::Ready(Some(Err(_))) => {
+                            tracing::error!("a task in the upstream lane panicked; its exchange is abandoned")
+                        }
                         Poll::Ready(None) if !open => return Poll::Ready(()),
                         Poll::Ready(None) | Poll::Pending => return Poll::Pending,
                     }

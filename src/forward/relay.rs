@@ -36,19 +36,23 @@ pub struct Completion {
 }
 
 impl Completion {
-    /// Made while the request's span is the current one.
-    pub fn new(counters: Arc<OutcomeCounters>, status: StatusCode, access: Option<Box<Entry>>) -> Self {
+    pub fn new(
+        counters: Arc<OutcomeCounters>,
+        status: StatusCode,
+        access: Option<Box<Entry>>,
+        span: tracing::Span,
+    ) -> Self {
         Completion {
             counters,
             status,
             access,
-            span: tracing::Span::current(),
+            span,
         }
     }
 
     pub fn record(self, outcome: Outcome) {
         let bytes = self.access.as_ref().map_or(0, |entry| entry.relayed_bytes());
-        count(
+        complete(
             &self.counters,
             Some(self.status),
             self.access,
@@ -59,19 +63,9 @@ impl Completion {
     }
 }
 
-/// Counts how a request ended, on its metrics, its span (the current one) and its access-log line (when
-/// `access` is there): every request the proxy answers, or loses to its client, ends here exactly once.
+/// Counts how a request ended, on its metrics, its span and its access-log line (when `access` is there): every
+/// request the proxy answers, or loses to its client, ends here exactly once.
 pub fn complete(
-    counters: &OutcomeCounters,
-    status: Option<StatusCode>,
-    access: Option<Box<Entry>>,
-    outcome: Outcome,
-    bytes: u64,
-) {
-    count(counters, status, access, outcome, bytes, &tracing::Span::current());
-}
-
-fn count(
     counters: &OutcomeCounters,
     status: Option<StatusCode>,
     access: Option<Box<Entry>>,
@@ -80,7 +74,7 @@ fn count(
     span: &tracing::Span,
 ) {
     counters.record(outcome, status);
-    span.record("outcome", outcome.as_str());
+    span.record("outcome", tracing::field::display(outcome.as_str()));
     if let Some(entry) = access {
         entry.write(outcome, status, bytes);
     }

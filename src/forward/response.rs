@@ -187,6 +187,7 @@ pub async fn to_client(
     access: Option<Box<Entry>>,
     watch: bool,
     budget: &Arc<BufferBudget>,
+    span: &tracing::Span,
 ) -> Result<Response<ResponseBody>, (ProxyError, Option<Box<Entry>>)> {
     let (mut parts, mut body) = response.into_parts();
     if let Some(malformed) = malformed(&mut parts) {
@@ -199,7 +200,7 @@ pub async fn to_client(
     }
     strip_hop_by_hop(&mut parts.headers);
     parts.version = Version::HTTP_11;
-    let completion = Completion::new(counters, parts.status, access);
+    let completion = Completion::new(counters, parts.status, access, span.clone());
     let limits = lease.pool().limits();
     let (limit, idle_timeout) = (limits.buffer_response_bytes, limits.body_idle_timeout);
     drop(limits);

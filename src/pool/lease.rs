@@ -58,7 +58,9 @@ impl Lease {
     pub async fn connection(&mut self) -> Result<&mut Conn, ProxyError> {
         if let Held::Dial(_) = self.held {
             if let Held::Dial(slot) = std::mem::replace(&mut self.held, Held::Nothing) {
-                self.held = Held::Conn(self.pool.dial(slot).await?);
+                // Boxed: the dial (DNS, TCP, TLS, handshake) is kilobytes of future, and rare beside reuse; inline,
+                // every exchange's future would carry it and be copied with it.
+                self.held = Held::Conn(Box::pin(self.pool.dial(slot)).await?);
             }
         }
         match &mut self.held {

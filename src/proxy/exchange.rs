@@ -33,6 +33,7 @@ pub(super) async fn exchange(
     access: Option<Box<Entry>>,
     watch_body: bool,
     buffers: Arc<BufferBudget>,
+    span: &tracing::Span,
 ) -> Answer {
     let pool = lease.pool().clone();
     let (response, lease) = match send(&pool, lease, request).await {
@@ -40,7 +41,7 @@ pub(super) async fn exchange(
         Err(err) => return Err((err, access)),
     };
     let counters = pool.metrics.requests.clone();
-    forward::to_client(response, lease, counters, access, watch_body, &buffers).await
+    forward::to_client(response, lease, counters, access, watch_body, &buffers, span).await
 }
 
 /// An admitted request on its way to the upstream side: the rest of its path runs there, in a task of its own.
@@ -59,6 +60,9 @@ pub(super) struct AdmittedExchange {
     pub(super) access: Option<Box<Entry>>,
     pub(super) watch_body: bool,
     pub(super) buffers: Arc<BufferBudget>,
+    /// The request's span. The lane's tasks do not enter it (an enter and exit on every poll cost more than the
+    /// rest of the span); what is counted here is recorded on it, and the client's answer keeps it open.
+    pub(super) span: tracing::Span,
 }
 
 impl AdmittedExchange {
@@ -79,6 +83,7 @@ impl AdmittedExchange {
             mut access,
             watch_body,
             buffers,
+            span,
         } = self;
         let lease = match admitted {
             Admitted::Now(lease) => lease,
@@ -101,18 +106,18 @@ impl AdmittedExchange {
                     // close): a request nobody waits for any more is not sent. Its lease goes to the next waiter.
                     Ok(lease) if http1_socket.as_deref().is_some_and(net::peer_has_closed) => {
                         drop(lease);
-                        client_left(&counters, access, answer);
+                        client_left(&counters, access, answer, &span);
                         return;
                     }
                     Ok(lease) => lease,
                     Err(Refused::Shed(shed)) => {
                         if let Err(Err((_, access))) = answer.send(Err((ProxyError::Shed(shed), access))) {
-                            forward::complete(&counters, None, access, Outcome::ClientAbort, 0);
+                            forward::complete(&counters, None, access, Outcome::ClientAbort, 0, &span);
                         }
                         return;
                     }
                     Err(Refused::ClientGone) => {
-                        client_left(&counters, access, answer);
+                        client_left(&counters, access, answer, &span);
                         return;
                     }
                 }
@@ -125,17 +130,22 @@ impl AdmittedExchange {
         if let Some(entry) = access.as_mut() {
             entry.admitted();
         }
-        let answered = exchange(lease, request, access, watch_body, buffers).await;
+        let answered = exchange(lease, request, access, watch_body, buffers, &span).await;
         if let Err(Err((_, access))) = answer.send(answered) {
-            forward::complete(&pool.metrics.requests, None, access, Outcome::ClientAbort, 0);
+            forward::complete(&pool.metrics.requests, None, access, Outcome::ClientAbort, 0, &span);
         }
     }
 }
 
 /// A queued request's client left: counted as its abort, and answered (if its task still waits) with an answer
 /// nobody will read.
-pub(super) fn client_left(counters: &OutcomeCounters, access: Option<Box<Entry>>, answer: oneshot::Sender<Answer>) {
-    forward::complete(counters, None, access, Outcome::ClientAbort, 0);
+pub(super) fn client_left(
+    counters: &OutcomeCounters,
+    access: Option<Box<Entry>>,
+    answer: oneshot::Sender<Answer>,
+    span: &tracing::Span,
+) {
+    forward::complete(counters, None, access, Outcome::ClientAbort, 0, span);
     let _ = answer.send(Ok(forward::local_response(&ProxyError::Shed(Shed::QueueTimeout), None)));
 }
 
@@ -341,7 +351,14 @@ impl<'a> AbortWatch<'a> {
 impl Drop for AbortWatch<'_> {
     fn drop(&mut self) {
         if let Some(counters) = self.counters {
-            forward::complete(counters, None, self.access.take(), Outcome::ClientAbort, 0);
+            forward::complete(
+                counters,
+                None,
+                self.access.take(),
+                Outcome::ClientAbort,
+                0,
+                &tracing::Span::current(),
+            );
         }
     }
 }
@@ -356,6 +373,13 @@ pub(super) fn answer_locally(
     let response = forward::local_response(&err, advice);
     // The body of a local answer is the reason's text.
     let bytes = err.reason().len() as u64;
-    forward::complete(counters, Some(response.status()), access, err.outcome(), bytes);
+    forward::complete(
+        counters,
+        Some(response.status()),
+        access,
+        err.outcome(),
+        bytes,
+        &tracing::Span::current(),
+    );
     response
 }

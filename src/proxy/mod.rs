@@ -22,7 +22,7 @@ use crate::admission::{self, Patience, Place, Shed};
 use crate::buffer::BufferBudget;
 use crate::config::{Config, FairKey, UpstreamConfig, MAX_PRIORITY};
 use crate::error::ProxyError;
-use crate::forward::{self, ClientInfo, RequestBody, ResponseBody};
+use crate::forward::{self, ClientInfo, ResponseBody};
 use crate::metrics::Metrics;
 use crate::pool::{Admitted, Refused, UpstreamPool};
 use crate::route::{Picked, Router};
@@ -138,6 +138,17 @@ impl Proxy {
 
     /// Serves one request from `client`'s connection.
     pub async fn serve(self: Arc<Self>, request: Request<Incoming>, client: Arc<ClientInfo>) -> Response<ResponseBody> {
+        let routed = self.route(&request);
+        self.serve_routed(request, client, routed).await
+    }
+
+    /// Serves one request already routed (or refused) by [`Proxy::route`].
+    pub async fn serve_routed(
+        self: Arc<Self>,
+        request: Request<Incoming>,
+        client: Arc<ClientInfo>,
+        routed: Result<(Arc<UpstreamPool>, Picked), ProxyError>,
+    ) -> Response<ResponseBody> {
         // A client's own deadline runs from when its request arrived, body reading included.
         let received = tokio::time::Instant::now();
         let mut body_unread = !request.body().is_end_stream();
@@ -145,13 +156,14 @@ impl Proxy {
         // The client asked to hear from us before it sends the body: that answer waits for admission.
         let awaits_continue = request.headers().contains_key(header::EXPECT);
         let mut access = Entry::start(self.access_log, client.peer, &request);
-        let (pool, picked, mut upstream_request) = match self.prepare(request, &client) {
+        let prepared = routed.and_then(|(pool, picked)| {
+            let upstream_request = forward::to_upstream(request, &client, &pool)?;
+            Ok((pool, picked, upstream_request))
+        });
+        let (pool, picked, mut upstream_request) = match prepared {
             Ok(prepared) => prepared,
             Err(err) => return self.refuse(err, access),
         };
-        let span = tracing::Span::current();
-        span.record("route", &*picked.label);
-        span.record("upstream", &*pool.name);
         if let Some(entry) = access.as_mut() {
             entry.routed(&pool.name);
         }
@@ -226,10 +238,10 @@ impl Proxy {
             // An HTTP/2 client can stop a stream without blocking its socket; its body gets a watchdog.
             watch_body: !is_http1,
             buffers: self.buffers.clone(),
+            span: tracing::Span::current(),
         };
         let (answer, answered) = oneshot::channel();
-        self.lane
-            .spawn(tracing::Instrument::in_current_span(admitted.run(answer)));
+        self.lane.spawn(admitted.run(answer));
         match answered.await {
             Ok(Ok(response)) => response,
             Ok(Err((err, access))) => {
@@ -244,11 +256,20 @@ impl Proxy {
     }
 
     /// The steps before admission: tunnels refused, the upstream picked, the head rewritten for it.
+    #[cfg(feature = "fuzzing")]
     pub(crate) fn prepare(
         &self,
         request: Request<Incoming>,
         client: &ClientInfo,
-    ) -> Result<(Arc<UpstreamPool>, Picked, Request<RequestBody>), ProxyError> {
+    ) -> Result<(Arc<UpstreamPool>, Picked, Request<forward::RequestBody>), ProxyError> {
+        let (pool, picked) = self.route(&request)?;
+        let upstream_request = forward::to_upstream(request, client, &pool)?;
+        Ok((pool, picked, upstream_request))
+    }
+
+    /// Which upstream and route `request` goes to, once the checks that come before routing pass (tunnels
+    /// refused, a sound target and Host). Decided before the request's span opens, so the span carries them.
+    pub(crate) fn route<B>(&self, request: &Request<B>) -> Result<(Arc<UpstreamPool>, Picked), ProxyError> {
         if request.method() == Method::CONNECT || request.headers().contains_key(header::UPGRADE) {
             return Err(ProxyError::TunnelNotSupported);
         }
@@ -261,10 +282,7 @@ impl Proxy {
         let (pool, picked) = router
             .pick_route(host, request.uri().path())
             .ok_or(ProxyError::NoRoute)?;
-        let (pool, picked) = (pool.clone(), picked.clone());
-        drop(router);
-        let upstream_request = forward::to_upstream(request, client, &pool)?;
-        Ok((pool, picked, upstream_request))
+        Ok((pool.clone(), picked.clone()))
     }
 
     fn refuse(&self, err: ProxyError, access: Option<Box<Entry>>) -> Response<ResponseBody> {

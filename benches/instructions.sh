@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Instructions per response of floodgate binaries, counted by valgrind (cachegrind, no cache simulation): a
+# figure the machine's noise does not move, for a change's cost on the hot path where timings between runs
+# (benches/side_by_side.sh) cannot tell a 10 % difference. Each binary serves FEW and then MANY requests in two
+# runs under valgrind; the difference of the two totals over MANY - FEW is its cost per response, start-up and
+# shutdown cancelled out. It counts floodgate's own work (user space, every thread), not the kernel's, and one
+# client at a time (CLIENTS, 4) is not the batching of a loaded proxy: it complements the timed benchmarks.
+#
+#   benches/instructions.sh BINARY... [-- FEW MANY CLIENTS]   (defaults 1000 5000 4)
+#
+# Needs valgrind (apt-get install valgrind) and oha (cargo install oha); bench_upstream (cargo build --release
+# --examples) answers at once. Extra proxy flags go in FLOODGATE_FLAGS (e.g. "--log-level warn").
+set -euo pipefail
+binaries=()
+while [ $# -gt 0 ] && [ "$1" != -- ]; do binaries+=("$1"); shift; done
+[ $# -gt 0 ] && shift
+few=${1:-1000}
+many=${2:-5000}
+clients=${3:-4}
+[ ${#binaries[@]} -gt 0 ] || { sed -n '2,12p' "$0" >&2; exit 2; }
+target=${CARGO_TARGET_DIR:-$(dirname "$0")/../target}
+upstream="$target/release/examples/bench_upstream"
+[ -x "$upstream" ] || { echo "build it first: cargo build --release --examples" >&2; exit 2; }
+for tool in valgrind oha; do
+  command -v "$tool" >/dev/null || { echo "needs $tool (see the header of $0)" >&2; exit 2; }
+done
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+up_port=$(port); ctl_port=$(port)
+"$upstream" --listen "127.0.0.1:$up_port" --control "127.0.0.1:$ctl_port" --delay-ms 0 >/dev/null 2>&1 &
+up_pid=$!
+work=$(mktemp -d)
+trap 'kill $up_pid 2>/dev/null || true; rm -rf "$work"' EXIT
+sleep 0.5
+
+# Total instructions of one run of $1 serving $2 requests.
+count() {
+  local binary=$1 requests=$2 listen admin pid
+  listen=$(port); admin=$(port)
+  # shellcheck disable=SC2086
+  valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file="$work/out" \
+    "$binary" --listen "127.0.0.1:$listen" --admin "127.0.0.1:$admin" --upstream "http://127.0.0.1:$up_port" \
+    --max-connections 8 --threads 1 ${FLOODGATE_FLAGS:-} >"$work/log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 200); do
+    curl -fs "http://127.0.0.1:$admin/healthz" >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  oha -n "$requests" -c "$clients" --no-tui "http://127.0.0.1:$listen/" >"$work/oha" 2>&1
+  grep -q "\[200\] $requests responses" "$work/oha" || { echo "not every request was served:" >&2; cat "$work/oha" >&2; exit 1; }
+  kill -TERM "$pid"
+  wait "$pid" 2>/dev/null || true
+  awk '/^summary:/{print $2}' "$work/out"
+}
+
+for binary in "${binaries[@]}"; do
+  low=$(count "$binary" "$few")
+  high=$(count "$binary" "$many")
+  per=$(( (high - low) / (many - few) ))
+  echo "$binary instructions_per_response=$per (runs: $few -> $low, $many -> $high)"
+done
