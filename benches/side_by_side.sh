@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
-# Two floodgate binaries side by side, alternating in one run: CPU-µs per response of each (and 2xx/s in a closed
-# loop). For a change's cost on the hot path where the machine's noise would hide it between separate runs.
+# floodgate binaries side by side, alternating in one run: CPU-µs per response of each, its RSS at the end of the
+# load (and 2xx/s in a closed loop). For a change's cost on the hot path where the machine's noise would hide it
+# between separate runs.
 #
-#   benches/side_by_side.sh OLD_BINARY NEW_BINARY [REPS] [LOAD] [DELAY_MS] [THREADS]
+#   benches/side_by_side.sh BINARY BINARY... [REPS] [LOAD] [DELAY_MS] [THREADS]
 #
-# LOAD is a request rate (1000: oha sends that many requests a second over 50 connections; cargo install oha) or
-# closed:CLIENTS (wrk, CLIENTS connections on 2 threads with no pause, where the proxy is the bottleneck when
-# DELAY_MS is 0; apt-get install wrk). bench_upstream (cargo build --release --examples) answers after DELAY_MS
-# (2); each run measures 8 s after a warm-up; the proxy runs `--threads THREADS` (1) with a cap of 8. Prints one
-# line per run.
+# The binaries come first (paths to executables: OLD NEW, or several to compare); REPS rounds (3) each run every
+# binary once. LOAD is a request rate (1000: oha sends that many requests a second over 50 connections; cargo
+# install oha) or closed:CLIENTS (wrk, CLIENTS connections on 2 threads with no pause, where the proxy is the
+# bottleneck when DELAY_MS is 0; apt-get install wrk). bench_upstream (cargo build --release --examples) answers
+# after DELAY_MS (2); each run measures 8 s after a warm-up; the proxy runs `--threads THREADS` (1) with a cap of 8.
+# Prints one line per run.
 set -euo pipefail
-old=$1
-new=$2
-reps=${3:-3}
-load=${4:-1000}
-delay=${5:-2}
-threads=${6:-1}
+binaries=()
+while [ $# -gt 0 ] && [ -f "$1" ] && [ -x "$1" ]; do binaries+=("$1"); shift; done
+[ ${#binaries[@]} -ge 1 ] || { sed -n '2,13p' "$0" >&2; exit 2; }
+reps=${1:-3}
+load=${2:-1000}
+delay=${3:-2}
+threads=${4:-1}
 target=${CARGO_TARGET_DIR:-$(dirname "$0")/../target}
 upstream="$target/release/examples/bench_upstream"
 [ -x "$upstream" ] || { echo "build it first: cargo build --release --examples" >&2; exit 2; }
@@ -42,9 +45,7 @@ drive() {
   fi
 }
 for rep in $(seq 1 "$reps"); do
-  for which in old new; do
-    binary=$old
-    [ "$which" = new ] && binary=$new
+  for binary in "${binaries[@]}"; do
     listen=$(port); admin=$(port)
     "$binary" --listen "127.0.0.1:$listen" --admin "127.0.0.1:$admin" --upstream "http://127.0.0.1:$up_port" \
       --max-connections 8 --threads "$threads" >/dev/null 2>&1 &
@@ -54,6 +55,7 @@ for rep in $(seq 1 "$reps"); do
     before=$(awk '{print $14+$15}' "/proc/$pid/stat")
     drive "$listen" 8
     after=$(awk '{print $14+$15}' "/proc/$pid/stat")
+    rss=$(awk '/^VmRSS/{printf "%.1f", $2/1024}' "/proc/$pid/status")
     if [ "$tool" = wrk ]; then
       responses=$(awk '/requests in/{print $1}' "$out")
       rate=" rps=$(awk '/Requests\/sec/{print $2}' "$out")"
@@ -62,7 +64,7 @@ for rep in $(seq 1 "$reps"); do
       rate=""
     fi
     per=$(python3 -c "print(round(($after-$before)*1e6/$tck/max(${responses:-0},1),1))")
-    echo "rep $rep $which responses=${responses:-0}$rate cpu_us_per_response=$per"
+    echo "rep $rep $binary responses=${responses:-0}$rate cpu_us_per_response=$per rss_mb=$rss"
     kill "$pid"
     wait "$pid" 2>/dev/null || true
   done

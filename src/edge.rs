@@ -21,7 +21,6 @@ use std::task::{Context, Poll};
 
 use futures_util::FutureExt;
 use http::{HeaderValue, Request, Response};
-use hyper::body::Incoming;
 use tower::util::MapRequestLayer;
 use tower::{Service, ServiceBuilder};
 use tower_http::request_id::{MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
@@ -29,6 +28,7 @@ use tracing::field::display;
 use tracing::Instrument;
 
 use crate::activity::ClientActivity;
+use crate::body::ClientBody;
 use crate::error::ProxyError;
 use crate::forward::{local_response, ClientInfo, ResponseBody};
 use crate::metrics::Metrics;
@@ -41,11 +41,11 @@ pub fn stack(
     proxy: Arc<Proxy>,
     client: Arc<ClientInfo>,
     activity: Arc<ClientActivity>,
-) -> impl Service<Request<Incoming>, Response = Response<ResponseBody>, Error = Infallible, Future: Send> + Clone {
+) -> impl Service<Request<ClientBody>, Response = Response<ResponseBody>, Error = Infallible, Future: Send> + Clone {
     let trusted = client.trusted;
     ServiceBuilder::new()
         // An ID from a peer that is not trusted could be chosen to collide with another request's.
-        .layer(MapRequestLayer::new(move |mut request: Request<Incoming>| {
+        .layer(MapRequestLayer::new(move |mut request: Request<ClientBody>| {
             if !trusted {
                 request.headers_mut().remove(X_REQUEST_ID);
             }
@@ -83,7 +83,7 @@ struct ProxyService {
     activity: Arc<ClientActivity>,
 }
 
-impl Service<Request<Incoming>> for ProxyService {
+impl Service<Request<ClientBody>> for ProxyService {
     type Response = Response<ResponseBody>;
     type Error = Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
@@ -92,7 +92,7 @@ impl Service<Request<Incoming>> for ProxyService {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: Request<Incoming>) -> Self::Future {
+    fn call(&mut self, request: Request<ClientBody>) -> Self::Future {
         let in_flight = self.activity.request_started();
         // Routed first so the span is made with its fields (each later record costs about as much as making
         // it); the fields are read only when the span is on.

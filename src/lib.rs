@@ -44,8 +44,6 @@ pub mod forward;
 #[doc(hidden)]
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
-// The lean HTTP/1 path's pieces land, tested, before the path that uses them.
-#[allow(dead_code)]
 pub(crate) mod h1;
 pub mod metrics;
 pub(crate) mod net;

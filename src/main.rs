@@ -79,8 +79,13 @@ enum Command {
 }
 
 /// Gives a flood's memory back within about a second of its end (see Cargo.toml and docs/memory.md).
+#[cfg(feature = "jemalloc")]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+#[cfg(all(feature = "mimalloc", not(feature = "jemalloc")))]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -123,6 +128,7 @@ fn main() -> ExitCode {
     };
     // Gives freed memory back on a timer rather than only when the allocator is next called (docs/memory.md);
     // without it floodgate still runs, keeping a flood's memory longer.
+    #[cfg(feature = "jemalloc")]
     if let Err(err) = tikv_jemalloc_ctl::background_thread::write(true) {
         tracing::warn!(error = %err, "the allocator's purging thread did not start; freed memory goes back later");
     }

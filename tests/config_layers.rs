@@ -54,8 +54,17 @@ impl Run {
     }
 }
 
+/// floodgate with `env` as its only `FLOODGATE__` variables: the layers under test are these, not those the suite
+/// itself may run under (`FLOODGATE__HTTP1_SERVER`, to run it against floodgate's own HTTP/1 server).
 fn floodgate(args: &[&str], env: &[(&str, &str)]) -> Run {
-    let (status, stdout, stderr) = run_to_exit_with_env(args, env, Duration::from_secs(10));
+    let mut command = std::process::Command::new(floodgate_bin());
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().to_ascii_uppercase().starts_with("FLOODGATE__") {
+            command.env_remove(name);
+        }
+    }
+    command.args(args).envs(env.iter().copied());
+    let (status, stdout, stderr) = run_command_to_exit(command, Duration::from_secs(10));
     Run { status, stdout, stderr }
 }
 

@@ -583,3 +583,29 @@ upstream = "other"
     assert_eq!(dotted.recorded_with_prefix("/dot/route").len(), 1);
     assert!(other.recorded().is_empty(), "{:?}", other.recorded());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_requests_are_answered_in_order_on_one_connection() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 2, &[]).await;
+    let mut conn = RawConn::connect(proxy.listen).await;
+    // Three requests in one write, a body in the middle one: each is read only after the one before it.
+    conn.write(
+        b"GET /status/201 HTTP/1.1\r\nHost: client.test\r\n\r\n\
+          POST /echo HTTP/1.1\r\nHost: client.test\r\nContent-Length: 5\r\n\r\nhello\
+          GET /status/203 HTTP/1.1\r\nHost: client.test\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let timeout = Duration::from_secs(5);
+    let first = conn.read_response(false, timeout).await.unwrap();
+    let second = conn.read_response(false, timeout).await.unwrap();
+    let third = conn.read_response(false, timeout).await.unwrap();
+    assert_eq!((first.status, second.status, third.status), (201, 200, 203));
+    assert_eq!(second.text(), "5", "the echo counts the body it read");
+    assert_eq!(
+        upstream.accepted(),
+        1,
+        "one upstream connection carried them one after another"
+    );
+}

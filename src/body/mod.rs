@@ -2,10 +2,13 @@
 //! making no progress, and how far an upload has gone. Below both `forward` (which relays bodies) and `pool` (whose
 //! connections carry them); it never holds a lease or a connection.
 
+mod client;
 mod progress;
 mod request;
 mod stall;
 
+pub(crate) use client::{discard_received, Framing, Reading};
+pub use client::{ClientBody, ClientBodyError, Http1Body};
 pub use progress::UploadProgress;
 pub use request::{client_body_failure, CutOff, RequestBody};
 pub use stall::BodyStalled;

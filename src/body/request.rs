@@ -1,24 +1,21 @@
 //! The request body on its way upstream: sent from memory when it was read before admission, else relayed from the
 //! client with a timeout when the client stops sending, its progress reported to the lease. It never answers.
 
-use std::io::ErrorKind;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
-
-use super::{BodyStalled, BoxError, IdleTimer, UploadProgress};
+use super::{BodyStalled, BoxError, ClientBody, ClientBodyError, IdleTimer, UploadProgress};
 use crate::buffer::{self, BufferBudget, Buffered, ReadError};
 use crate::error::ProxyError;
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
 
 /// The client's request body on its way upstream; fails if the client stops sending for too long.
 pub struct RequestBody {
     /// What is still to be read from the client; `None` once all of it is read (or there was none).
-    inner: Option<Incoming>,
+    inner: Option<ClientBody>,
     /// Read before admission ([`RequestBody::buffer`]): sent before anything still in `inner`.
     buffered: Option<Buffered>,
     /// The body came without a length (chunked): it goes upstream chunked too, buffered or not, so buffering
@@ -40,29 +37,7 @@ pub fn client_body_failure(err: &hyper::Error) -> Option<ProxyError> {
     if let Some(stalled) = cause.downcast_ref::<BodyStalled>() {
         return Some(ProxyError::ClientBodyTimeout(stalled.1));
     }
-    let failed = cause.downcast_ref::<hyper::Error>()?;
-    Some(client_body_error(failed))
-}
-
-/// What a failure reading the client's body (hyper's own error) means for the client.
-pub(super) fn client_body_error(failed: &hyper::Error) -> ProxyError {
-    // The client closed or reset its connection mid-body: it is gone, not malformed.
-    let gone = std::error::Error::source(failed)
-        .and_then(|io| io.downcast_ref::<std::io::Error>())
-        .is_some_and(|io| {
-            matches!(
-                io.kind(),
-                ErrorKind::UnexpectedEof
-                    | ErrorKind::ConnectionReset
-                    | ErrorKind::ConnectionAborted
-                    | ErrorKind::BrokenPipe
-            )
-        });
-    if gone || failed.is_incomplete_message() {
-        ProxyError::ClientGone
-    } else {
-        ProxyError::ClientBody(failed.to_string())
-    }
+    cause.downcast_ref::<ClientBodyError>().map(ClientBodyError::meaning)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -70,7 +45,7 @@ pub(super) fn client_body_error(failed: &hyper::Error) -> ProxyError {
 pub struct CutOff;
 
 impl RequestBody {
-    pub fn new(inner: Incoming, idle_timeout: Duration) -> Self {
+    pub fn new(inner: ClientBody, idle_timeout: Duration) -> Self {
         let upload = (!inner.is_end_stream()).then(UploadProgress::default);
         RequestBody {
             inner: Some(inner),
@@ -127,7 +102,7 @@ impl RequestBody {
             Ok(Ok(buffered)) => buffered,
             Err(_) => return Err(ProxyError::ClientTooSlow(within)),
             Ok(Err(ReadError::Stalled(limit))) => return Err(ProxyError::ClientBodyTimeout(limit)),
-            Ok(Err(ReadError::Body(err))) => return Err(client_body_error(&err)),
+            Ok(Err(ReadError::Body(err))) => return Err(err.meaning()),
         };
         let complete = buffered.is_complete();
         if complete {

@@ -61,6 +61,8 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     pub trusted_proxies: Vec<IpNet>,
     pub log_format: LogFormat,
+    /// Which server reads plain-TCP HTTP/1 clients: hyper's, or floodgate's own (`docs/data-path.md`).
+    pub http1_server: Http1Server,
     /// A `tracing` filter (`info`, `warn,floodgate=debug`); `RUST_LOG`, when set, wins over it.
     pub log_level: String,
     /// `off`, `stdout`, `stderr` or a file path (appended to); see [`Config::access_log_target`].
@@ -120,6 +122,16 @@ pub enum LogFormat {
     Json,
 }
 
+/// The server for HTTP/1 clients without TLS: `hyper` (its HTTP/1 server) or `floodgate` (floodgate's own, which
+/// holds no buffer for an idle connection; under way, see docs/data-path.md). HTTP/2 and TLS clients are hyper's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Http1Server {
+    #[default]
+    Hyper,
+    Floodgate,
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -135,6 +147,7 @@ impl Default for Config {
             shutdown_timeout: Duration::from_secs(30),
             trusted_proxies: Vec::new(),
             log_format: LogFormat::Human,
+            http1_server: Http1Server::Hyper,
             log_level: "info".to_string(),
             access_log: "off".to_string(),
             tls_cert: None,

@@ -6,13 +6,13 @@ use std::sync::Arc;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Uri, Version};
-use hyper::body::Incoming;
 use tokio::net::TcpStream;
 
 use crate::error::ProxyError;
 use crate::pool::UpstreamPool;
 
 use super::RequestBody;
+use crate::body::ClientBody;
 
 /// What the proxy knows about the client connection a request came on; made once per connection.
 pub struct ClientInfo {
@@ -94,7 +94,7 @@ pub fn target_host<'a>(uri: &'a Uri, headers: &'a HeaderMap) -> Option<&'a str> 
 
 /// The request as it goes upstream: HTTP/1.1, origin form, with Host and `X-Forwarded-*`.
 pub fn to_upstream(
-    request: Request<Incoming>,
+    request: Request<ClientBody>,
     client: &ClientInfo,
     pool: &UpstreamPool,
 ) -> Result<Request<RequestBody>, ProxyError> {

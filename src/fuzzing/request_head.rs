@@ -120,7 +120,7 @@ async fn on_request(proxy: &Proxy, client: &ClientInfo, request: Request<Incomin
     let (parts, body) = request.into_parts();
     let client_head = ClientHead::of(&parts);
     let tunnel = parts.method == Method::CONNECT || parts.headers.contains_key(header::UPGRADE);
-    match proxy.prepare(Request::from_parts(parts, body), client) {
+    match proxy.prepare(Request::from_parts(parts, crate::body::ClientBody::Hyper(body)), client) {
         Ok((pool, _, upstream_request)) => {
             assert!(!tunnel, "a tunnel request is forwarded");
             let (sent, body) = upstream_request.into_parts();

@@ -183,7 +183,7 @@ async fn exchange(proxy: &Arc<Proxy>, client: &Arc<ClientInfo>, request: &[u8]) 
     let (mut socket, server_side) = tokio::io::duplex(64 * 1024);
     let service = service_fn(|request| {
         let (proxy, client) = (proxy.clone(), client.clone());
-        async move { Ok::<_, Infallible>(proxy.serve(request, client).await) }
+        async move { Ok::<_, Infallible>(proxy.serve(request.map(crate::body::ClientBody::Hyper), client).await) }
     });
     // As `server::connection` builds it; half-closing lets the answer go out after the client's FIN.
     let mut builder = http1::Builder::new();

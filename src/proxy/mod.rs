@@ -14,11 +14,12 @@ use std::time::Instant;
 use arc_swap::{ArcSwap, Guard};
 
 use http::{header, Method, Request, Response, Version};
-use hyper::body::{Body, Incoming};
+use hyper::body::Body;
 use tokio::sync::oneshot;
 
 use crate::access::Entry;
 use crate::admission::{self, Patience, Place, Shed};
+use crate::body::ClientBody;
 use crate::buffer::BufferBudget;
 use crate::config::{Config, FairKey, UpstreamConfig, MAX_PRIORITY};
 use crate::error::ProxyError;
@@ -137,7 +138,11 @@ impl Proxy {
     }
 
     /// Serves one request from `client`'s connection.
-    pub async fn serve(self: Arc<Self>, request: Request<Incoming>, client: Arc<ClientInfo>) -> Response<ResponseBody> {
+    pub async fn serve(
+        self: Arc<Self>,
+        request: Request<ClientBody>,
+        client: Arc<ClientInfo>,
+    ) -> Response<ResponseBody> {
         let routed = self.route(&request);
         self.serve_routed(request, client, routed).await
     }
@@ -145,7 +150,7 @@ impl Proxy {
     /// Serves one request already routed (or refused) by [`Proxy::route`].
     pub async fn serve_routed(
         self: Arc<Self>,
-        request: Request<Incoming>,
+        request: Request<ClientBody>,
         client: Arc<ClientInfo>,
         routed: Result<(Arc<UpstreamPool>, Picked), ProxyError>,
     ) -> Response<ResponseBody> {
@@ -259,7 +264,7 @@ impl Proxy {
     #[cfg(feature = "fuzzing")]
     pub(crate) fn prepare(
         &self,
-        request: Request<Incoming>,
+        request: Request<ClientBody>,
         client: &ClientInfo,
     ) -> Result<(Arc<UpstreamPool>, Picked, Request<forward::RequestBody>), ProxyError> {
         let (pool, picked) = self.route(&request)?;

@@ -17,10 +17,12 @@ use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
+use super::h1_conn;
 use super::h2_frames::FrameWatch;
 use crate::activity::{ClientActivity, Expired};
+use crate::body::ClientBody;
 use crate::config::tls::ALPN_H2;
-use crate::config::Config;
+use crate::config::{Config, Http1Server};
 use crate::error::Outcome;
 use crate::forward::ClientInfo;
 use crate::net::{ReadObserver, SharedStream};
@@ -88,6 +90,9 @@ pub async fn serve(
                 return;
             }
         };
+        if protocol == Protocol::Http1 && config.http1_server == Http1Server::Floodgate {
+            return serve_own_http1(stream, peer, proxy, &config, shutdown).await;
+        }
         let attach = |io: &mut SharedStream, observer| io.set_observer(observer);
         let conn = Conn {
             stream,
@@ -95,11 +100,13 @@ pub async fn serve(
             tls: false,
             peer,
         };
-        return serve_io(shared, attach, conn, proxy, config, shutdown).await;
+        // Boxed, as the TLS path below: hyper's connection is kilobytes of future, which every connection's task
+        // would otherwise carry whichever server it runs.
+        return Box::pin(serve_io(shared, attach, conn, proxy, config, shutdown)).await;
     };
     // first_byte_timeout bounds the whole handshake: a client that trickles its ClientHello holds a
     // max_client_connections permit just like one that sends nothing.
-    let tls_stream = match tokio::time::timeout(config.first_byte_timeout, acceptor.accept(shared)).await {
+    let tls_stream = match tokio::time::timeout(config.first_byte_timeout, Box::pin(acceptor.accept(shared))).await {
         Ok(Ok(tls_stream)) => tls_stream,
         Ok(Err(err)) => {
             tracing::debug!(%peer, error = %err, "TLS handshake failed; closing");
@@ -122,7 +129,40 @@ pub async fn serve(
         tls: true,
         peer,
     };
-    serve_io(tls_stream, attach, conn, proxy, config, shutdown).await
+    Box::pin(serve_io(tls_stream, attach, conn, proxy, config, shutdown)).await
+}
+
+/// Serves a plain-TCP HTTP/1 client with floodgate's own server (`server::h1_conn`).
+async fn serve_own_http1(
+    stream: Arc<TcpStream>,
+    peer: SocketAddr,
+    proxy: Arc<Proxy>,
+    config: &Config,
+    shutdown: CancellationToken,
+) {
+    let activity = ClientActivity::new(true);
+    let client = Arc::new(ClientInfo::new(peer, proxy.is_trusted(peer.ip()), Some(stream.clone())));
+    let service = crate::edge::stack(proxy.clone(), client, activity.clone());
+    let settings = h1_conn::Settings {
+        max_header_bytes: config.max_header_bytes,
+        header_read_timeout: config.header_read_timeout,
+        idle_timeout: config.client_idle_timeout,
+        write_stall_limit: config.client_write_stall_limit(),
+    };
+    let socket = stream.clone();
+    let ended = h1_conn::serve(stream, service, activity, settings, proxy.metrics.clone(), shutdown).await;
+    // An exchange still reading (or abandoned with) the request body holds the socket too: the client must see
+    // the connection end now all the same.
+    let _ = socket2::SockRef::from(&*socket).shutdown(std::net::Shutdown::Both);
+    match ended {
+        h1_conn::Ended::HeaderTimeout => {
+            tracing::debug!(%peer, "request head not complete within header_read_timeout; closing");
+            proxy.metrics.client_side(Outcome::ClientTimeout, None);
+        }
+        h1_conn::Ended::Error(err) => tracing::debug!(%peer, error = %err, "client connection ended with an error"),
+        h1_conn::Ended::Refused(refused) => tracing::debug!(%peer, error = %refused, "request head refused"),
+        h1_conn::Ended::Closed => {}
+    }
 }
 
 /// What is known of a connection once its protocol is.
@@ -162,7 +202,11 @@ async fn serve_io<I>(
     // for, whatever (close_notify included) comes before it.
     let http1_stream = (protocol == Protocol::Http1).then_some(stream);
     let client = Arc::new(ClientInfo::new(peer, proxy.is_trusted(peer.ip()), http1_stream).over_tls(tls));
-    let service = TowerToHyperService::new(crate::edge::stack(proxy.clone(), client, activity.clone()));
+    let service = TowerToHyperService::new(
+        tower::ServiceBuilder::new()
+            .map_request(|request: http::Request<hyper::body::Incoming>| request.map(ClientBody::Hyper))
+            .service(crate::edge::stack(proxy.clone(), client, activity.clone())),
+    );
     let deadlines = activity.expired(config.header_read_timeout, config.client_idle_timeout);
     // A peer that does not answer a polite goodbye (HTTP/2's GOAWAY and PING) is cut off after this, once no
     // request of its own is in flight: it would otherwise hold its connection, and a place among

@@ -6,6 +6,7 @@
 //! `/readyz` turns 503, accepting stops, and in-flight and queued requests get `shutdown_timeout` to finish.
 
 mod connection;
+mod h1_conn;
 mod h2_frames;
 
 use std::future::Future;

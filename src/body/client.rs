@@ -1,0 +1,304 @@
+//! The client's request body as it comes off the client's connection: hyper's (HTTP/2, TLS, and HTTP/1 on hyper's
+//! server) or floodgate's own HTTP/1 reader ([`Http1Body`]), which reads straight from the socket into the
+//! connection's read buffer only while the body is wanted. It never buffers beyond what one read brings.
+
+use std::io::ErrorKind;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{ready, Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use tokio::net::TcpStream;
+
+use crate::error::ProxyError;
+use crate::h1::chunked::{Chunk, ChunkedDecoder};
+
+/// How much room a read of body bytes asks for.
+const READ_ROOM: usize = 16 * 1024;
+
+const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+
+/// A request body from a client, whichever server read its head.
+pub enum ClientBody {
+    Hyper(Incoming),
+    Http1(Http1Body),
+}
+
+/// Why a client's request body could not be read to its end.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientBodyError {
+    #[error(transparent)]
+    Hyper(hyper::Error),
+    /// The connection ended (closed, reset) before the body did.
+    #[error("the client's connection ended before its request body did")]
+    Gone,
+    #[error("malformed chunked body: {0}")]
+    Chunked(&'static str),
+}
+
+impl ClientBodyError {
+    /// What the failure means for the client: it left, or it sent a body that is not one.
+    pub fn meaning(&self) -> ProxyError {
+        match self {
+            ClientBodyError::Gone => ProxyError::ClientGone,
+            ClientBodyError::Chunked(_) => ProxyError::ClientBody(self.to_string()),
+            ClientBodyError::Hyper(failed) => {
+                // The client closed or reset its connection mid-body: it is gone, not malformed.
+                let gone = std::error::Error::source(failed)
+                    .and_then(|io| io.downcast_ref::<std::io::Error>())
+                    .is_some_and(|io| is_gone(io.kind()));
+                if gone || failed.is_incomplete_message() {
+                    ProxyError::ClientGone
+                } else {
+                    ProxyError::ClientBody(failed.to_string())
+                }
+            }
+        }
+    }
+}
+
+fn is_gone(kind: ErrorKind) -> bool {
+    matches!(
+        kind,
+        ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted | ErrorKind::BrokenPipe
+    )
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = ClientBodyError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, ClientBodyError>>> {
+        match self.get_mut() {
+            ClientBody::Hyper(inner) => Pin::new(inner)
+                .poll_frame(cx)
+                .map(|polled| polled.map(|frame| frame.map_err(ClientBodyError::Hyper))),
+            ClientBody::Http1(inner) => inner.poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ClientBody::Hyper(inner) => inner.is_end_stream(),
+            ClientBody::Http1(inner) => inner.lock().framing.is_over(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ClientBody::Hyper(inner) => inner.size_hint(),
+            ClientBody::Http1(inner) => match inner.lock().framing {
+                Framing::Length(left) => SizeHint::with_exact(left),
+                Framing::Over => SizeHint::with_exact(0),
+                Framing::Chunked(_) | Framing::Broken => SizeHint::new(),
+            },
+        }
+    }
+}
+
+/// How the rest of an HTTP/1 request body is delimited.
+#[derive(Debug)]
+pub(crate) enum Framing {
+    /// This many bytes are still to come.
+    Length(u64),
+    Chunked(ChunkedDecoder),
+    /// Read to its end: nothing more is read.
+    Over,
+    /// It failed (the client left, or sent what is not a body): it never ends, and the connection closes.
+    Broken,
+}
+
+impl Framing {
+    fn is_over(&self) -> bool {
+        matches!(self, Framing::Over | Framing::Length(0))
+    }
+}
+
+/// The reading side of an HTTP/1 client connection while a request's body is read: shared by the connection's
+/// task, which read the head and takes the buffer back once the exchange is over, and the body, which the
+/// exchange polls wherever it runs.
+#[derive(Debug)]
+pub(crate) struct Reading {
+    stream: Arc<TcpStream>,
+    /// Bytes read and not yet taken: the body's, and then maybe the next request's.
+    pub(crate) received: BytesMut,
+    pub(crate) framing: Framing,
+    /// Of the `100 Continue` owed to a client that asked for it before sending its body: bytes still to write.
+    continue_left: usize,
+    /// Told once the body has been read to its end (or given up on).
+    over: Arc<tokio::sync::Notify>,
+}
+
+impl Reading {
+    /// `expects_continue`: the client waits for a `100` before it sends the body; it is sent when the body is
+    /// first wanted.
+    pub(crate) fn new(
+        stream: Arc<TcpStream>,
+        received: BytesMut,
+        framing: Framing,
+        expects_continue: bool,
+        over: Arc<tokio::sync::Notify>,
+    ) -> Self {
+        let continue_left = if expects_continue && !framing.is_over() {
+            CONTINUE.len()
+        } else {
+            0
+        };
+        let reading = Reading {
+            stream,
+            received,
+            framing,
+            continue_left,
+            over,
+        };
+        if reading.framing.is_over() {
+            reading.over.notify_one();
+        }
+        reading
+    }
+
+    fn finish(&mut self) {
+        self.framing = Framing::Over;
+        self.over.notify_one();
+    }
+
+    fn fail(&mut self, err: ClientBodyError) -> ClientBodyError {
+        self.framing = Framing::Broken;
+        err
+    }
+
+    fn send_continue(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ClientBodyError>> {
+        while self.continue_left > 0 {
+            let start = CONTINUE.len() - self.continue_left;
+            ready!(self.stream.poll_write_ready(cx)).map_err(|_| ClientBodyError::Gone)?;
+            match self.stream.try_write(CONTINUE.get(start..).unwrap_or_default()) {
+                Ok(0) => return Poll::Ready(Err(ClientBodyError::Gone)),
+                Ok(n) => self.continue_left -= n.min(self.continue_left),
+                Err(err) if err.kind() == ErrorKind::WouldBlock => {}
+                Err(_) => return Poll::Ready(Err(ClientBodyError::Gone)),
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// The next piece of the body from what is received, if it holds one.
+    fn next_piece(&mut self) -> Result<Option<Frame<Bytes>>, ClientBodyError> {
+        match &mut self.framing {
+            Framing::Over | Framing::Length(0) => Ok(None),
+            Framing::Broken => Err(ClientBodyError::Gone),
+            Framing::Length(left) => {
+                if self.received.is_empty() {
+                    return Ok(None);
+                }
+                let take = usize::try_from(*left).unwrap_or(usize::MAX).min(self.received.len());
+                let data = self.received.split_to(take).freeze();
+                *left -= take as u64;
+                if *left == 0 {
+                    self.finish();
+                }
+                Ok(Some(Frame::data(data)))
+            }
+            Framing::Chunked(decoder) => match decoder.decode(&mut self.received) {
+                Ok(Some(Chunk::Data(data))) => Ok(Some(Frame::data(data))),
+                Ok(Some(Chunk::Trailers(trailers))) => Ok(Some(Frame::trailers(trailers))),
+                Ok(Some(Chunk::End)) => {
+                    self.finish();
+                    Ok(None)
+                }
+                Ok(None) => Ok(None),
+                Err(err) => Err(self.fail(ClientBodyError::Chunked(err.0))),
+            },
+        }
+    }
+
+    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, ClientBodyError>>> {
+        if let Err(err) = ready!(self.send_continue(cx)) {
+            return Poll::Ready(Some(Err(err)));
+        }
+        loop {
+            match self.next_piece() {
+                Ok(Some(frame)) => return Poll::Ready(Some(Ok(frame))),
+                Err(err) => return Poll::Ready(Some(Err(err))),
+                Ok(None) if self.framing.is_over() => return Poll::Ready(None),
+                Ok(None) => {}
+            }
+            if ready!(self.stream.poll_read_ready(cx)).is_err() {
+                return Poll::Ready(Some(Err(self.fail(ClientBodyError::Gone))));
+            }
+            self.received.reserve(READ_ROOM);
+            match self.stream.try_read_buf(&mut self.received) {
+                Ok(0) => return Poll::Ready(Some(Err(self.fail(ClientBodyError::Gone)))),
+                Ok(_) => {}
+                Err(err) if err.kind() == ErrorKind::WouldBlock => {}
+                Err(_) => return Poll::Ready(Some(Err(self.fail(ClientBodyError::Gone)))),
+            }
+        }
+    }
+}
+
+/// An HTTP/1 request body read by floodgate's own server, straight off the client's socket.
+pub struct Http1Body {
+    reading: Arc<Mutex<Reading>>,
+}
+
+impl Http1Body {
+    pub(crate) fn new(reading: Arc<Mutex<Reading>>) -> Self {
+        Http1Body { reading }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Reading> {
+        // A panic while the lock was held left the state as it was; reading on from it is safe.
+        self.reading.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, ClientBodyError>>> {
+        self.lock().poll_frame(cx)
+    }
+}
+
+/// Drops what is left of a body already `received` in full (a small remainder an upstream did not wait for), so
+/// the connection can carry the next request; `false` when more of it is still on the way.
+pub(crate) fn discard_received(reading: &mut Reading) -> bool {
+    if reading.framing.is_over() {
+        return true;
+    }
+    loop {
+        match reading.next_piece() {
+            Ok(Some(_)) => {}
+            Ok(None) => return reading.framing.is_over(),
+            Err(_) => return false,
+        }
+        if reading.received.is_empty() && !reading.framing.is_over() {
+            return false;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunked_body_pieces_come_off_the_received_bytes_and_leave_the_next_request() {
+        let received = BytesMut::from(&b"5\r\nhello\r\n0\r\n\r\nGET / HTTP/1.1\r\n"[..]);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+            let mut reading = Reading::new(
+                Arc::new(client),
+                received,
+                Framing::Chunked(ChunkedDecoder::new(1024)),
+                false,
+                Arc::default(),
+            );
+            assert!(discard_received(&mut reading));
+            assert_eq!(&reading.received[..], b"GET / HTTP/1.1\r\n");
+        });
+    }
+}

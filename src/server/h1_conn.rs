@@ -1,0 +1,463 @@
+//! floodgate's own HTTP/1 server for plain-TCP clients (`http1_server = "floodgate"`): reads each request head off
+//! the socket with `h1::request_head`, hands the request to the edge stack, and writes the answer with
+//! `h1::write`. A connection with no request in progress holds no buffer: one is allocated when a request's first
+//! bytes are readable and dropped once its answer is written, unless the client already sent more (pipelining).
+//!
+//! Owns the connection's HTTP/1 framing and its deadlines (request head, idle keep-alive, a stalled write). It never
+//! admits, routes or counts a request beyond a head it refuses (`400`, `414`, `431`).
+
+use std::io::{self, ErrorKind};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use futures_util::FutureExt;
+use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
+use http_body::Body;
+use http_body_util::BodyExt;
+use socket2::SockRef;
+use tokio::io::Interest;
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+use tower::{Service, ServiceExt};
+
+use crate::activity::{ClientActivity, Expired};
+use crate::body::{discard_received, ClientBody, Framing, Http1Body, Reading};
+use crate::error::Outcome;
+use crate::forward::ResponseBody;
+use crate::h1::chunked::ChunkedDecoder;
+use crate::h1::request_head::{self, BodyFraming};
+use crate::h1::write::{self, BodySize, Encoding, LAST_CHUNK};
+use crate::h1::HeadError;
+use crate::metrics::Metrics;
+use crate::net::ReadObserver;
+
+/// The first read of a request asks for this much room; a head that needs more grows it up to max_header_bytes.
+const HEAD_ROOM: usize = 4 * 1024;
+
+/// Body bytes up to this size are copied beside the head or chunk framing into one write; larger ones are written
+/// as they are.
+const COALESCE: usize = 8 * 1024;
+
+/// Why the connection ended, for the caller's log and counts.
+pub(super) enum Ended {
+    Closed,
+    HeaderTimeout,
+    /// A head that could not be read was answered and the connection closed.
+    Refused(HeadError),
+    Error(io::Error),
+}
+
+/// What the connection needs besides its socket.
+pub(super) struct Settings {
+    pub max_header_bytes: usize,
+    pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub write_stall_limit: Duration,
+}
+
+/// Serves requests on `stream` until the client leaves, a deadline passes or `shutdown` has let the request in
+/// progress finish.
+pub(super) async fn serve<S>(
+    stream: Arc<TcpStream>,
+    mut service: S,
+    activity: Arc<ClientActivity>,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) -> Ended
+where
+    S: Service<Request<ClientBody>, Response = Response<ResponseBody>, Error = std::convert::Infallible>,
+{
+    let deadlines = activity.expired(settings.header_read_timeout, settings.idle_timeout);
+    tokio::pin!(deadlines);
+    // Bytes of the next request already read (pipelined behind the last one); an idle connection has none.
+    let mut leftover: Option<BytesMut> = None;
+    let conn = Conn {
+        stream: &stream,
+        settings: &settings,
+        metrics: &metrics,
+        shutdown: &shutdown,
+    };
+    loop {
+        let received = match leftover.take() {
+            Some(received) => received,
+            None => {
+                tokio::select! {
+                    biased;
+                    waited = next_bytes(&stream) => match waited {
+                        Ok(true) => BytesMut::with_capacity(HEAD_ROOM),
+                        Ok(false) => return Ended::Closed,
+                        Err(err) => return Ended::Error(err),
+                    },
+                    expired = &mut deadlines => return expired_ends(expired),
+                    () = shutdown.cancelled() => return Ended::Closed,
+                }
+            }
+        };
+        activity.on_read();
+        // Boxed: what a request needs (its head, its answer's writer) is held only while it is served, not by
+        // every idle connection's task.
+        match Box::pin(conn.one_request(&mut service, received, deadlines.as_mut())).await {
+            Ok(next) => leftover = next,
+            Err(ended) => {
+                close(&stream);
+                return ended;
+            }
+        }
+    }
+}
+
+/// What serving one request on the connection reads.
+#[derive(Clone, Copy)]
+struct Conn<'a> {
+    stream: &'a Arc<TcpStream>,
+    settings: &'a Settings,
+    metrics: &'a Metrics,
+    shutdown: &'a CancellationToken,
+}
+
+impl Conn<'_> {
+    /// Reads a request's head from `received` (and the socket), has `service` answer it and writes the answer;
+    /// `Ok` with the bytes of the next request already read, if any, when the connection stays open.
+    async fn one_request<S, D>(
+        self,
+        service: &mut S,
+        mut received: BytesMut,
+        mut deadlines: std::pin::Pin<&mut D>,
+    ) -> Result<Option<BytesMut>, Ended>
+    where
+        S: Service<Request<ClientBody>, Response = Response<ResponseBody>, Error = std::convert::Infallible>,
+        D: std::future::Future<Output = Expired>,
+    {
+        let Conn {
+            stream,
+            settings,
+            metrics,
+            shutdown,
+        } = self;
+        let head = loop {
+            match request_head::parse(&received, settings.max_header_bytes) {
+                Ok(Some((head, len))) => {
+                    received.advance(len);
+                    break head;
+                }
+                Ok(None) => {}
+                Err(refused) => {
+                    count_refused(metrics, refused);
+                    let _ = answer_refused(stream, refused, settings.write_stall_limit).await;
+                    return Err(Ended::Refused(refused));
+                }
+            }
+            tokio::select! {
+                biased;
+                read = read_more(stream, &mut received, settings.max_header_bytes) => match read {
+                    Ok(0) => return Err(Ended::Closed),
+                    Ok(_) => {}
+                    Err(err) => return Err(Ended::Error(err)),
+                },
+                expired = deadlines.as_mut() => return Err(expired_ends(expired)),
+            }
+        };
+        let method = head.parts.method.clone();
+        let version = head.parts.version;
+        let framing = match head.body {
+            BodyFraming::Length(length) => Framing::Length(length),
+            BodyFraming::Chunked => Framing::Chunked(ChunkedDecoder::new(settings.max_header_bytes)),
+        };
+        let body_over = Arc::new(tokio::sync::Notify::new());
+        let reading = Arc::new(Mutex::new(Reading::new(
+            stream.clone(),
+            received,
+            framing,
+            head.expects_continue && version == Version::HTTP_11,
+            body_over.clone(),
+        )));
+        let request = Request::from_parts(head.parts, ClientBody::Http1(Http1Body::new(reading.clone())));
+        let answering = match service.ready().await {
+            Ok(ready) => ready.call(request),
+            Err(never) => match never {},
+        };
+        // A client that leaves while its answer is awaited abandons the request (its exchange runs on, see
+        // `proxy`); while its body is still being read, the body's reader sees it go instead.
+        let watch = async {
+            body_over.notified().await;
+            client_left(stream).await;
+        };
+        let response = tokio::select! {
+            biased;
+            answered = answering => match answered {
+                Ok(response) => response,
+                Err(never) => match never {},
+            },
+            () = watch => return Err(Ended::Closed),
+        };
+        let keep_alive = head.keep_alive && !head.wants_upgrade && !shutdown.is_cancelled();
+        let closes = write_answer(
+            stream,
+            response,
+            &method,
+            version,
+            keep_alive,
+            settings.write_stall_limit,
+        )
+        .await
+        .map_err(Ended::Error)?;
+        // The body's remainder, if the answer came before all of it: a remainder already here is dropped; one
+        // still on its way closes the connection (reading it could take as long as the client likes).
+        let next = {
+            let mut reading = lock(&reading);
+            // A body not read to its end is left to fail (the socket closes under it), never to end early.
+            let whole = discard_received(&mut reading);
+            whole.then(|| std::mem::take(&mut reading.received))
+        };
+        match next {
+            // No buffer is kept across an idle wait; one with a pipelined request's bytes in it is.
+            Some(next) if !closes && !shutdown.is_cancelled() => Ok((!next.is_empty()).then_some(next)),
+            _ => Err(Ended::Closed),
+        }
+    }
+}
+
+fn lock(reading: &Mutex<Reading>) -> MutexGuard<'_, Reading> {
+    reading.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn expired_ends(expired: Expired) -> Ended {
+    match expired {
+        Expired::HeaderRead => Ended::HeaderTimeout,
+        // HTTP/1 has no goodbye to send: an idle connection past its time is closed.
+        Expired::Idle => Ended::Closed,
+    }
+}
+
+/// Waits, holding no buffer, until the client sends something: `true` when bytes are there to read, `false` when
+/// it closed its side first.
+async fn next_bytes(stream: &TcpStream) -> io::Result<bool> {
+    loop {
+        let ready = stream.ready(Interest::READABLE).await?;
+        let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+        match SockRef::from(stream).peek(&mut probe) {
+            Ok(0) => return Ok(false),
+            Ok(_) => return Ok(true),
+            Err(err) if err.kind() == ErrorKind::WouldBlock => {
+                // A readiness left from bytes already taken: forget it and wait for the next.
+                let _ = stream.try_io(Interest::READABLE, || Err::<(), _>(ErrorKind::WouldBlock.into()));
+            }
+            Err(err) if err.kind() == ErrorKind::Interrupted => {}
+            Err(_) if ready.is_read_closed() => return Ok(false),
+            Err(err) => return Err(err),
+        }
+    }
+}
+
+/// Reads more of a head into `received`; 0 when the client closed before finishing it.
+async fn read_more(stream: &TcpStream, received: &mut BytesMut, max_header_bytes: usize) -> io::Result<usize> {
+    loop {
+        stream.readable().await?;
+        let room = HEAD_ROOM
+            .min(max_header_bytes.saturating_add(1).saturating_sub(received.len()))
+            .max(1);
+        received.reserve(room);
+        match stream.try_read_buf(received) {
+            Ok(n) => return Ok(n),
+            Err(err) if err.kind() == ErrorKind::WouldBlock => {}
+            Err(err) => return Err(err),
+        }
+    }
+}
+
+/// Resolves once the client has closed its side (or its socket failed), without reading what it sent.
+async fn client_left(stream: &TcpStream) {
+    loop {
+        match stream.ready(Interest::READABLE).await {
+            Ok(ready) if ready.is_read_closed() || ready.is_error() => return,
+            Ok(_) => {
+                let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+                match SockRef::from(stream).peek(&mut probe) {
+                    Ok(0) => return,
+                    // A pipelined request: it waits its turn; the readiness it raised is forgotten.
+                    Ok(_) | Err(_) => {
+                        let _ = stream.try_io(Interest::READABLE, || Err::<(), _>(ErrorKind::WouldBlock.into()));
+                    }
+                }
+            }
+            Err(_) => return,
+        }
+    }
+}
+
+fn count_refused(metrics: &Metrics, refused: HeadError) {
+    let outcome = match refused {
+        HeadError::TooLarge => Outcome::HeaderTooLarge,
+        HeadError::TargetTooLong | HeadError::Malformed(_) => Outcome::BadRequest,
+    };
+    metrics.client_side(outcome, Some(refused.status()));
+}
+
+async fn answer_refused(stream: &TcpStream, refused: HeadError, stall: Duration) -> io::Result<()> {
+    let mut out = BytesMut::new();
+    let client = write::Client {
+        method: &Method::GET,
+        version: Version::HTTP_11,
+        keep_alive: false,
+    };
+    let _ = write::response_head(
+        &mut out,
+        refused.status(),
+        None,
+        &HeaderMap::new(),
+        BodySize::Known(0),
+        client,
+    );
+    write_all(stream, &out, stall).await
+}
+
+/// Writes the answer, head and body; `Ok(true)` when the connection must close after it.
+async fn write_answer(
+    stream: &TcpStream,
+    response: Response<ResponseBody>,
+    method: &Method,
+    version: Version,
+    keep_alive: bool,
+    stall: Duration,
+) -> io::Result<bool> {
+    let (parts, mut body) = response.into_parts();
+    let size = if body.is_end_stream() {
+        BodySize::Empty
+    } else {
+        match body.size_hint().exact() {
+            Some(length) => BodySize::Known(length),
+            None => BodySize::Unknown,
+        }
+    };
+    let reason = parts
+        .extensions
+        .get::<hyper::ext::ReasonPhrase>()
+        .map(|reason| reason.as_bytes());
+    let client = write::Client {
+        method,
+        version,
+        keep_alive,
+    };
+    let mut out = BytesMut::new();
+    let written = match write::response_head(&mut out, parts.status, reason, &parts.headers, size, client) {
+        Ok(written) => written,
+        // The relay refuses such an answer before it gets here; should one come, the client gets a 502.
+        Err(_) => {
+            out.clear();
+            let client = write::Client {
+                keep_alive: false,
+                ..client
+            };
+            let _ = write::response_head(
+                &mut out,
+                StatusCode::BAD_GATEWAY,
+                None,
+                &HeaderMap::new(),
+                BodySize::Known(0),
+                client,
+            );
+            write_all(stream, &out, stall).await?;
+            return Ok(true);
+        }
+    };
+    let sends_body = !matches!(written.encoding, Encoding::Length(0));
+    let mut sent: u64 = 0;
+    // A body that is here already goes out with the head in one write.
+    let mut first = if sends_body { body.frame().now_or_never() } else { None };
+    loop {
+        let frame = match first.take() {
+            Some(frame) => frame,
+            None => {
+                if !out.is_empty() {
+                    write_all(stream, &out, stall).await?;
+                    out.clear();
+                }
+                if !sends_body {
+                    break;
+                }
+                body.frame().await
+            }
+        };
+        match frame {
+            None => break,
+            Some(Ok(frame)) => {
+                let Ok(data) = frame.into_data() else {
+                    // Trailers: no `Trailer` line announced them (see `h1::write`).
+                    continue;
+                };
+                sent = sent.saturating_add(data.len() as u64);
+                put_data(stream, &mut out, data, written.encoding, stall).await?;
+            }
+            // The body failed after its head went out: all the client can be told is a cut connection.
+            Some(Err(_)) => return Err(ErrorKind::UnexpectedEof.into()),
+        }
+    }
+    if written.encoding == Encoding::Chunked {
+        out.extend_from_slice(LAST_CHUNK);
+    }
+    if !out.is_empty() {
+        write_all(stream, &out, stall).await?;
+    }
+    // A body that did not come to the length its head stated leaves the client unable to find the next answer.
+    let short = matches!(written.encoding, Encoding::Length(stated) if stated != sent);
+    Ok(written.closes || written.encoding == Encoding::UntilClose || short)
+}
+
+/// Puts one piece of the body after what `out` holds, framed by `encoding`; a large piece is written at once,
+/// without a copy.
+async fn put_data(
+    stream: &TcpStream,
+    out: &mut BytesMut,
+    data: Bytes,
+    encoding: Encoding,
+    stall: Duration,
+) -> io::Result<()> {
+    if data.is_empty() {
+        return Ok(());
+    }
+    if encoding == Encoding::Chunked {
+        if data.len() <= COALESCE {
+            write::put_chunk(out, &data);
+            return Ok(());
+        }
+        write::put_chunk_size(out, data.len());
+        write_all(stream, out, stall).await?;
+        out.clear();
+        write_all(stream, &data, stall).await?;
+        out.extend_from_slice(b"\r\n");
+        return Ok(());
+    }
+    if data.len() <= COALESCE {
+        out.extend_from_slice(&data);
+        return Ok(());
+    }
+    if !out.is_empty() {
+        write_all(stream, out, stall).await?;
+        out.clear();
+    }
+    write_all(stream, &data, stall).await
+}
+
+/// Writes all of `bytes`; fails with `TimedOut` when the client takes none of them for `stall`.
+async fn write_all(stream: &TcpStream, mut bytes: &[u8], stall: Duration) -> io::Result<()> {
+    while !bytes.is_empty() {
+        match stream.try_write(bytes) {
+            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(n) => bytes = bytes.get(n..).unwrap_or_default(),
+            Err(err) if err.kind() == ErrorKind::WouldBlock => {
+                tokio::time::timeout(stall, stream.writable())
+                    .await
+                    .map_err(|_| io::Error::from(ErrorKind::TimedOut))??;
+            }
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(())
+}
+
+/// Ends the connection: what was written goes out, then the client reads its end.
+fn close(stream: &TcpStream) {
+    let _ = SockRef::from(stream).shutdown(std::net::Shutdown::Both);
+}
