@@ -1,7 +1,7 @@
 //! The request's edges, built in one place: the proxy as a `tower::Service`, and what every request gets around
 //! it. An `X-Request-Id` (a trusted peer's kept, any other's replaced by one made here) is set on the request, so
-//! it goes upstream and into the access log, and returned on the answer; a tracing span per request carries the
-//! ID, the route, the upstream and the outcome, and stays open until the response's last byte (the route is asked
+//! it goes upstream and into the access log, and returned on the answer; a tracing span per request (at `debug`)
+//! carries the ID, the route, the upstream and the outcome, and stays open until the response's last byte (the route is asked
 //! of the proxy before the span is made; the outcome is recorded where it is counted, `forward::complete`); a
 //! panic in floodgate's own code is answered `500` rather than by a reset connection. It never admits or answers
 //! anything but that `500`.
@@ -35,6 +35,11 @@ use crate::metrics::Metrics;
 use crate::proxy::Proxy;
 
 use crate::access::X_REQUEST_ID;
+
+/// The request span's target. It is at `debug`: made at every request, it costs about a sixth of floodgate's own
+/// work on a response (docs/testing.md), and at `info` almost no line is written while a request is handled.
+/// `log_level = "info,floodgate::request=debug"` turns it on alone.
+const SPAN_TARGET: &str = "floodgate::request";
 
 /// The stack one client connection's requests go through; `activity` counts them in flight on that connection.
 pub fn stack(
@@ -101,7 +106,8 @@ impl Service<Request<ClientBody>> for ProxyService {
             Ok((pool, picked)) => (Some(display(&picked.label)), Some(display(&pool.name))),
             Err(_) => (None, None),
         };
-        let span = tracing::info_span!(
+        let span = tracing::debug_span!(
+            target: SPAN_TARGET,
             "request",
             id = %request
                 .headers()

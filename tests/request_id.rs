@@ -88,7 +88,11 @@ async fn a_log_line_written_while_a_request_is_handled_carries_its_span() {
             "--log-format",
             "json",
         ],
-        &[("RUST_LOG", "")],
+        // The request span is at debug, under its own target.
+        &[
+            ("RUST_LOG", ""),
+            ("FLOODGATE__LOG_LEVEL", "info,floodgate::request=debug"),
+        ],
     )
     .await;
     // The only slot held and no queue: the next request is shed, and the shed is logged while it is handled.
