@@ -243,15 +243,41 @@ pub async fn close_and_wait_for_peer(stream: &TcpStream, limit: Option<Duration>
     peer_closed
 }
 
-/// Whether the peer has closed its side of `stream` (or the socket failed), by looking without waiting and without
-/// consuming anything: pending data (a pipelined request) means it has not.
-pub fn peer_has_closed(stream: &TcpStream) -> bool {
+/// What is at the front of a socket's received bytes, looked at without waiting and without taking anything.
+pub enum Peeked {
+    /// Bytes to read.
+    Data,
+    /// The peer closed its side, and everything it sent has been read.
+    Closed,
+    /// Nothing yet.
+    Nothing,
+    Failed(io::Error),
+}
+
+pub fn peek(stream: &TcpStream) -> Peeked {
     let mut byte = [std::mem::MaybeUninit::<u8>::uninit(); 1];
     match SockRef::from(stream).peek(&mut byte) {
-        Ok(0) => true,
-        Ok(_) => false,
-        Err(err) => err.kind() != io::ErrorKind::WouldBlock && err.kind() != io::ErrorKind::Interrupted,
+        Ok(0) => Peeked::Closed,
+        Ok(_) => Peeked::Data,
+        Err(err) if err.kind() == io::ErrorKind::WouldBlock || err.kind() == io::ErrorKind::Interrupted => {
+            Peeked::Nothing
+        }
+        Err(err) => Peeked::Failed(err),
     }
+}
+
+/// Forgets `stream`'s read readiness, so that the next wait is for something new: bytes left unread (a request not
+/// yet wanted) would otherwise wake every wait at once.
+pub fn forget_readable(stream: &TcpStream) {
+    let _ = stream.try_io(tokio::io::Interest::READABLE, || {
+        Err::<(), _>(io::ErrorKind::WouldBlock.into())
+    });
+}
+
+/// Whether the peer has closed its side of `stream` (or the socket failed): pending data (a pipelined request)
+/// means it has not.
+pub fn peer_has_closed(stream: &TcpStream) -> bool {
+    matches!(peek(stream), Peeked::Closed | Peeked::Failed(_))
 }
 
 /// Resolves once the peer has closed its side of `stream` (or the socket failed), without consuming any of the
@@ -269,12 +295,8 @@ pub async fn peer_closed(stream: &TcpStream) {
     loop {
         match watcher.ready(tokio::io::Interest::READABLE).await {
             Ok(ready) if ready.is_read_closed() || ready.is_error() => return,
-            Ok(_) => {
-                // Unread data (a body we have not admitted yet): forget this readiness and wait for the next edge.
-                let _ = watcher.try_io(tokio::io::Interest::READABLE, || {
-                    Err::<(), _>(io::ErrorKind::WouldBlock.into())
-                });
-            }
+            // Unread data (a body we have not admitted yet): wait for the next edge.
+            Ok(_) => forget_readable(&watcher),
             Err(_) => return,
         }
     }

@@ -159,6 +159,11 @@ impl Reading {
         reading
     }
 
+    /// A panic while the lock was held left the state as it was; reading on from it is safe.
+    pub(crate) fn lock(reading: &Mutex<Reading>) -> MutexGuard<'_, Reading> {
+        reading.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     fn finish(&mut self) {
         self.framing = Framing::Over;
         self.over.notify_one();
@@ -249,8 +254,7 @@ impl Http1Body {
     }
 
     fn lock(&self) -> MutexGuard<'_, Reading> {
-        // A panic while the lock was held left the state as it was; reading on from it is safe.
-        self.reading.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        Reading::lock(&self.reading)
     }
 
     fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, ClientBodyError>>> {
@@ -261,17 +265,12 @@ impl Http1Body {
 /// Drops what is left of a body already `received` in full (a small remainder an upstream did not wait for), so
 /// the connection can carry the next request; `false` when more of it is still on the way.
 pub(crate) fn discard_received(reading: &mut Reading) -> bool {
-    if reading.framing.is_over() {
-        return true;
-    }
     loop {
         match reading.next_piece() {
             Ok(Some(_)) => {}
+            // No piece left in what is received: either the body is over, or the rest is still to come.
             Ok(None) => return reading.framing.is_over(),
             Err(_) => return false,
-        }
-        if reading.received.is_empty() && !reading.framing.is_over() {
-            return false;
         }
     }
 }

@@ -7,7 +7,7 @@
 //! admits, routes or counts a request beyond a head it refuses (`400`, `414`, `431`).
 
 use std::io::{self, ErrorKind};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -15,7 +15,6 @@ use futures_util::FutureExt;
 use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
 use http_body::Body;
 use http_body_util::BodyExt;
-use socket2::SockRef;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
@@ -30,7 +29,7 @@ use crate::h1::request_head::{self, BodyFraming};
 use crate::h1::write::{self, BodySize, Encoding, LAST_CHUNK};
 use crate::h1::HeadError;
 use crate::metrics::Metrics;
-use crate::net::ReadObserver;
+use crate::net::{self, Peeked, ReadObserver};
 
 /// The first read of a request asks for this much room; a head that needs more grows it up to max_header_bytes.
 const HEAD_ROOM: usize = 4 * 1024;
@@ -100,10 +99,8 @@ where
         // every idle connection's task.
         match Box::pin(conn.one_request(&mut service, received, deadlines.as_mut())).await {
             Ok(next) => leftover = next,
-            Err(ended) => {
-                close(&stream);
-                return ended;
-            }
+            // The caller shuts the socket down, however the connection ended.
+            Err(ended) => return ended,
         }
     }
 }
@@ -145,7 +142,7 @@ impl Conn<'_> {
                 Ok(None) => {}
                 Err(refused) => {
                     count_refused(metrics, refused);
-                    let _ = answer_refused(stream, refused, settings.write_stall_limit).await;
+                    let _ = answer_bare(stream, refused.status(), Version::HTTP_11, settings.write_stall_limit).await;
                     return Err(Ended::Refused(refused));
                 }
             }
@@ -206,7 +203,7 @@ impl Conn<'_> {
         // The body's remainder, if the answer came before all of it: a remainder already here is dropped; one
         // still on its way closes the connection (reading it could take as long as the client likes).
         let next = {
-            let mut reading = lock(&reading);
+            let mut reading = Reading::lock(&reading);
             // A body not read to its end is left to fail (the socket closes under it), never to end early.
             let whole = discard_received(&mut reading);
             whole.then(|| std::mem::take(&mut reading.received))
@@ -217,10 +214,6 @@ impl Conn<'_> {
             _ => Err(Ended::Closed),
         }
     }
-}
-
-fn lock(reading: &Mutex<Reading>) -> MutexGuard<'_, Reading> {
-    reading.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn expired_ends(expired: Expired) -> Ended {
@@ -236,17 +229,13 @@ fn expired_ends(expired: Expired) -> Ended {
 async fn next_bytes(stream: &TcpStream) -> io::Result<bool> {
     loop {
         let ready = stream.ready(Interest::READABLE).await?;
-        let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
-        match SockRef::from(stream).peek(&mut probe) {
-            Ok(0) => return Ok(false),
-            Ok(_) => return Ok(true),
-            Err(err) if err.kind() == ErrorKind::WouldBlock => {
-                // A readiness left from bytes already taken: forget it and wait for the next.
-                let _ = stream.try_io(Interest::READABLE, || Err::<(), _>(ErrorKind::WouldBlock.into()));
-            }
-            Err(err) if err.kind() == ErrorKind::Interrupted => {}
-            Err(_) if ready.is_read_closed() => return Ok(false),
-            Err(err) => return Err(err),
+        match net::peek(stream) {
+            Peeked::Data => return Ok(true),
+            Peeked::Closed => return Ok(false),
+            // A readiness left from bytes already taken.
+            Peeked::Nothing => net::forget_readable(stream),
+            Peeked::Failed(_) if ready.is_read_closed() => return Ok(false),
+            Peeked::Failed(err) => return Err(err),
         }
     }
 }
@@ -272,16 +261,11 @@ async fn client_left(stream: &TcpStream) {
     loop {
         match stream.ready(Interest::READABLE).await {
             Ok(ready) if ready.is_read_closed() || ready.is_error() => return,
-            Ok(_) => {
-                let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
-                match SockRef::from(stream).peek(&mut probe) {
-                    Ok(0) => return,
-                    // A pipelined request: it waits its turn; the readiness it raised is forgotten.
-                    Ok(_) | Err(_) => {
-                        let _ = stream.try_io(Interest::READABLE, || Err::<(), _>(ErrorKind::WouldBlock.into()));
-                    }
-                }
-            }
+            Ok(_) => match net::peek(stream) {
+                Peeked::Closed => return,
+                // A pipelined request waits its turn.
+                Peeked::Data | Peeked::Nothing | Peeked::Failed(_) => net::forget_readable(stream),
+            },
             Err(_) => return,
         }
     }
@@ -295,21 +279,15 @@ fn count_refused(metrics: &Metrics, refused: HeadError) {
     metrics.client_side(outcome, Some(refused.status()));
 }
 
-async fn answer_refused(stream: &TcpStream, refused: HeadError, stall: Duration) -> io::Result<()> {
+/// An answer of floodgate's own with `status` and no body, after which the connection closes.
+async fn answer_bare(stream: &TcpStream, status: StatusCode, version: Version, stall: Duration) -> io::Result<()> {
     let mut out = BytesMut::new();
     let client = write::Client {
         method: &Method::GET,
-        version: Version::HTTP_11,
+        version,
         keep_alive: false,
     };
-    let _ = write::response_head(
-        &mut out,
-        refused.status(),
-        None,
-        &HeaderMap::new(),
-        BodySize::Known(0),
-        client,
-    );
+    let _ = write::response_head(&mut out, status, None, &HeaderMap::new(), BodySize::Known(0), client);
     write_all(stream, &out, stall).await
 }
 
@@ -345,20 +323,7 @@ async fn write_answer(
         Ok(written) => written,
         // The relay refuses such an answer before it gets here; should one come, the client gets a 502.
         Err(_) => {
-            out.clear();
-            let client = write::Client {
-                keep_alive: false,
-                ..client
-            };
-            let _ = write::response_head(
-                &mut out,
-                StatusCode::BAD_GATEWAY,
-                None,
-                &HeaderMap::new(),
-                BodySize::Known(0),
-                client,
-            );
-            write_all(stream, &out, stall).await?;
+            answer_bare(stream, StatusCode::BAD_GATEWAY, version, stall).await?;
             return Ok(true);
         }
     };
@@ -455,9 +420,4 @@ async fn write_all(stream: &TcpStream, mut bytes: &[u8], stall: Duration) -> io:
         }
     }
     Ok(())
-}
-
-/// Ends the connection: what was written goes out, then the client reads its end.
-fn close(stream: &TcpStream) {
-    let _ = SockRef::from(stream).shutdown(std::net::Shutdown::Both);
 }
