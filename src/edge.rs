@@ -41,11 +41,12 @@ use crate::access::X_REQUEST_ID;
 /// `log_level = "info,floodgate::request=debug"` turns it on alone.
 const SPAN_TARGET: &str = "floodgate::request";
 
-/// The stack one client connection's requests go through; `activity` counts them in flight on that connection.
+/// The stack one client connection's requests go through; `activity`, when the connection's deadlines need it
+/// (hyper's servers), counts them in flight on that connection.
 pub fn stack(
     proxy: Arc<Proxy>,
     client: Arc<ClientInfo>,
-    activity: Arc<ClientActivity>,
+    activity: Option<Arc<ClientActivity>>,
 ) -> impl Service<Request<ClientBody>, Response = Response<ResponseBody>, Error = Infallible, Future: Send> + Clone {
     let trusted = client.trusted;
     ServiceBuilder::new()
@@ -85,7 +86,7 @@ impl MakeRequestId for MakeId {
 struct ProxyService {
     proxy: Arc<Proxy>,
     client: Arc<ClientInfo>,
-    activity: Arc<ClientActivity>,
+    activity: Option<Arc<ClientActivity>>,
 }
 
 impl Service<Request<ClientBody>> for ProxyService {
@@ -98,7 +99,7 @@ impl Service<Request<ClientBody>> for ProxyService {
     }
 
     fn call(&mut self, request: Request<ClientBody>) -> Self::Future {
-        let in_flight = self.activity.request_started();
+        let in_flight = self.activity.as_ref().map(ClientActivity::request_started);
         // Routed first so the span is made with its fields (each later record costs about as much as making
         // it); the fields are read only when the span is on.
         let routed = self.proxy.route(&request);

@@ -122,13 +122,14 @@ pub enum LogFormat {
     Json,
 }
 
-/// The server for HTTP/1 clients without TLS: `hyper` (its HTTP/1 server) or `floodgate` (floodgate's own, which
-/// holds no buffer for an idle connection; under way, see docs/data-path.md). HTTP/2 and TLS clients are hyper's.
+/// The server for HTTP/1 clients without TLS: `floodgate` (floodgate's own, which holds no buffer for an idle
+/// connection; docs/data-path.md) or `hyper` (hyper's HTTP/1 server, as before it). HTTP/2 and TLS clients are
+/// hyper's.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Http1Server {
-    #[default]
     Hyper,
+    #[default]
     Floodgate,
 }
 
@@ -147,7 +148,7 @@ impl Default for Config {
             shutdown_timeout: Duration::from_secs(30),
             trusted_proxies: Vec::new(),
             log_format: LogFormat::Human,
-            http1_server: Http1Server::Hyper,
+            http1_server: Http1Server::Floodgate,
             log_level: "info".to_string(),
             access_log: "off".to_string(),
             tls_cert: None,

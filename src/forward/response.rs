@@ -51,8 +51,8 @@ impl ResponseBody {
         }
     }
 
-    pub fn tracked(mut self, in_flight: InFlight) -> Self {
-        self._in_flight = Some(in_flight);
+    pub fn tracked(mut self, in_flight: Option<InFlight>) -> Self {
+        self._in_flight = in_flight;
         self
     }
 }

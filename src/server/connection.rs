@@ -16,9 +16,10 @@ use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-use super::h1_conn;
 use super::h2_frames::FrameWatch;
+use super::{h1_conn, OpenClient};
 use crate::activity::{ClientActivity, Expired};
 use crate::body::ClientBody;
 use crate::config::tls::ALPN_H2;
@@ -67,14 +68,19 @@ async fn sniff(stream: &TcpStream) -> std::io::Result<Protocol> {
 }
 
 /// Serves one accepted connection until it closes, a deadline passes, or shutdown has drained it. With `tls`,
-/// the connection is TLS and the ALPN the client picked decides the protocol; otherwise the first bytes do.
-pub async fn serve(
+/// the connection is TLS and the ALPN the client picked decides the protocol; otherwise the first bytes do. A
+/// plain HTTP/1 client served by floodgate's own server moves to a task of its own (on `tracker`), which holds
+/// only what that server needs while the connection idles.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn serve(
     stream: TcpStream,
     peer: SocketAddr,
     tls: Option<TlsAcceptor>,
     proxy: Arc<Proxy>,
     config: Arc<Config>,
     shutdown: CancellationToken,
+    open: OpenClient,
+    tracker: TaskTracker,
 ) {
     let _ = stream.set_nodelay(true);
     let stream = Arc::new(stream);
@@ -91,7 +97,8 @@ pub async fn serve(
             }
         };
         if protocol == Protocol::Http1 && config.http1_server == Http1Server::Floodgate {
-            return serve_own_http1(stream, peer, proxy, &config, shutdown).await;
+            tracker.spawn(own_http1(stream, peer, proxy, config, shutdown, open));
+            return;
         }
         let attach = |io: &mut SharedStream, observer| io.set_observer(observer);
         let conn = Conn {
@@ -132,36 +139,37 @@ pub async fn serve(
     Box::pin(serve_io(tls_stream, attach, conn, proxy, config, shutdown)).await
 }
 
-/// Serves a plain-TCP HTTP/1 client with floodgate's own server (`server::h1_conn`).
-async fn serve_own_http1(
+/// Serves a plain-TCP HTTP/1 client with floodgate's own server (`server::h1_conn`). Not an `async fn`, and
+/// holding handles only: its arguments would be stored twice in the future every idle connection holds.
+fn own_http1(
     stream: Arc<TcpStream>,
     peer: SocketAddr,
     proxy: Arc<Proxy>,
-    config: &Config,
+    config: Arc<Config>,
     shutdown: CancellationToken,
-) {
-    let activity = ClientActivity::new(true);
+    open: OpenClient,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
     let client = Arc::new(ClientInfo::new(peer, proxy.is_trusted(peer.ip()), Some(stream.clone())));
-    let service = crate::edge::stack(proxy.clone(), client, activity.clone());
-    let settings = h1_conn::Settings {
-        max_header_bytes: config.max_header_bytes,
-        header_read_timeout: config.header_read_timeout,
-        idle_timeout: config.client_idle_timeout,
-        write_stall_limit: config.client_write_stall_limit(),
-    };
-    let socket = stream.clone();
-    let ended = h1_conn::serve(stream, service, activity, settings, proxy.metrics.clone(), shutdown).await;
-    // An exchange still reading (or abandoned with) the request body holds the socket too: the client must see
-    // the connection end now all the same.
-    let _ = socket2::SockRef::from(&*socket).shutdown(std::net::Shutdown::Both);
-    match ended {
-        h1_conn::Ended::HeaderTimeout => {
-            tracing::debug!(%peer, "request head not complete within header_read_timeout; closing");
-            proxy.metrics.client_side(Outcome::ClientTimeout, None);
+    async move {
+        // Made per request; no ClientActivity: this server keeps the connection's deadlines itself.
+        let service = || crate::edge::stack(proxy.clone(), client.clone(), None);
+        let ended = h1_conn::serve(&stream, &service, &config, &proxy.metrics, &shutdown).await;
+        // An exchange still reading (or abandoned with) the request body holds the socket too: the client must see
+        // the connection end now all the same.
+        let _ = socket2::SockRef::from(&*stream).shutdown(std::net::Shutdown::Both);
+        let peer = client.peer;
+        match ended {
+            h1_conn::Ended::HeaderTimeout => {
+                tracing::debug!(%peer, "request head not complete within header_read_timeout; closing");
+                proxy.metrics.client_side(Outcome::ClientTimeout, None);
+            }
+            h1_conn::Ended::Error(err) => {
+                tracing::debug!(%peer, error = %err, "client connection ended with an error")
+            }
+            h1_conn::Ended::Refused(refused) => tracing::debug!(%peer, error = %refused, "request head refused"),
+            h1_conn::Ended::Closed => {}
         }
-        h1_conn::Ended::Error(err) => tracing::debug!(%peer, error = %err, "client connection ended with an error"),
-        h1_conn::Ended::Refused(refused) => tracing::debug!(%peer, error = %refused, "request head refused"),
-        h1_conn::Ended::Closed => {}
+        drop(open);
     }
 }
 
@@ -205,7 +213,7 @@ async fn serve_io<I>(
     let service = TowerToHyperService::new(
         tower::ServiceBuilder::new()
             .map_request(|request: http::Request<hyper::body::Incoming>| request.map(ClientBody::Hyper))
-            .service(crate::edge::stack(proxy.clone(), client, activity.clone())),
+            .service(crate::edge::stack(proxy.clone(), client, Some(activity.clone()))),
     );
     let deadlines = activity.expired(config.header_read_timeout, config.client_idle_timeout);
     // A peer that does not answer a polite goodbye (HTTP/2's GOAWAY and PING) is cut off after this, once no

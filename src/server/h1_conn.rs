@@ -8,6 +8,7 @@
 
 use std::io::{self, ErrorKind};
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -17,11 +18,12 @@ use http_body::Body;
 use http_body_util::BodyExt;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tower::{Service, ServiceExt};
 
-use crate::activity::{ClientActivity, Expired};
 use crate::body::{discard_received, ClientBody, Framing, Http1Body, Reading};
+use crate::config::Config;
 use crate::error::Outcome;
 use crate::forward::ResponseBody;
 use crate::h1::chunked::ChunkedDecoder;
@@ -29,7 +31,7 @@ use crate::h1::request_head::{self, BodyFraming};
 use crate::h1::write::{self, BodySize, Encoding, LAST_CHUNK};
 use crate::h1::HeadError;
 use crate::metrics::Metrics;
-use crate::net::{self, Peeked, ReadObserver};
+use crate::net::{self, Peeked};
 
 /// The first read of a request asks for this much room; a head that needs more grows it up to max_header_bytes.
 const HEAD_ROOM: usize = 4 * 1024;
@@ -47,61 +49,56 @@ pub(super) enum Ended {
     Error(io::Error),
 }
 
-/// What the connection needs besides its socket.
-pub(super) struct Settings {
-    pub max_header_bytes: usize,
-    pub header_read_timeout: Duration,
-    pub idle_timeout: Duration,
-    pub write_stall_limit: Duration,
-}
-
 /// Serves requests on `stream` until the client leaves, a deadline passes or `shutdown` has let the request in
-/// progress finish.
-pub(super) async fn serve<S>(
-    stream: Arc<TcpStream>,
-    mut service: S,
-    activity: Arc<ClientActivity>,
-    settings: Settings,
-    metrics: Arc<Metrics>,
-    shutdown: CancellationToken,
+/// progress finish. The first request's bytes are already there (they were sniffed). Everything is borrowed: an
+/// idle connection's task holds this future, and what it stores while idle (the wait for bytes, the idle deadline
+/// and the shutdown signal) is all a connection costs between requests.
+pub(super) async fn serve<F, S>(
+    stream: &Arc<TcpStream>,
+    service: &F,
+    config: &Config,
+    metrics: &Metrics,
+    shutdown: &CancellationToken,
 ) -> Ended
 where
+    F: Fn() -> S,
     S: Service<Request<ClientBody>, Response = Response<ResponseBody>, Error = std::convert::Infallible>,
 {
-    let deadlines = activity.expired(settings.header_read_timeout, settings.idle_timeout);
-    tokio::pin!(deadlines);
-    // Bytes of the next request already read (pipelined behind the last one); an idle connection has none.
-    let mut leftover: Option<BytesMut> = None;
     let conn = Conn {
-        stream: &stream,
-        settings: &settings,
-        metrics: &metrics,
-        shutdown: &shutdown,
+        stream,
+        config,
+        metrics,
+        shutdown,
     };
+    let mut received = BytesMut::with_capacity(HEAD_ROOM);
     loop {
-        let received = match leftover.take() {
-            Some(received) => received,
-            None => {
-                tokio::select! {
-                    biased;
-                    waited = next_bytes(&stream) => match waited {
-                        Ok(true) => BytesMut::with_capacity(HEAD_ROOM),
-                        Ok(false) => return Ended::Closed,
-                        Err(err) => return Ended::Error(err),
-                    },
-                    expired = &mut deadlines => return expired_ends(expired),
-                    () = shutdown.cancelled() => return Ended::Closed,
-                }
+        // The head's deadline runs from its first byte.
+        let head_until = Instant::now() + config.header_read_timeout;
+        // Boxed: what a request needs (its head, its answer's writer, the edge stack, made for it from a few
+        // handles) is held only while it is served, not by every idle connection's task.
+        match Box::pin(conn.one_request(service(), received, head_until)).await {
+            // Bytes of the next request already read (pipelined behind the last one).
+            Ok(Some(next)) => {
+                received = next;
+                continue;
             }
-        };
-        activity.on_read();
-        // Boxed: what a request needs (its head, its answer's writer) is held only while it is served, not by
-        // every idle connection's task.
-        match Box::pin(conn.one_request(&mut service, received, deadlines.as_mut())).await {
-            Ok(next) => leftover = next,
+            Ok(None) => {}
             // The caller shuts the socket down, however the connection ended.
             Err(ended) => return ended,
         }
+        // Idle: no buffer is held until the client sends again.
+        let idle_until = Instant::now() + config.client_idle_timeout;
+        received = tokio::select! {
+            biased;
+            waited = next_bytes(stream) => match waited {
+                Ok(true) => BytesMut::with_capacity(HEAD_ROOM),
+                Ok(false) => return Ended::Closed,
+                Err(err) => return Ended::Error(err),
+            },
+            // HTTP/1 has no goodbye to send: an idle connection past its time is closed.
+            () = tokio::time::sleep_until(idle_until) => return Ended::Closed,
+            () = shutdown.cancelled() => return Ended::Closed,
+        };
     }
 }
 
@@ -109,7 +106,7 @@ where
 #[derive(Clone, Copy)]
 struct Conn<'a> {
     stream: &'a Arc<TcpStream>,
-    settings: &'a Settings,
+    config: &'a Config,
     metrics: &'a Metrics,
     shutdown: &'a CancellationToken,
 }
@@ -117,24 +114,26 @@ struct Conn<'a> {
 impl Conn<'_> {
     /// Reads a request's head from `received` (and the socket), has `service` answer it and writes the answer;
     /// `Ok` with the bytes of the next request already read, if any, when the connection stays open.
-    async fn one_request<S, D>(
+    async fn one_request<S>(
         self,
-        service: &mut S,
+        mut service: S,
         mut received: BytesMut,
-        mut deadlines: std::pin::Pin<&mut D>,
+        head_until: Instant,
     ) -> Result<Option<BytesMut>, Ended>
     where
         S: Service<Request<ClientBody>, Response = Response<ResponseBody>, Error = std::convert::Infallible>,
-        D: std::future::Future<Output = Expired>,
     {
         let Conn {
             stream,
-            settings,
+            config,
             metrics,
             shutdown,
         } = self;
+        let write_stall_limit = config.client_write_stall_limit();
+        let head_timer = tokio::time::sleep_until(head_until);
+        tokio::pin!(head_timer);
         let head = loop {
-            match request_head::parse(&received, settings.max_header_bytes) {
+            match request_head::parse(&received, config.max_header_bytes) {
                 Ok(Some((head, len))) => {
                     received.advance(len);
                     break head;
@@ -142,25 +141,25 @@ impl Conn<'_> {
                 Ok(None) => {}
                 Err(refused) => {
                     count_refused(metrics, refused);
-                    let _ = answer_bare(stream, refused.status(), Version::HTTP_11, settings.write_stall_limit).await;
+                    let _ = answer_bare(stream, refused.status(), Version::HTTP_11, write_stall_limit).await;
                     return Err(Ended::Refused(refused));
                 }
             }
             tokio::select! {
                 biased;
-                read = read_more(stream, &mut received, settings.max_header_bytes) => match read {
+                read = read_more(stream, &mut received, config.max_header_bytes) => match read {
                     Ok(0) => return Err(Ended::Closed),
                     Ok(_) => {}
                     Err(err) => return Err(Ended::Error(err)),
                 },
-                expired = deadlines.as_mut() => return Err(expired_ends(expired)),
+                () = head_timer.as_mut() => return Err(Ended::HeaderTimeout),
             }
         };
         let method = head.parts.method.clone();
         let version = head.parts.version;
         let framing = match head.body {
             BodyFraming::Length(length) => Framing::Length(length),
-            BodyFraming::Chunked => Framing::Chunked(ChunkedDecoder::new(settings.max_header_bytes)),
+            BodyFraming::Chunked => Framing::Chunked(ChunkedDecoder::new(config.max_header_bytes)),
         };
         let body_over = Arc::new(tokio::sync::Notify::new());
         let reading = Arc::new(Mutex::new(Reading::new(
@@ -190,16 +189,9 @@ impl Conn<'_> {
             () = watch => return Err(Ended::Closed),
         };
         let keep_alive = head.keep_alive && !head.wants_upgrade && !shutdown.is_cancelled();
-        let closes = write_answer(
-            stream,
-            response,
-            &method,
-            version,
-            keep_alive,
-            settings.write_stall_limit,
-        )
-        .await
-        .map_err(Ended::Error)?;
+        let closes = write_answer(stream, response, &method, version, keep_alive, write_stall_limit)
+            .await
+            .map_err(Ended::Error)?;
         // The body's remainder, if the answer came before all of it: a remainder already here is dropped; one
         // still on its way closes the connection (reading it could take as long as the client likes).
         let next = {
@@ -216,28 +208,29 @@ impl Conn<'_> {
     }
 }
 
-fn expired_ends(expired: Expired) -> Ended {
-    match expired {
-        Expired::HeaderRead => Ended::HeaderTimeout,
-        // HTTP/1 has no goodbye to send: an idle connection past its time is closed.
-        Expired::Idle => Ended::Closed,
-    }
-}
-
 /// Waits, holding no buffer, until the client sends something: `true` when bytes are there to read, `false` when
-/// it closed its side first.
-async fn next_bytes(stream: &TcpStream) -> io::Result<bool> {
-    loop {
-        let ready = stream.ready(Interest::READABLE).await?;
+/// it closed its side first. Polled by hand: a readiness future would add its size to every idle connection.
+fn next_bytes(stream: &TcpStream) -> impl std::future::Future<Output = io::Result<bool>> + '_ {
+    std::future::poll_fn(move |cx| loop {
+        if let Err(err) = std::task::ready!(stream.poll_read_ready(cx)) {
+            return Poll::Ready(Err(err));
+        }
         match net::peek(stream) {
-            Peeked::Data => return Ok(true),
-            Peeked::Closed => return Ok(false),
+            Peeked::Data => return Poll::Ready(Ok(true)),
+            Peeked::Closed => return Poll::Ready(Ok(false)),
             // A readiness left from bytes already taken.
             Peeked::Nothing => net::forget_readable(stream),
-            Peeked::Failed(_) if ready.is_read_closed() => return Ok(false),
-            Peeked::Failed(err) => return Err(err),
+            Peeked::Failed(err) if is_reset(&err) => return Poll::Ready(Ok(false)),
+            Peeked::Failed(err) => return Poll::Ready(Err(err)),
         }
-    }
+    })
+}
+
+fn is_reset(err: &io::Error) -> bool {
+    matches!(
+        err.kind(),
+        ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted | ErrorKind::BrokenPipe
+    )
 }
 
 /// Reads more of a head into `received`; 0 when the client closed before finishing it.

@@ -252,13 +252,18 @@ async fn accept_loop(
                 let proxy = state.proxy.clone();
                 let config = state.config.load_full();
                 let draining = draining.clone();
-                let metrics = metrics.clone();
+                let open = OpenClient::new(metrics.client_connections.clone(), permit);
                 let tls = state.tls.load_full().map(TlsAcceptor::from);
-                connections.spawn(async move {
-                    let _open = OpenClient::new(&metrics.client_connections);
-                    connection::serve(stream, peer, tls, proxy, config, draining).await;
-                    drop(permit);
-                });
+                connections.spawn(connection::serve(
+                    stream,
+                    peer,
+                    tls,
+                    proxy,
+                    config,
+                    draining,
+                    open,
+                    connections.clone(),
+                ));
             }
             Err(err) => {
                 // Typically out of file descriptors: back off instead of spinning on the same error, and say so
@@ -275,18 +280,22 @@ async fn accept_loop(
     }
 }
 
-/// Counts one open client connection for as long as it lives, however its task ends.
-struct OpenClient<'a>(&'a prometheus_client::metrics::gauge::Gauge);
+/// One open client connection, for as long as it lives, however its task (or tasks) end: counted in
+/// `floodgate_client_connections`, and holding its place among `max_client_connections`.
+pub(super) struct OpenClient {
+    gauge: prometheus_client::metrics::gauge::Gauge,
+    _room: tokio::sync::OwnedSemaphorePermit,
+}
 
-impl<'a> OpenClient<'a> {
-    fn new(gauge: &'a prometheus_client::metrics::gauge::Gauge) -> Self {
+impl OpenClient {
+    fn new(gauge: prometheus_client::metrics::gauge::Gauge, room: tokio::sync::OwnedSemaphorePermit) -> Self {
         gauge.inc();
-        OpenClient(gauge)
+        OpenClient { gauge, _room: room }
     }
 }
 
-impl Drop for OpenClient<'_> {
+impl Drop for OpenClient {
     fn drop(&mut self) {
-        self.0.dec();
+        self.gauge.dec();
     }
 }
