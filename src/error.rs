@@ -48,7 +48,7 @@ pub enum ProxyError {
     #[error("TLS handshake with upstream failed: {0}")]
     UpstreamTls(String),
     #[error("upstream failed: {0}")]
-    Upstream(#[source] hyper::Error),
+    Upstream(#[source] crate::forward::UpstreamError),
     #[error("upstream did not answer within {0:?}")]
     UpstreamTimeout(Duration),
     #[error("upstream response body went on past its Content-Length")]

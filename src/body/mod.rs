@@ -10,7 +10,7 @@ mod stall;
 pub(crate) use client::{discard_received, Framing, Reading};
 pub use client::{ClientBody, ClientBodyError, Http1Body};
 pub use progress::UploadProgress;
-pub use request::{client_body_failure, CutOff, RequestBody};
+pub use request::{CutOff, RequestBody};
 pub use stall::BodyStalled;
 pub(crate) use stall::IdleTimer;
 

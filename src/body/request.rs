@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use super::{BodyStalled, BoxError, ClientBody, ClientBodyError, IdleTimer, UploadProgress};
+use super::{BodyStalled, BoxError, ClientBody, IdleTimer, UploadProgress};
 use crate::buffer::{self, BufferBudget, Buffered, ReadError};
 use crate::error::ProxyError;
 use bytes::Bytes;
@@ -24,20 +24,6 @@ pub struct RequestBody {
     timer: IdleTimer,
     /// How far the body has gone (see [`UploadProgress`]); only requests that have a body pay for it.
     upload: Option<UploadProgress>,
-}
-
-/// An exchange that failed because the client's request body did (bad chunked framing, cut short, or stalled past
-/// body_idle_timeout) failed on the client's side, not the upstream's: 400 or 408, counted as such. hyper reports
-/// a failed request body as a user error whose cause is the error [`RequestBody`] yielded.
-pub fn client_body_failure(err: &hyper::Error) -> Option<ProxyError> {
-    if !err.is_user() {
-        return None;
-    }
-    let cause = std::error::Error::source(err)?;
-    if let Some(stalled) = cause.downcast_ref::<BodyStalled>() {
-        return Some(ProxyError::ClientBodyTimeout(stalled.1));
-    }
-    cause.downcast_ref::<ClientBodyError>().map(ClientBodyError::meaning)
 }
 
 #[derive(Debug, thiserror::Error)]

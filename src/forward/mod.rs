@@ -10,14 +10,17 @@
 mod head;
 mod relay;
 mod response;
+mod upstream;
 #[cfg(test)]
 mod tests;
 
 use crate::body::IdleTimer;
-pub use crate::body::{client_body_failure, BodyStalled, BoxError, CutOff, RequestBody};
+pub use crate::body::{BodyStalled, BoxError, CutOff, RequestBody};
 pub use head::{
     check_host, check_target, check_transfer_coding, keeps_alive, strip_hop_by_hop, target_host, to_upstream,
     upstream_head, ClientInfo,
 };
 pub use relay::{complete, Completion, UpstreamBody};
 pub use response::{local_response, to_client, ResponseBody, SHED_REASON};
+pub(crate) use upstream::send;
+pub use upstream::{client_body_error, Upload, UpstreamError, UpstreamIncoming};

@@ -12,7 +12,6 @@ use bytes::Bytes;
 use http::StatusCode;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -22,7 +21,7 @@ use crate::error::Outcome;
 use crate::metrics::OutcomeCounters;
 use crate::pool::Lease;
 
-use super::{BodyStalled, BoxError, CutOff, IdleTimer};
+use super::{BodyStalled, BoxError, CutOff, IdleTimer, UpstreamIncoming};
 
 /// How a request's end is counted once its answer is done with: the one place that counts the outcome and
 /// writes the access-log line, for relayed and local answers alike.
@@ -83,7 +82,7 @@ pub fn complete(
 /// Where a relayed response body comes from.
 pub(super) enum Source {
     /// The upstream connection, read as the client takes the body; the relay holds the lease until its end.
-    Upstream(Incoming),
+    Upstream(UpstreamIncoming),
     /// A body already read in full at upstream speed; its lease was given back before the client got anything.
     /// Boxed: the relay, one per response, stays the size it is for streamed bodies.
     Memory(Box<Buffered>),
@@ -285,8 +284,8 @@ impl Relay {
         }
     }
 
-    /// The stream stopped moving for too long: dropping the unread body makes hyper close the upstream
-    /// connection, whose task frees the slot once the upstream, which may still be sending, has closed too.
+    /// The stream stopped moving for too long: the unread body leaves the connection spent, and the lease, given
+    /// up, closes it and frees the slot once the upstream, which may still be sending, has closed too.
     fn cut_off(&mut self, outcome: Outcome) {
         self.inner = None;
         self.rest = None;
@@ -296,7 +295,7 @@ impl Relay {
 
     /// The answer was dropped before its end. An empty body (HEAD, 204, 304) is complete; otherwise the client
     /// left mid-body, and what is left is handed back for draining.
-    fn abandon(&mut self) -> Option<(Incoming, Lease)> {
+    fn abandon(&mut self) -> Option<(UpstreamIncoming, Lease)> {
         // Already finished (or cut off): nothing is left to count or drain.
         if self.is_finished() {
             return None;
@@ -405,7 +404,7 @@ pub struct UpstreamBody {
 
 impl UpstreamBody {
     /// `watch`: also cut the exchange off when the client stops taking the body (HTTP/2 streams).
-    pub fn new(inner: Incoming, lease: Lease, completion: Completion, watch: bool) -> Self {
+    pub fn new(inner: UpstreamIncoming, lease: Lease, completion: Completion, watch: bool) -> Self {
         let idle_timeout = lease.pool().limits().body_idle_timeout;
         Self::relaying(Source::Upstream(inner), Some(lease), completion, watch, idle_timeout)
     }
@@ -522,7 +521,7 @@ impl Drop for UpstreamBody {
     }
 }
 
-pub(super) async fn drain_then_release(mut body: Incoming, mut lease: Lease) {
+pub(super) async fn drain_then_release(mut body: UpstreamIncoming, mut lease: Lease) {
     let limits = lease.pool().limits();
     let (max_bytes, limit) = (limits.abort_drain_bytes, limits.abort_drain_timeout);
     let drained = tokio::time::timeout(limit, async {

@@ -11,7 +11,6 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 
 use crate::access::Entry;
 use crate::activity::InFlight;
@@ -20,7 +19,9 @@ use crate::error::{ProxyError, ShedAdvice};
 use crate::metrics::OutcomeCounters;
 use crate::pool::Lease;
 
-use super::{check_transfer_coding, keeps_alive, strip_hop_by_hop, BoxError, Completion, UpstreamBody};
+use super::{
+    check_transfer_coding, keeps_alive, strip_hop_by_hop, BoxError, Completion, UpstreamBody, UpstreamIncoming,
+};
 
 /// The body of every answer floodgate sends: the upstream's, or a short one of its own.
 pub struct ResponseBody {
@@ -181,7 +182,7 @@ pub(super) fn content_length(headers: &HeaderMap) -> ContentLength {
 /// then holds memory, never a slot. Any other body streams, holding the lease until its last byte. A failure while
 /// buffering is answered by the caller (nothing has reached the client yet), with the access entry handed back.
 pub async fn to_client(
-    response: Response<Incoming>,
+    response: Response<UpstreamIncoming>,
     mut lease: Lease,
     counters: Arc<OutcomeCounters>,
     access: Option<Box<Entry>>,

@@ -22,7 +22,7 @@ const MAX_CONTENT_LENGTH: u64 = u64::MAX - 2;
 
 /// Why a head is refused; the connection ends after the answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum HeadError {
+pub enum HeadError {
     #[error("the head is larger than its limit or has more than {MAX_HEADERS} lines")]
     TooLarge,
     #[error("the request target is too long")]

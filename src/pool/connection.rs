@@ -1,40 +1,34 @@
-//! One upstream connection: dialling it, the task that drives it, and closing it completely.
+//! One upstream connection: dialling it, what a request holds of it, and closing it completely.
 //!
-//! The connection's task owns its [`Slot`]: hyper's `Connection` future outlives every request on it, and only
-//! when that future has ended and the upstream has closed its side too (or `close_timeout` has passed and the
-//! socket was reset) is the slot dropped. So a replacement is never dialled while its predecessor still exists as
-//! the upstream counts them. For an `https://` upstream the TLS session runs over the same shared socket, so
-//! none of that changes; a handshake that fails or runs out of time closes the socket before the slot goes.
+//! A connection has no task of its own: its bytes are moved by whoever uses it ([`Wire`]), and its [`Slot`] is
+//! held by the [`Conn`] until the connection is dropped, when a closing task takes both: only when the upstream
+//! has closed its side too (or `close_timeout` has passed and the socket was reset) is the slot dropped. So a
+//! replacement is never dialled while its predecessor still exists as the upstream counts them. For an `https://`
+//! upstream the TLS session runs over the same socket, so none of that changes; a handshake that fails or runs out
+//! of time closes the socket before the slot goes.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::slots::ClosingMark;
+use super::wire::Wire;
 use super::{Slot, UpstreamPool};
-use crate::body::RequestBody;
 use crate::config::{Origin, UpstreamConfig};
 use crate::error::ProxyError;
 use crate::net::{self, SharedStream};
 
-pub type UpstreamSender = http1::SendRequest<RequestBody>;
-
-/// A live HTTP/1.1 connection to the upstream, as a request sees it.
+/// A live HTTP/1.1 connection to the upstream, as a request sees it. Dropping it closes it.
 pub struct Conn {
-    pub sender: UpstreamSender,
+    pub(crate) wire: Arc<Wire>,
+    /// The socket under the wire, closed completely (our FIN, then the upstream's) before the slot goes.
+    stream: Arc<TcpStream>,
     /// Whether the pool counts this connection as closing; see [`super::slots::Slots::start_closing`].
     pub(super) closing: ClosingMark,
-    /// Tells the connection's task to stop driving hyper's connection now, even mid-request (see
-    /// [`Conn::close_now`]).
-    close_now: Arc<Notify>,
-    /// Set before `close_now` when an exchange was given up mid-way: the upstream may still be working on it,
-    /// so the socket (and the slot) is held until the upstream closes its side, however long that takes.
-    upstream_working: Arc<AtomicBool>,
+    /// An exchange was given up mid-way: the upstream may still be working on it, so the socket (and the slot)
+    /// is held until the upstream closes its side, however long that takes.
+    upstream_working: bool,
     born: Instant,
     pub(super) served: u64,
     /// The endpoint it is connected to (an index into [`UpstreamPool::endpoints`]).
@@ -43,21 +37,13 @@ pub struct Conn {
 
 impl Conn {
     pub fn is_closed(&self) -> bool {
-        self.sender.is_closed()
+        self.wire.is_spent()
     }
 
-    /// An exchange gave up on this connection: close it without waiting for hyper to finish what it is doing on
-    /// it. hyper's connection outlives its sender while a request body is still going out (an upstream that
-    /// answered early, an exchange cut off by a timeout), and the slot would stay taken for as long.
-    pub(super) fn close_now(&self) {
-        self.close_now.notify_one();
-    }
-
-    /// [`Conn::close_now`] for an exchange given up mid-way: the slot is held until the upstream has closed its
-    /// side, which a thread-per-connection server does only once it has finished the request.
-    pub(super) fn close_when_upstream_done(&self) {
-        self.upstream_working.store(true, Ordering::Release);
-        self.close_now.notify_one();
+    /// An exchange was given up mid-way: the slot is held until the upstream has closed its side, which a
+    /// thread-per-connection server does only once it has finished the request.
+    pub(super) fn close_when_upstream_done(&mut self) {
+        self.upstream_working = true;
     }
 
     /// Whether the connection may carry another request under the configured limits.
@@ -67,6 +53,77 @@ impl Conn {
         let worn_out = limits.max_requests_per_connection > 0 && self.served >= limits.max_requests_per_connection;
         !(self.is_closed() || too_old || worn_out)
     }
+
+    /// [`Conn::is_usable`], and the upstream has not closed it or spoken on it while it sat idle (looked at
+    /// without waiting: one `peek`).
+    pub(super) fn is_usable_idle(&self, limits: &UpstreamConfig) -> bool {
+        self.is_usable(limits) && self.wire.is_quiet()
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        // Whoever still holds the wire (an answer's body, a request body going out) finds it spent.
+        let Some(slot) = self.wire.let_go() else {
+            // Its watch closed it when the upstream did.
+            return;
+        };
+        let pool = slot.pool().clone();
+        let limit = (!self.upstream_working).then(|| pool.limits().close_timeout);
+        pool.close_later(Closing {
+            stream: self.stream.clone(),
+            slot,
+            limit,
+        });
+    }
+}
+
+impl UpstreamPool {
+    /// The upstream closed (or spoke on) a connection no exchange was using: closed now, whether it waits in the
+    /// idle list or a lease still holds it (which then finds it spent), so its slot comes back at once.
+    fn upstream_closed(&self, wire: &Wire, stream: &Arc<TcpStream>) {
+        self.close_spent_idle();
+        if let Some(slot) = wire.take_slot() {
+            self.close_later(Closing {
+                stream: stream.clone(),
+                slot,
+                limit: Some(self.limits().close_timeout),
+            });
+        }
+    }
+}
+
+/// A connection on its way out: its socket and its slot, the slot to go once the socket has.
+pub(super) struct Closing {
+    stream: Arc<TcpStream>,
+    slot: Slot,
+    /// How long the upstream's side of the close is waited for (`None`: as long as it takes).
+    limit: Option<std::time::Duration>,
+}
+
+/// Closes the pool's connections as they come, each completely (our FIN, then the upstream's, or a reset after
+/// its limit) before its slot goes; ends once the pool is gone and the last has closed. Connections are let go of
+/// under the pool's lock, where their slots could not be given back: they come here instead.
+pub(super) async fn close_connections(mut closings: tokio::sync::mpsc::UnboundedReceiver<Closing>) {
+    use futures_util::stream::{FuturesUnordered, StreamExt};
+    let mut running = FuturesUnordered::new();
+    let close = |closing: Closing| async move {
+        net::close_and_wait_for_peer(&closing.stream, closing.limit).await;
+        // Order matters: the socket is closed before the slot is given back (and the connection stops counting as
+        // closing in the same step).
+        drop(closing.stream);
+        drop(closing.slot);
+    };
+    loop {
+        tokio::select! {
+            next = closings.recv() => match next {
+                Some(closing) => running.push(close(closing)),
+                None => break,
+            },
+            Some(()) = running.next(), if !running.is_empty() => {}
+        }
+    }
+    while running.next().await.is_some() {}
 }
 
 impl UpstreamPool {
@@ -115,14 +172,14 @@ impl UpstreamPool {
         // Requests are small and latency-bound; Nagle would add a round trip to every exchange.
         let _ = stream.set_nodelay(true);
         let stream = Arc::new(stream);
-        // TLS wraps the SharedStream, not the socket, so the task below still holds the socket itself and can
-        // close it completely before giving the slot back, as for plain HTTP.
-        let io = SharedStream::new(stream.clone(), None);
         let Some(tls) = self.tls.load_full() else {
-            return self.start(TokioIo::new(io), stream, slot, endpoint).await;
+            return Ok(self.start(Wire::plain(stream.clone()), stream, slot, endpoint));
         };
+        // TLS wraps a SharedStream, not the socket, so the connection still holds the socket itself and can close
+        // it completely before giving the slot back, as for plain HTTP.
+        let io = SharedStream::new(stream.clone(), None);
         let failure = match tokio::time::timeout_at(deadline, tls.connect(io)).await {
-            Ok(Ok(tls_stream)) => return self.start(TokioIo::new(tls_stream), stream, slot, endpoint).await,
+            Ok(Ok(tls_stream)) => return Ok(self.start(Wire::tls(tls_stream), stream, slot, endpoint)),
             Ok(Err(err)) => {
                 tls.handshake_failed(&self.name, &err);
                 ProxyError::UpstreamTls(err.to_string())
@@ -134,59 +191,28 @@ impl UpstreamPool {
         Err(failure)
     }
 
-    /// Starts HTTP/1.1 over `io`, the plain or TLS stream on `stream`, and the task that owns the connection.
-    async fn start<I>(
-        self: &Arc<Self>,
-        io: I,
-        stream: Arc<TcpStream>,
-        mut slot: Slot,
-        endpoint: usize,
-    ) -> Result<Conn, ProxyError>
-    where
-        I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-    {
-        let (sender, connection) = match http1::Builder::new().handshake(io).await {
-            Ok(handshake) => handshake,
-            Err(err) => {
-                self.close_then_free(stream, slot);
-                return Err(ProxyError::Connect(err.to_string()));
-            }
-        };
+    /// The connection over `wire`, the plain or TLS stream on `stream`; it holds `slot` until it is closed.
+    fn start(self: &Arc<Self>, wire: Arc<Wire>, stream: Arc<TcpStream>, mut slot: Slot, endpoint: usize) -> Conn {
         self.metrics.opened.inc();
-        let close_timeout = self.limits().close_timeout;
         let closing = ClosingMark::default();
         slot.connected(closing.clone());
-        let close_now = Arc::new(Notify::new());
-        let told_to_close = close_now.clone();
-        let upstream_working = Arc::new(AtomicBool::new(false));
-        let wait_for_upstream = upstream_working.clone();
-        let pool = self.clone();
-        self.spawn(async move {
-            tokio::select! {
-                ended = connection => {
-                    if let Err(err) = ended {
-                        tracing::debug!(upstream = %pool.name, error = %err, "upstream connection ended with an error");
-                    }
-                }
-                // Dropping hyper's connection drops whatever it was still doing; the socket is closed below.
-                () = told_to_close.notified() => {}
+        wire.hold(slot);
+        let pool = Arc::downgrade(self);
+        let (watched, socket) = (wire.clone(), stream.clone());
+        self.spawn(super::wire::watch_idle(wire.clone(), stream.clone(), move || {
+            if let Some(pool) = pool.upgrade() {
+                pool.upstream_closed(&watched, &socket);
             }
-            let limit = (!wait_for_upstream.load(Ordering::Acquire)).then_some(close_timeout);
-            net::close_and_wait_for_peer(&stream, limit).await;
-            // Order matters: the socket is closed before the slot is given back (and the connection stops counting
-            // as closing in the same step).
-            drop(stream);
-            drop(slot);
-        });
-        Ok(Conn {
-            sender,
+        }));
+        Conn {
+            wire,
+            stream,
             closing,
-            close_now,
-            upstream_working,
+            upstream_working: false,
             born: Instant::now(),
             served: 0,
             endpoint,
-        })
+        }
     }
 
     /// A connection that never became usable: closed like any other (our FIN, then the upstream's, or a reset

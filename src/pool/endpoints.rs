@@ -116,7 +116,7 @@ impl UpstreamPool {
             if let Some(health) = state.endpoints.get_mut(endpoint) {
                 health.checking = true;
             }
-            return Some(Grant::Idle(idle.conn));
+            return Some(Grant::Idle(idle.into_conn()));
         }
         let issued = state.slots.issue_at(endpoint)?;
         if let Some(health) = state.endpoints.get_mut(endpoint) {

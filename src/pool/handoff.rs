@@ -28,13 +28,11 @@ impl UpstreamPool {
                 drop(slot);
             }
             Back::Checked(conn) => self.hand_on(Grant::Idle(conn), false),
-            Back::Released(closing) => {
+            Back::Released(mut closing) => {
                 let mut state = self.lock();
-                if let Some((conn, abandoned)) = &closing {
+                if let Some((conn, abandoned)) = &mut closing {
                     if *abandoned {
                         conn.close_when_upstream_done();
-                    } else {
-                        conn.close_now();
                     }
                     state.start_closing(conn);
                 }
@@ -47,7 +45,7 @@ impl UpstreamPool {
                 let mut state = self.lock();
                 state.start_closing(&conn);
                 drop(state);
-                conn.close_now();
+                drop(conn);
             }
             Back::Slot { endpoint, closing } => {
                 let mut state = self.lock();
@@ -155,10 +153,7 @@ impl UpstreamPool {
         let Some(waiter) = state.queue.next_waiting(Now::default()) else {
             // Every one of them was shed on the way (deadline, CoDel): the connection goes back as it was.
             if let Some(Grant::Idle(conn)) = idle {
-                state.idle.push_back(IdleConn {
-                    conn,
-                    since: Instant::now(),
-                });
+                state.idle.push_back(IdleConn::new(conn, Instant::now()));
             }
             return None;
         };
@@ -196,10 +191,7 @@ impl PoolState {
                 Some(Grant::Idle(conn))
             }
             Grant::Idle(conn) => {
-                self.idle.push_back(IdleConn {
-                    conn,
-                    since: Instant::now(),
-                });
+                self.idle.push_back(IdleConn::new(conn, Instant::now()));
                 None
             }
             slot => Some(slot),

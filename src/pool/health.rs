@@ -73,8 +73,10 @@ async fn exchange(
     let answered = match request {
         Ok(request) => {
             let sent = async {
-                conn.sender.ready().await.ok()?;
-                conn.sender.send_request(request).await.ok()
+                let (response, rest) = crate::forward::send(&conn.wire, request).await.ok()?;
+                // A GET without a body has nothing left to send.
+                drop(rest);
+                Some(response)
             };
             tokio::time::timeout(within, sent).await.ok().flatten()
         }

@@ -13,6 +13,19 @@ pub(super) struct IdleConn {
     pub(super) since: Instant,
 }
 
+impl IdleConn {
+    /// `conn` entering the idle list, idle since `since`: its watch starts looking for the upstream closing it.
+    pub(super) fn new(conn: Conn, since: Instant) -> IdleConn {
+        conn.wire.set_idle(true);
+        IdleConn { conn, since }
+    }
+
+    /// The connection leaving the idle list to carry a request (watched until the request goes out).
+    pub(super) fn into_conn(self) -> Conn {
+        self.conn
+    }
+}
+
 impl UpstreamPool {
     /// The most recent idle connection that is still usable; the unusable ones met on the way are closed. With
     /// several endpoints, the most recent one to the endpoint with the fewest requests in flight (not ejected
@@ -21,7 +34,7 @@ impl UpstreamPool {
         let limits = self.limits();
         if state.endpoints.len() > 1 {
             for idle in std::mem::take(&mut state.idle) {
-                if idle.conn.is_usable(&limits) {
+                if idle.conn.is_usable_idle(&limits) {
                     state.idle.push_back(idle);
                 } else {
                     state.start_closing(&idle.conn);
@@ -41,11 +54,11 @@ impl UpstreamPool {
                 .rev()
                 .min_by_key(|(_, idle)| rank(idle.conn.endpoint))
                 .map(|(at, _)| at)?;
-            return state.idle.remove(best).map(|idle| Grant::Idle(idle.conn));
+            return state.idle.remove(best).map(|idle| Grant::Idle(idle.into_conn()));
         }
         while let Some(idle) = state.idle.pop_back() {
-            if idle.conn.is_usable(&limits) {
-                return Some(Grant::Idle(idle.conn));
+            if idle.conn.is_usable_idle(&limits) {
+                return Some(Grant::Idle(idle.into_conn()));
             }
             // Dropping the sender lets the connection's task close it and free its slot.
             state.start_closing(&idle.conn);
@@ -54,6 +67,24 @@ impl UpstreamPool {
     }
 
     /// Closes every idle connection (shutdown): their tasks free the slots once the upstream has closed too.
+    /// Closes the idle connections the upstream closed (or spoke on), found by their watches.
+    pub(super) fn close_spent_idle(&self) {
+        let spent = {
+            let mut state = self.lock();
+            let mut spent = Vec::new();
+            for idle in std::mem::take(&mut state.idle) {
+                if idle.conn.is_closed() {
+                    state.start_closing(&idle.conn);
+                    spent.push(idle);
+                } else {
+                    state.idle.push_back(idle);
+                }
+            }
+            spent
+        };
+        drop(spent);
+    }
+
     pub fn close_idle(&self) {
         let idle = {
             let mut state = self.lock();
@@ -95,7 +126,7 @@ pub(super) async fn expire_idle(pool: Weak<UpstreamPool>) {
             // Dropping a sender under the lock is cheap and never calls back into the pool: the connection's
             // own task closes the socket and frees the slot.
             for idle in std::mem::take(&mut state.idle) {
-                if idle.since + idle_timeout > now && idle.conn.is_usable(&limits) {
+                if idle.since + idle_timeout > now && idle.conn.is_usable_idle(&limits) {
                     state.idle.push_back(idle);
                 } else {
                     state.start_closing(&idle.conn);

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use super::{Back, Conn, Grant, UpstreamPool};
 use crate::body::UploadProgress;
 use crate::error::ProxyError;
+use crate::forward::UpstreamError;
 
 enum Held {
     Conn(Conn),
@@ -65,14 +66,19 @@ impl Lease {
         }
         match &mut self.held {
             Held::Conn(conn) => {
-                // A pooled connection is normally ready at once; one that is not within request_timeout (its
-                // last request body still trickling, say) is treated like a stale one.
-                let limit = self.pool.limits().request_timeout;
-                match tokio::time::timeout(limit, conn.sender.ready()).await {
-                    Ok(Ok(())) => Ok(conn),
-                    Ok(Err(err)) => Err(ProxyError::Upstream(err)),
-                    Err(_) => Err(ProxyError::UpstreamTimeout(limit)),
+                // A pooled connection is normally ready at once; one whose last request body is still going out
+                // (the upstream answered before it had all of it) is waited for within request_timeout, and is
+                // treated like a stale one past that.
+                if conn.wire.lock().uploading {
+                    let limit = self.pool.limits().request_timeout;
+                    if tokio::time::timeout(limit, conn.wire.upload_done()).await.is_err() {
+                        return Err(ProxyError::UpstreamTimeout(limit));
+                    }
                 }
+                if conn.is_closed() {
+                    return Err(ProxyError::Upstream(UpstreamError::Closed));
+                }
+                Ok(conn)
             }
             _ => Err(ProxyError::Connect("no connection".into())),
         }

@@ -18,6 +18,7 @@ mod limits;
 mod slot;
 mod slots;
 mod snapshot;
+pub(crate) mod wire;
 #[cfg(test)]
 mod tests;
 
@@ -31,7 +32,7 @@ use http::HeaderValue;
 
 pub use crate::status::{AdaptiveSnapshot, EndpointSnapshot, PoolSnapshot};
 pub use admit::{Admitted, Queued};
-pub use connection::{Conn, UpstreamSender};
+pub use connection::Conn;
 pub use lease::Lease;
 pub use slot::Slot;
 
@@ -102,6 +103,8 @@ pub struct UpstreamPool {
     /// Where the pool's tasks run (its connections, their closing, its timers): the upstream lane when floodgate
     /// builds it, else the runtime it was built in.
     spawner: Spawner,
+    /// Connections let go of, to the task that closes them ([`connection::close_connections`]).
+    closer: tokio::sync::mpsc::UnboundedSender<connection::Closing>,
 }
 
 impl UpstreamPool {
@@ -150,6 +153,7 @@ impl UpstreamPool {
         let authority =
             HeaderValue::from_str(&origin.authority()).unwrap_or_else(|_| HeaderValue::from_static("localhost"));
         let adaptive = adaptive::Adaptive::new(adaptive::Params::of(&limits));
+        let (closer, closings) = tokio::sync::mpsc::unbounded_channel();
         let pool = Arc::new(UpstreamPool {
             name: Arc::from(name),
             authority,
@@ -173,7 +177,9 @@ impl UpstreamPool {
             adaptive,
             emptied: tokio::sync::Notify::new(),
             spawner,
+            closer,
         });
+        pool.spawn(connection::close_connections(closings));
         pool.spawn(expire_idle(Arc::downgrade(&pool)));
         if pool.endpoints.len() > 1 {
             pool.spawn(health::run(Arc::downgrade(&pool)));
@@ -184,6 +190,16 @@ impl UpstreamPool {
     /// Runs `task` where the pool's connections run, whichever task the caller is on.
     pub(crate) fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
         self.spawner.spawn(task);
+    }
+
+    /// Closes a connection let go of, in the closing task; never gives its slot back on the spot (the caller may
+    /// hold the pool's lock).
+    fn close_later(&self, closing: connection::Closing) {
+        if let Err(refused) = self.closer.send(closing) {
+            // The closing task is gone only when nothing runs the pool's tasks any more (floodgate is exiting):
+            // giving the slot back here could take the lock its caller holds. The process's end closes the socket.
+            std::mem::forget(refused.0);
+        }
     }
 
     /// The endpoints with their own caps, as configured.

@@ -38,6 +38,10 @@ impl Slot {
         self
     }
 
+    pub(super) fn pool(&self) -> &Arc<UpstreamPool> {
+        &self.pool
+    }
+
     /// The slot now stands for a connection whose closing is counted by `mark`: the slot's return ends that.
     pub(super) fn connected(&mut self, mark: ClosingMark) {
         self.closing = Some(mark);

@@ -10,7 +10,7 @@ use std::pin::Pin;
 
 use http::{Method, Request, Response};
 use http_body_util::BodyExt;
-use hyper::body::{Body, Incoming};
+use hyper::body::Body;
 use tokio::sync::oneshot;
 
 use crate::access::Entry;
@@ -18,7 +18,7 @@ use crate::admission::{Patience, Shed};
 use crate::body::UploadProgress;
 use crate::buffer::BufferBudget;
 use crate::error::{Outcome, ProxyError, ShedAdvice};
-use crate::forward::{self, RequestBody, ResponseBody};
+use crate::forward::{self, RequestBody, ResponseBody, UpstreamIncoming};
 use crate::metrics::OutcomeCounters;
 use crate::net;
 use crate::pool::{Admitted, Lease, Refused, UpstreamPool};
@@ -160,7 +160,7 @@ pub(super) async fn send(
     pool: &Arc<UpstreamPool>,
     mut lease: Lease,
     mut request: Request<RequestBody>,
-) -> Result<(Response<Incoming>, Lease), ProxyError> {
+) -> Result<(Response<UpstreamIncoming>, Lease), ProxyError> {
     // The head is kept (an allocation) only where a replay can happen: on a reused connection.
     let mut replay = if lease.reused() { replayable(&request) } else { None };
     // Every unsent attempt uses up a stale idle connection or a fresh dial, so this bound is never the limit in
@@ -203,7 +203,8 @@ pub(super) async fn send(
         let dispatched = Instant::now();
         let in_flight = pool.in_flight_for_limit();
         let upload = request.body().upload();
-        let mut responded = Box::pin(conn.sender.try_send_request(request));
+        let wire = conn.wire.clone();
+        let mut responded = Box::pin(async move { forward::send(&wire, request).await });
         let answered = tokio::select! {
             answered = &mut responded => Ok(answered),
             () = tokio::time::sleep(limit) => Err(()),
@@ -219,24 +220,23 @@ pub(super) async fn send(
                 pool.spawn(finish_abandoned(responded, lease));
                 return Err(ProxyError::UpstreamTimeout(limit));
             }
-            Ok(Ok(response)) => {
+            Ok(Ok((response, rest))) => {
                 pool.responded(in_flight, dispatched.elapsed());
+                // The rest of a request body the upstream answered early goes on being sent beside the answer.
+                if let Some(rest) = rest {
+                    pool.spawn(rest);
+                }
                 if let Some(upload) = upload {
                     lease.reuse_once_sent(upload);
                 }
                 return Ok((response, lease));
             }
-            Ok(Err(mut failed)) => {
+            Ok(Err(failed)) => {
                 lease.forbid_reuse();
                 drop(lease);
-                if let Some(unsent) = failed.take_message() {
-                    if reused && attempts_left > 0 {
-                        pool.metrics.retried_unsent.inc();
-                        request = unsent;
-                        lease = readmit(pool, false).await?;
-                        continue;
-                    }
-                } else if reused {
+                // A reused connection the upstream closed just as the request went out: a GET or HEAD without a
+                // body is sent again on a fresh one.
+                if reused && matches!(failed, ProxyError::Upstream(_)) {
                     if let Some(again) = replay.take().map(ReplayHead::rebuild) {
                         tracing::debug!(upstream = %pool.name, "retrying an idempotent request on a fresh connection");
                         pool.metrics.replayed.inc();
@@ -245,8 +245,7 @@ pub(super) async fn send(
                         continue;
                     }
                 }
-                let err = failed.into_error();
-                return Err(forward::client_body_failure(&err).unwrap_or(ProxyError::Upstream(err)));
+                return Err(failed);
             }
         }
     }
@@ -259,14 +258,18 @@ pub(super) async fn send(
 /// requests than the cap, and no new connection is dialled beside one still busy.
 pub(super) async fn finish_abandoned<F>(response: Pin<Box<F>>, mut lease: Lease)
 where
-    F: Future<Output = Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<RequestBody>>>>,
+    F: Future<Output = Result<(Response<UpstreamIncoming>, Option<forward::Upload>), ProxyError>>,
 {
+    let pool = lease.pool().clone();
     let (max_bytes, limit) = {
-        let limits = lease.pool().limits();
+        let limits = pool.limits();
         (limits.abort_drain_bytes, limits.abort_drain_timeout)
     };
     let read_whole = tokio::time::timeout(limit, async {
-        let response = response.await.ok()?;
+        let (response, rest) = response.await.ok()?;
+        if let Some(rest) = rest {
+            pool.spawn(rest);
+        }
         let reusable = forward::keeps_alive(response.version(), response.headers());
         let mut body = response.into_body();
         let mut read: u64 = 0;

@@ -1,0 +1,443 @@
+//! floodgate's HTTP/1 client: a request written onto an upstream connection's wire (`h1::write`), the answer's
+//! head read off it (`h1::response_head`), and the answer's body read from it by whoever takes the body, with no
+//! task of the connection's own between them. A request body the upstream answers before it has all of it goes
+//! on being written beside the answer ([`Upload`]), as hyper's client did.
+//!
+//! It never decides whether a connection is reused (the lease does, from what it reports: `spent`, keep-alive)
+//! and never counts anything.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use futures_util::FutureExt;
+use http::{Method, Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+
+use super::{BodyStalled, BoxError, RequestBody};
+use crate::body::ClientBodyError;
+use crate::error::ProxyError;
+use crate::h1::chunked::{Chunk, ChunkedDecoder};
+use crate::h1::response_head::{self, ResponseFraming};
+use crate::h1::write::{self, BodySize, Encoding, LAST_CHUNK};
+use crate::h1::HeadError;
+use crate::pool::wire::{self, Wire};
+
+/// The largest response head read, as hyper's client bounds it (its largest read buffer).
+const MAX_RESPONSE_HEAD_BYTES: usize = 8192 + 4096 * 100;
+
+/// Room asked for by each read of a head, and of a body.
+const HEAD_ROOM: usize = 4 * 1024;
+const BODY_ROOM: usize = 16 * 1024;
+
+/// Body pieces up to this size go out in one write with their framing (and the first with the head).
+const COALESCE: usize = 8 * 1024;
+
+/// The largest trailer section of a chunked answer, as hyper's client bounds it.
+const MAX_TRAILER_BYTES: usize = 16 * 1024;
+
+/// What went wrong on the upstream's side of an exchange.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("connection error: {0}")]
+    Io(#[from] io::Error),
+    #[error("connection closed before the answer's head was complete")]
+    ClosedBeforeHead,
+    #[error("the connection was closed (or spoken on unasked) while it sat idle")]
+    Closed,
+    #[error("invalid answer head: {0}")]
+    Head(#[from] HeadError),
+    #[error("answer body cut short: the connection ended before it did")]
+    BodyCutShort,
+    #[error("invalid chunked answer body: {0}")]
+    Chunked(&'static str),
+}
+
+/// The rest of a request body still going out once the answer's head came: to be run to its end (see
+/// [`UpstreamPool::spawn`](crate::pool::UpstreamPool::spawn)), or dropped, which leaves the connection spent.
+pub type Upload = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Sends `request` on `wire` and reads the answer's head. The answer's body reads the same wire as it is taken.
+pub(crate) async fn send(
+    wire: &Arc<Wire>,
+    request: Request<RequestBody>,
+) -> Result<(Response<UpstreamIncoming>, Option<Upload>), ProxyError> {
+    wire.set_idle(false);
+    let (mut parts, mut body) = request.into_parts();
+    let size = if body.is_end_stream() {
+        BodySize::Empty
+    } else {
+        body.size_hint().exact().map_or(BodySize::Unknown, BodySize::Known)
+    };
+    let mut out = BytesMut::new();
+    let encoding = write::request_head(&mut out, &parts.method, &parts.uri, &mut parts.headers, size);
+    // A body already in memory goes out with the head.
+    let mut sending = Sending {
+        encoding,
+        left: match encoding {
+            Encoding::Length(length) => length,
+            _ => 0,
+        },
+    };
+    let mut first_done = size == BodySize::Empty;
+    // A large piece goes out as it is, between its framing (in `out` before it, in `tail` after it).
+    let mut large = Bytes::new();
+    let mut tail = BytesMut::new();
+    while !first_done && out.len() < COALESCE && large.is_empty() {
+        match body.frame().now_or_never() {
+            Some(Some(Ok(frame))) => {
+                let Ok(data) = frame.into_data() else { continue };
+                if data.len() <= COALESCE {
+                    sending.put(&mut out, &data).map_err(|err| fail(wire, err))?;
+                } else {
+                    sending.put_large(&mut out, &mut tail, data.len()).map_err(|err| fail(wire, err))?;
+                    large = data;
+                }
+                first_done = body.is_end_stream();
+            }
+            Some(Some(Err(err))) => return Err(fail(wire, client_body_error(err))),
+            Some(None) => first_done = true,
+            None => break,
+        }
+    }
+    if first_done && size != BodySize::Empty {
+        sending.finish(&mut tail).map_err(|err| fail(wire, err))?;
+    }
+    wire::write_all(wire, &[&out, &large, &tail])
+        .await
+        .map_err(|err| fail(wire, ProxyError::Upstream(err.into())))?;
+    drop((out, large, tail));
+    let method = parts.method;
+    let head = read_head(wire, &method);
+    if first_done {
+        return Ok((head.await?, None));
+    }
+    // The body goes out while the answer is awaited: an upstream may answer before it has all of it.
+    wire.lock().uploading = true;
+    let mut upload = Box::pin(upload(wire.clone(), body, sending));
+    tokio::pin!(head);
+    let mut uploaded = false;
+    let answer = loop {
+        tokio::select! {
+            biased;
+            answer = &mut head => break answer,
+            done = &mut upload, if !uploaded => match done {
+                Ok(()) => uploaded = true,
+                // An upstream that stopped reading may still have answered (a 413, say): its answer is awaited.
+                Err(ProxyError::Upstream(_)) => uploaded = true,
+                // The client's body failed: that is the request's failure, whatever the upstream would answer.
+                Err(client) => return Err(client),
+            },
+        }
+    };
+    // Failed before the answer came, an upload still going is dropped, which leaves the connection spent.
+    let response = answer?;
+    if uploaded {
+        return Ok((response, None));
+    }
+    // An upload that fails after the answer came only spends the connection: the answer stands.
+    Ok((response, Some(Box::pin(upload.map(|_| ())))))
+}
+
+/// The answer's head, past any interim `1xx`.
+async fn read_head(wire: &Arc<Wire>, method: &Method) -> Result<Response<UpstreamIncoming>, ProxyError> {
+    let head = std::future::poll_fn(|cx| {
+        let mut state = wire.lock();
+        loop {
+            if !state.received.is_empty() {
+                match response_head::parse(&state.received, method, MAX_RESPONSE_HEAD_BYTES) {
+                    Ok(Some((head, len))) => {
+                        state.received.advance(len);
+                        return Poll::Ready(Ok(head));
+                    }
+                    Ok(None) => {}
+                    Err(err) => return Poll::Ready(Err(UpstreamError::Head(err))),
+                }
+            }
+            match ready!(state.poll_fill(cx, HEAD_ROOM)) {
+                Ok(0) => return Poll::Ready(Err(UpstreamError::ClosedBeforeHead)),
+                Ok(_) => {}
+                Err(err) => return Poll::Ready(Err(UpstreamError::Io(err))),
+            }
+        }
+    })
+    .await
+    .map_err(|err| fail(wire, ProxyError::Upstream(err)))?;
+    let mut parts = head.parts;
+    if let Some(reason) = head.reason.and_then(|reason| hyper::ext::ReasonPhrase::try_from(reason).ok()) {
+        parts.extensions.insert(reason);
+    }
+    let framing = match head.body {
+        ResponseFraming::Length(length) => Framing::Length(length),
+        ResponseFraming::Chunked => Framing::Chunked(ChunkedDecoder::new(MAX_TRAILER_BYTES)),
+        ResponseFraming::UntilClose => Framing::UntilClose,
+    };
+    if !head.keep_alive || head.upgrade || matches!(framing, Framing::UntilClose) {
+        wire.lock().spent = true;
+    }
+    let body = UpstreamIncoming {
+        wire: wire.clone(),
+        framing,
+    };
+    body.ended_if_over();
+    Ok(Response::from_parts(parts, body))
+}
+
+fn fail(wire: &Wire, err: ProxyError) -> ProxyError {
+    wire.lock().spent = true;
+    err
+}
+
+/// A request body's failure, as the client's (400, 408) when it was the client's.
+pub fn client_body_error(err: BoxError) -> ProxyError {
+    if let Some(stalled) = err.downcast_ref::<BodyStalled>() {
+        return ProxyError::ClientBodyTimeout(stalled.1);
+    }
+    match err.downcast::<ClientBodyError>() {
+        Ok(client) => client.meaning(),
+        Err(other) => ProxyError::ClientBody(other.to_string()),
+    }
+}
+
+/// The framing a request body goes out in, and what of a stated length is still owed.
+#[derive(Clone, Copy)]
+struct Sending {
+    encoding: Encoding,
+    left: u64,
+}
+
+impl Sending {
+    /// Puts `data` into `out` in the body's framing.
+    fn put(&mut self, out: &mut BytesMut, data: &[u8]) -> Result<(), ProxyError> {
+        match self.encoding {
+            Encoding::Chunked => write::put_chunk(out, data),
+            Encoding::Length(_) | Encoding::UntilClose => {
+                self.count(data.len())?;
+                out.extend_from_slice(data);
+            }
+        }
+        Ok(())
+    }
+
+    /// The framing around a piece of `len` bytes written as it is: before it into `before`, after it into `after`.
+    fn put_large(&mut self, before: &mut BytesMut, after: &mut BytesMut, len: usize) -> Result<(), ProxyError> {
+        match self.encoding {
+            Encoding::Chunked => {
+                write::put_chunk_size(before, len);
+                after.extend_from_slice(b"\r\n");
+                Ok(())
+            }
+            Encoding::Length(_) | Encoding::UntilClose => self.count(len),
+        }
+    }
+
+    /// Counts `len` bytes against the stated length.
+    fn count(&mut self, len: usize) -> Result<(), ProxyError> {
+        let len = len as u64;
+        if len > self.left {
+            return Err(ProxyError::ClientBody(
+                "the request body is longer than its Content-Length".into(),
+            ));
+        }
+        self.left -= len;
+        Ok(())
+    }
+
+    /// The body's end: the last chunk, or a check that the stated length was all sent.
+    fn finish(&self, out: &mut BytesMut) -> Result<(), ProxyError> {
+        match self.encoding {
+            Encoding::Chunked => out.extend_from_slice(LAST_CHUNK),
+            Encoding::Length(_) | Encoding::UntilClose if self.left > 0 => {
+                return Err(ProxyError::ClientGone);
+            }
+            Encoding::Length(_) | Encoding::UntilClose => {}
+        }
+        Ok(())
+    }
+}
+
+/// Writes the rest of `body` in its framing; a failure is the client's when its body failed, else the upstream's.
+async fn upload(wire: Arc<Wire>, mut body: RequestBody, mut sending: Sending) -> Result<(), ProxyError> {
+    let mut ends = UploadEnds {
+        wire: wire.clone(),
+        whole: false,
+    };
+    let mut out = BytesMut::new();
+    let written = async {
+        loop {
+            let frame = match body.frame().await {
+                None => break,
+                Some(Ok(frame)) => frame,
+                Some(Err(err)) => return Err(client_body_error(err)),
+            };
+            let Ok(data) = frame.into_data() else { continue };
+            if data.len() <= COALESCE {
+                sending.put(&mut out, &data)?;
+                wire::write_all(&wire, &[&out]).await.map_err(upstream_io)?;
+            } else {
+                let mut after = BytesMut::new();
+                sending.put_large(&mut out, &mut after, data.len())?;
+                wire::write_all(&wire, &[&out, &data, &after]).await.map_err(upstream_io)?;
+            }
+            out.clear();
+            if body.is_end_stream() {
+                break;
+            }
+        }
+        sending.finish(&mut out)?;
+        if !out.is_empty() {
+            wire::write_all(&wire, &[&out]).await.map_err(upstream_io)?;
+        }
+        Ok(())
+    }
+    .await;
+    ends.whole = written.is_ok();
+    written
+}
+
+/// Tells the wire the upload is over however it ends: run to its end, failed, or dropped unfinished.
+struct UploadEnds {
+    wire: Arc<Wire>,
+    whole: bool,
+}
+
+impl Drop for UploadEnds {
+    fn drop(&mut self) {
+        self.wire.upload_ended(self.whole);
+    }
+}
+
+fn upstream_io(err: io::Error) -> ProxyError {
+    ProxyError::Upstream(UpstreamError::Io(err))
+}
+
+/// How the rest of an answer's body is delimited.
+#[derive(Debug)]
+enum Framing {
+    Length(u64),
+    Chunked(ChunkedDecoder),
+    UntilClose,
+    Over,
+    Broken,
+}
+
+/// An answer's body, read off the upstream connection as it is taken.
+pub struct UpstreamIncoming {
+    wire: Arc<Wire>,
+    framing: Framing,
+}
+
+impl UpstreamIncoming {
+    fn is_over(&self) -> bool {
+        matches!(self.framing, Framing::Over | Framing::Length(0))
+    }
+
+    /// At the body's end: bytes past it are what no request asked for, and leave the connection spent; without
+    /// them, the read buffer goes (an idle connection holds none).
+    /// No exchange uses the connection after that: its watch looks out for the upstream closing it.
+    fn ended_if_over(&self) {
+        if self.is_over() {
+            {
+                let mut state = self.wire.lock();
+                if state.received.is_empty() {
+                    state.received = BytesMut::new();
+                } else {
+                    state.spent = true;
+                }
+                state.idle = true;
+            }
+            self.wire.idle_changed();
+        }
+    }
+
+    fn failed(&mut self, err: UpstreamError) -> Poll<Option<Result<Frame<Bytes>, UpstreamError>>> {
+        self.framing = Framing::Broken;
+        self.wire.lock().spent = true;
+        Poll::Ready(Some(Err(err)))
+    }
+}
+
+impl Body for UpstreamIncoming {
+    type Data = Bytes;
+    type Error = UpstreamError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, UpstreamError>>> {
+        let this = &mut *self;
+        loop {
+            let piece = {
+                let mut state = this.wire.lock();
+                let piece = match &mut this.framing {
+                    Framing::Over | Framing::Length(0) => return Poll::Ready(None),
+                    Framing::Broken => Err(UpstreamError::BodyCutShort),
+                    Framing::Length(left) if !state.received.is_empty() => {
+                        let take = usize::try_from(*left).unwrap_or(usize::MAX).min(state.received.len());
+                        *left -= take as u64;
+                        Ok(Some(Frame::data(state.received.split_to(take).freeze())))
+                    }
+                    Framing::UntilClose if !state.received.is_empty() => {
+                        Ok(Some(Frame::data(state.received.split().freeze())))
+                    }
+                    Framing::Chunked(decoder) => match decoder.decode(&mut state.received) {
+                        Ok(Some(Chunk::Data(data))) => Ok(Some(Frame::data(data))),
+                        Ok(Some(Chunk::Trailers(trailers))) => Ok(Some(Frame::trailers(trailers))),
+                        Ok(Some(Chunk::End)) => {
+                            drop(state);
+                            this.framing = Framing::Over;
+                            this.ended_if_over();
+                            return Poll::Ready(None);
+                        }
+                        Ok(None) => Ok(None),
+                        Err(err) => Err(UpstreamError::Chunked(err.0)),
+                    },
+                    Framing::Length(_) | Framing::UntilClose => Ok(None),
+                };
+                match piece {
+                    Ok(None) => match ready!(state.poll_fill(cx, BODY_ROOM)) {
+                        Ok(0) if matches!(this.framing, Framing::UntilClose) => {
+                            drop(state);
+                            this.framing = Framing::Over;
+                            return Poll::Ready(None);
+                        }
+                        Ok(0) => Err(UpstreamError::BodyCutShort),
+                        Ok(_) => continue,
+                        Err(err) => Err(UpstreamError::Io(err)),
+                    },
+                    other => other,
+                }
+            };
+            return match piece {
+                Ok(Some(frame)) => {
+                    this.ended_if_over();
+                    Poll::Ready(Some(Ok(frame)))
+                }
+                Ok(None) => continue,
+                Err(err) => this.failed(err),
+            };
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.is_over()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.framing {
+            Framing::Length(left) => SizeHint::with_exact(left),
+            Framing::Over => SizeHint::with_exact(0),
+            _ => SizeHint::new(),
+        }
+    }
+}
+
+impl Drop for UpstreamIncoming {
+    fn drop(&mut self) {
+        // A body left before its end leaves the rest of it on the connection.
+        if !self.is_over() {
+            self.wire.lock().spent = true;
+        }
+    }
+}

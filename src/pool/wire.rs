@@ -1,0 +1,281 @@
+//! One upstream connection's bytes: its socket (plain, or TLS over the same socket), what has been read from it
+//! and not yet taken, and whether it may carry another request. Shared by whoever moves bytes on the connection
+//! at a time (the exchange writing a request and reading its answer's head, the answer's body as the client takes
+//! it, the rest of a request body still going out), each holding the lock only inside one poll. While the
+//! connection sits idle, a small task of its own ([`watch_idle`]) waits for the upstream to close it.
+//!
+//! It never frames HTTP (`forward::upstream` does) and never counts connections (the connection's slot does).
+
+use std::io::{self, ErrorKind};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{ready, Context, Poll};
+
+use bytes::BytesMut;
+use tokio::io::AsyncWrite;
+use tokio::net::TcpStream;
+use tokio::sync::Notify;
+
+use super::Slot;
+use crate::net::{self, Peeked, SharedStream};
+
+type TlsStream = tokio_rustls::client::TlsStream<SharedStream>;
+
+enum Transport {
+    Plain(Arc<TcpStream>),
+    /// Boxed: a TLS session is kilobytes, and most upstreams are plain.
+    Tls(Box<TlsStream>),
+}
+
+/// An upstream connection's reading and writing, shared under a lock.
+pub(crate) struct Wire {
+    state: Mutex<WireState>,
+    /// Told when a request body still going out after its answer came has finished (or failed).
+    upload_over: Notify,
+    /// Told when the connection goes idle, is taken from the idle list, or is gone.
+    idle_changed: Notify,
+}
+
+pub(crate) struct WireState {
+    transport: Transport,
+    /// Bytes read and not yet taken; empty (and unallocated) between exchanges.
+    pub(crate) received: BytesMut,
+    /// The connection cannot carry another request: the upstream closed it or sent what it should not have, an
+    /// exchange on it failed, or its framing is in doubt.
+    pub(crate) spent: bool,
+    /// A request body is still being written after its answer's head came.
+    pub(crate) uploading: bool,
+    /// No exchange is using it (its last answer was read to the end, or it waits in the idle list): nobody reads
+    /// it but [`watch_idle`].
+    pub(crate) idle: bool,
+    /// The connection was let go of: its watch ends.
+    gone: bool,
+    /// The connection's right to exist, given back by whoever closes the socket first: the connection when it is
+    /// let go of, or its watch when the upstream closes it first.
+    slot: Option<Slot>,
+}
+
+impl Wire {
+    pub(crate) fn plain(stream: Arc<TcpStream>) -> Arc<Wire> {
+        Self::over(Transport::Plain(stream))
+    }
+
+    pub(crate) fn tls(stream: TlsStream) -> Arc<Wire> {
+        Self::over(Transport::Tls(Box::new(stream)))
+    }
+
+    fn over(transport: Transport) -> Arc<Wire> {
+        Arc::new(Wire {
+            state: Mutex::new(WireState {
+                transport,
+                received: BytesMut::new(),
+                spent: false,
+                uploading: false,
+                idle: false,
+                gone: false,
+                slot: None,
+            }),
+            upload_over: Notify::new(),
+            idle_changed: Notify::new(),
+        })
+    }
+
+    /// A panic while the lock was held leaves the state as it was between two polls; `spent` is what matters, and
+    /// the exchange that panicked does not return its connection.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, WireState> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(crate) fn is_spent(&self) -> bool {
+        self.lock().spent
+    }
+
+    /// Waits until no request body is going out on the connection any more.
+    pub(crate) async fn upload_done(&self) {
+        loop {
+            let over = self.upload_over.notified();
+            if !self.lock().uploading {
+                return;
+            }
+            over.await;
+        }
+    }
+
+    /// The request body that was going out has ended; `whole`: all of it was written.
+    pub(crate) fn upload_ended(&self, whole: bool) {
+        {
+            let mut state = self.lock();
+            state.uploading = false;
+            state.spent |= !whole;
+        }
+        self.upload_over.notify_waiters();
+    }
+
+    /// Whether an idle connection is still open and quiet, looked at without waiting: bytes or an end from the
+    /// upstream while no request is out mean it cannot carry one (an HTTP/1 server says nothing unasked).
+    pub(crate) fn is_quiet(&self) -> bool {
+        self.lock().quiet()
+    }
+
+    /// No exchange uses the connection any more (`true`), or one is about to.
+    pub(crate) fn set_idle(&self, idle: bool) {
+        self.lock().idle = idle;
+        self.idle_changed.notify_one();
+    }
+
+    /// Tells the watch the connection's idleness changed (set under the lock by the caller).
+    pub(crate) fn idle_changed(&self) {
+        self.idle_changed.notify_one();
+    }
+
+    pub(crate) fn hold(&self, slot: Slot) {
+        self.lock().slot = Some(slot);
+    }
+
+    /// The slot, to the one closing the socket; `None` if it is closed already.
+    pub(crate) fn take_slot(&self) -> Option<Slot> {
+        self.lock().slot.take()
+    }
+
+    /// The connection was let go of: spent for whoever still holds it, and its watch ends. Its slot, unless the
+    /// watch has closed the socket already.
+    pub(crate) fn let_go(&self) -> Option<Slot> {
+        let slot = {
+            let mut state = self.lock();
+            state.spent = true;
+            state.gone = true;
+            state.slot.take()
+        };
+        self.idle_changed.notify_one();
+        slot
+    }
+}
+
+/// Watches a connection no exchange is using for the upstream closing it (or speaking unasked), and then has
+/// `spent` called: the pool closes it at once and its slot comes back, rather than when a request next takes it.
+/// Ends once the connection is let go of.
+pub(crate) async fn watch_idle(wire: Arc<Wire>, stream: Arc<TcpStream>, spent: impl Fn()) {
+    loop {
+        // Until the connection is idle: between exchanges only.
+        loop {
+            let changed = wire.idle_changed.notified();
+            {
+                let state = wire.lock();
+                if state.gone {
+                    return;
+                }
+                if state.idle {
+                    break;
+                }
+            }
+            changed.await;
+        }
+        tokio::select! {
+            biased;
+            () = wire.idle_changed.notified() => {}
+            _ = stream.ready(tokio::io::Interest::READABLE) => {
+                let quiet = {
+                    let mut state = wire.lock();
+                    // Taken meanwhile (or a request body still going out): what woke the watch is the exchange's,
+                    // and its readiness is left to it.
+                    if !state.idle || state.uploading {
+                        continue;
+                    }
+                    state.quiet()
+                };
+                if !quiet {
+                    // Spent: nothing more to watch for; whoever holds it closes it.
+                    spent();
+                    return;
+                }
+                // A readiness with nothing behind it, or a TLS record that carried no data.
+                net::forget_readable(&stream);
+            }
+        }
+    }
+}
+
+impl WireState {
+    /// See [`Wire::is_quiet`]; a connection found not quiet is spent.
+    fn quiet(&mut self) -> bool {
+        if self.spent || self.uploading || !self.received.is_empty() {
+            return false;
+        }
+        let quiet = match &mut self.transport {
+            Transport::Plain(stream) => matches!(net::peek(stream), Peeked::Nothing),
+            // Read through the session: a TLS record that carries no data (a session ticket) is not a word.
+            Transport::Tls(tls) => {
+                let mut cx = Context::from_waker(std::task::Waker::noop());
+                let mut probe = BytesMut::with_capacity(64);
+                matches!(
+                    tokio_util::io::poll_read_buf(Pin::new(&mut **tls), &mut cx, &mut probe),
+                    Poll::Pending
+                )
+            }
+        };
+        self.spent |= !quiet;
+        quiet
+    }
+
+    /// Reads what the socket has into `received`, with at least `room` to spare; `Ok(0)` when the upstream has
+    /// closed its side.
+    pub(crate) fn poll_fill(&mut self, cx: &mut Context<'_>, room: usize) -> Poll<io::Result<usize>> {
+        self.received.reserve(room);
+        match &mut self.transport {
+            Transport::Plain(stream) => loop {
+                ready!(stream.poll_read_ready(cx))?;
+                match stream.try_read_buf(&mut self.received) {
+                    Err(err) if err.kind() == ErrorKind::WouldBlock => {}
+                    done => return Poll::Ready(done),
+                }
+            },
+            Transport::Tls(tls) => tokio_util::io::poll_read_buf(Pin::new(&mut **tls), cx, &mut self.received),
+        }
+    }
+
+    /// Writes some of `bytes`.
+    pub(crate) fn poll_write(&mut self, cx: &mut Context<'_>, bytes: &[u8]) -> Poll<io::Result<usize>> {
+        match &mut self.transport {
+            Transport::Plain(stream) => loop {
+                ready!(stream.poll_write_ready(cx))?;
+                match stream.try_write(bytes) {
+                    Err(err) if err.kind() == ErrorKind::WouldBlock => {}
+                    done => return Poll::Ready(done),
+                }
+            },
+            Transport::Tls(tls) => Pin::new(&mut **tls).poll_write(cx, bytes),
+        }
+    }
+
+    /// Pushes out what the TLS session holds back; plain sockets hold nothing.
+    pub(crate) fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.transport {
+            Transport::Plain(_) => Poll::Ready(Ok(())),
+            Transport::Tls(tls) => Pin::new(&mut **tls).poll_flush(cx),
+        }
+    }
+}
+
+/// Writes all of `bytes` (each piece in turn) and flushes.
+pub(crate) async fn write_all(wire: &Wire, pieces: &[&[u8]]) -> io::Result<()> {
+    let mut at = 0;
+    let mut piece = 0;
+    std::future::poll_fn(|cx| {
+        let mut state = wire.lock();
+        while let Some(bytes) = pieces.get(piece) {
+            let rest = bytes.get(at..).unwrap_or_default();
+            if rest.is_empty() {
+                piece += 1;
+                at = 0;
+                continue;
+            }
+            match ready!(state.poll_write(cx, rest)) {
+                Ok(0) => return Poll::Ready(Err(ErrorKind::WriteZero.into())),
+                Ok(n) => at += n,
+                Err(err) => return Poll::Ready(Err(err)),
+            }
+        }
+        state.poll_flush(cx)
+    })
+    .await
+}
