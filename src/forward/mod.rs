@@ -10,9 +10,9 @@
 mod head;
 mod relay;
 mod response;
-mod upstream;
 #[cfg(test)]
 mod tests;
+mod upstream;
 
 use crate::body::IdleTimer;
 pub use crate::body::{BodyStalled, BoxError, CutOff, RequestBody};

@@ -94,7 +94,9 @@ pub(crate) async fn send(
                 if data.len() <= COALESCE {
                     sending.put(&mut out, &data).map_err(|err| fail(wire, err))?;
                 } else {
-                    sending.put_large(&mut out, &mut tail, data.len()).map_err(|err| fail(wire, err))?;
+                    sending
+                        .put_large(&mut out, &mut tail, data.len())
+                        .map_err(|err| fail(wire, err))?;
                     large = data;
                 }
                 first_done = body.is_end_stream();
@@ -168,7 +170,10 @@ async fn read_head(wire: &Arc<Wire>, method: &Method) -> Result<Response<Upstrea
     .await
     .map_err(|err| fail(wire, ProxyError::Upstream(err)))?;
     let mut parts = head.parts;
-    if let Some(reason) = head.reason.and_then(|reason| hyper::ext::ReasonPhrase::try_from(reason).ok()) {
+    if let Some(reason) = head
+        .reason
+        .and_then(|reason| hyper::ext::ReasonPhrase::try_from(reason).ok())
+    {
         parts.extensions.insert(reason);
     }
     let framing = match head.body {
@@ -281,7 +286,9 @@ async fn upload(wire: Arc<Wire>, mut body: RequestBody, mut sending: Sending) ->
             } else {
                 let mut after = BytesMut::new();
                 sending.put_large(&mut out, &mut after, data.len())?;
-                wire::write_all(&wire, &[&out, &data, &after]).await.map_err(upstream_io)?;
+                wire::write_all(&wire, &[&out, &data, &after])
+                    .await
+                    .map_err(upstream_io)?;
             }
             out.clear();
             if body.is_end_stream() {

@@ -18,9 +18,9 @@ mod limits;
 mod slot;
 mod slots;
 mod snapshot;
-pub(crate) mod wire;
 #[cfg(test)]
 mod tests;
+pub(crate) mod wire;
 
 use std::collections::VecDeque;
 use std::future::Future;
