@@ -18,7 +18,6 @@ pub(super) fn digits(bytes: &[u8]) -> Option<u64> {
 }
 
 /// The one length every `Content-Length` line and list element states (`5, 5` is 5), if they all state the same.
-#[allow(dead_code)] // read by response_head, not yet on the path
 pub(super) fn stated_length(headers: &HeaderMap) -> Option<u64> {
     let mut length = None;
     for line in headers.get_all(header::CONTENT_LENGTH) {

@@ -1,14 +1,12 @@
 //! floodgate's own HTTP/1 codec, for a data path in which a connection with no request in progress holds no
-//! buffer. Its pieces land here before the path that drives them: the readers of a client's request head
-//! ([`request_head`]), an upstream's response head ([`response_head`]) and a chunked body ([`chunked`]), and the
-//! writers of an answer to a client and of a request to an upstream ([`write`]), each checked against hyper's
-//! reading or writing by a differential fuzz target. It never touches a socket, a pool or a metric.
+//! buffer: the readers of a client's request head ([`request_head`]), an upstream's response head
+//! ([`response_head`]) and a chunked body ([`chunked`]), and the writers of an answer to a client and of a request
+//! to an upstream ([`write`]), each checked against hyper's reading or writing by a differential fuzz target. It
+//! never touches a socket, a pool or a metric.
 
 pub(crate) mod chunked;
 mod fields;
 pub(crate) mod request_head;
-// The upstream side's pieces land, tested by their fuzz targets, before the path that uses them.
-#[allow(dead_code)]
 pub(crate) mod response_head;
 pub(crate) mod write;
 

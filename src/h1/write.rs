@@ -180,7 +180,6 @@ fn line(dst: &mut BytesMut, name: &[u8], value: &[u8]) {
 /// Writes the head of a request to an upstream: `method target HTTP/1.1`, then `headers` in their order after the
 /// framing lines are put right for `body` (what is written is what hyper's client writes for the same request).
 /// The headers are changed in place as hyper changes its copy; returns how the body goes.
-#[allow(dead_code)] // the upstream side, not yet on the path
 pub(crate) fn request_head(
     dst: &mut BytesMut,
     method: &Method,
@@ -203,7 +202,6 @@ pub(crate) fn request_head(
 
 /// RFC 9112 §6.3 from the sender's side: a coding the request states wins and ends in `chunked`; else a length
 /// it states; else what the body says (a stream goes chunked, but for methods that almost never have a body).
-#[allow(dead_code)]
 fn request_framing(method: &Method, headers: &mut HeaderMap, body: BodySize) -> Encoding {
     let known = match body {
         BodySize::Empty => {
