@@ -3,18 +3,20 @@
 # have all left, for several rounds in a row (docs/memory.md). Builds floodgate and the example clients/upstream in
 # release, uses free loopback ports, stops what it started.
 #
-# Usage: benches/memory_return.sh [-n CLIENTS] [-r ROUNDS] [-b BINARY]
+# Usage: benches/memory_return.sh [-n CLIENTS] [-r ROUNDS] [-b BINARY] [-p BYTES]
 #   -n CLIENTS  idle clients per round (each makes one request, then stays connected)   [8000]
 #   -r ROUNDS   floods in a row                                                          [4]
 #   -b BINARY   a floodgate binary to measure instead of this checkout's (to compare builds)
+#   -p BYTES    pad each client's one request head with this many bytes (a large head, then idle)    [0]
 set -euo pipefail
-clients=8000 rounds=4 binary=""
-while getopts "n:r:b:h" opt; do
+clients=8000 rounds=4 binary="" pad=0
+while getopts "n:r:b:p:h" opt; do
   case $opt in
     n) clients=$OPTARG ;;
     r) rounds=$OPTARG ;;
     b) binary=$OPTARG ;;
-    *) sed -n '2,9p' "$0"; exit 0 ;;
+    p) pad=$OPTARG ;;
+    *) sed -n '2,10p' "$0"; exit 0 ;;
   esac
 done
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -50,7 +52,7 @@ echo "start: $(rss) MiB"
 echo "| round | RSS with the clients, MiB | 1 s after they left | 5 s after |"
 echo "|---|---|---|---|"
 for round in $(seq 1 "$rounds"); do
-  "$target/release/examples/idle_clients" --addr "$listen" --connections "$clients" --parallel 64 >"$work/idle.out" 2>&1 &
+  "$target/release/examples/idle_clients" --addr "$listen" --connections "$clients" --parallel 64 --pad-bytes "$pad" >"$work/idle.out" 2>&1 &
   idle=$!
   wait_for "$work/idle.out" '"ready":true'
   held=$(rss)

@@ -45,6 +45,9 @@ struct Args {
     /// Limit for the connect, and again for the request and its response, in milliseconds.
     #[arg(long, default_value_t = 10_000)]
     timeout_ms: u64,
+    /// Pads the one request's head with an `x-pad` header of this many bytes (a client that once sent a large head).
+    #[arg(long, default_value_t = 0)]
+    pad_bytes: usize,
 }
 
 enum Outcome {
@@ -60,6 +63,7 @@ type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
 async fn open_one(
     addr: SocketAddr,
     path: Uri,
+    pad: Option<hyper::header::HeaderValue>,
     limit: Duration,
 ) -> Result<(Outcome, Sender, tokio::task::JoinHandle<()>), Outcome> {
     let started = Instant::now();
@@ -69,8 +73,11 @@ async fn open_one(
         Err(_) => return Err(Outcome::ConnectFailed("connect timed out".into())),
     };
     let _ = stream.set_nodelay(true);
-    let request = Request::get(path)
-        .header(header::HOST, addr.to_string())
+    let mut request = Request::get(path).header(header::HOST, addr.to_string());
+    if let Some(pad) = pad {
+        request = request.header("x-pad", pad);
+    }
+    let request = request
         .body(Empty::<Bytes>::new())
         .map_err(|e| Outcome::RequestFailed(e.to_string()))?;
     // An HTTP/1 handshake does no I/O; it only ties the sender to the connection task.
@@ -122,6 +129,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let gate = gate.clone();
         let closed_by_peer = closed_by_peer.clone();
         let path = args.path.clone();
+        let pad = (args.pad_bytes > 0)
+            .then(|| hyper::header::HeaderValue::from_str(&"a".repeat(args.pad_bytes)))
+            .transpose()?;
         tokio::spawn(async move {
             for _ in 0..args.connections {
                 let Ok(permit) = gate.clone().acquire_owned().await else {
@@ -130,8 +140,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 let tx = tx.clone();
                 let closed_by_peer = closed_by_peer.clone();
                 let path = path.clone();
+                let pad = pad.clone();
                 tokio::spawn(async move {
-                    let result = open_one(args.addr, path, limit).await;
+                    let result = open_one(args.addr, path, pad, limit).await;
                     drop(permit);
                     match result {
                         Ok((outcome, sender, conn)) => {
