@@ -283,9 +283,16 @@ async fn upstream_closing_idle_keep_alive_connections_early_is_invisible_to_idem
         "the upstream closed {} idle connections",
         upstream.idle_closes()
     );
+    // The proxy met those closes: a request sent on a connection as it closed was sent again, or, far more often
+    // now, the connection's idle watch saw the close first and a fresh one was dialled; either way no client saw it.
+    let opened = metric_sum(
+        &parse_metrics(&proxy.metrics().await),
+        "floodgate_upstream_connections_opened_total",
+        &[("upstream", UP)],
+    );
     assert!(
-        retries.0 + retries.1 >= 1.0,
-        "some requests met a closing connection and were sent again"
+        retries.0 + retries.1 >= 1.0 || opened >= 4.0 + 10.0,
+        "the proxy met no closing connection: retries {retries:?}, connections opened {opened}"
     );
     assert_settled(&proxy, &upstream, 4).await;
 }
