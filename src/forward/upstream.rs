@@ -91,14 +91,9 @@ pub(crate) async fn send(
         match body.frame().now_or_never() {
             Some(Some(Ok(frame))) => {
                 let Ok(data) = frame.into_data() else { continue };
-                if data.len() <= COALESCE {
-                    sending.put(&mut out, &data).map_err(|err| fail(wire, err))?;
-                } else {
-                    sending
-                        .put_large(&mut out, &mut tail, data.len())
-                        .map_err(|err| fail(wire, err))?;
-                    large = data;
-                }
+                large = sending
+                    .frame(&mut out, &mut tail, data)
+                    .map_err(|err| fail(wire, err))?;
                 first_done = body.is_end_stream();
             }
             Some(Some(Err(err))) => return Err(fail(wire, client_body_error(err))),
@@ -216,28 +211,24 @@ struct Sending {
 }
 
 impl Sending {
-    /// Puts `data` into `out` in the body's framing.
-    fn put(&mut self, out: &mut BytesMut, data: &[u8]) -> Result<(), ProxyError> {
+    /// Frames `data`: a small piece is copied into `before` with its framing, and nothing is returned; a large one
+    /// is returned to be written as it is, its framing put in `before` and `after`.
+    fn frame(&mut self, before: &mut BytesMut, after: &mut BytesMut, data: Bytes) -> Result<Bytes, ProxyError> {
+        let large = data.len() > COALESCE;
         match self.encoding {
-            Encoding::Chunked => write::put_chunk(out, data),
+            Encoding::Chunked if large => {
+                write::put_chunk_size(before, data.len());
+                after.extend_from_slice(b"\r\n");
+            }
+            Encoding::Chunked => write::put_chunk(before, &data),
             Encoding::Length(_) | Encoding::UntilClose => {
                 self.count(data.len())?;
-                out.extend_from_slice(data);
+                if !large {
+                    before.extend_from_slice(&data);
+                }
             }
         }
-        Ok(())
-    }
-
-    /// The framing around a piece of `len` bytes written as it is: before it into `before`, after it into `after`.
-    fn put_large(&mut self, before: &mut BytesMut, after: &mut BytesMut, len: usize) -> Result<(), ProxyError> {
-        match self.encoding {
-            Encoding::Chunked => {
-                write::put_chunk_size(before, len);
-                after.extend_from_slice(b"\r\n");
-                Ok(())
-            }
-            Encoding::Length(_) | Encoding::UntilClose => self.count(len),
-        }
+        Ok(if large { data } else { Bytes::new() })
     }
 
     /// Counts `len` bytes against the stated length.
@@ -280,16 +271,11 @@ async fn upload(wire: Arc<Wire>, mut body: RequestBody, mut sending: Sending) ->
                 Some(Err(err)) => return Err(client_body_error(err)),
             };
             let Ok(data) = frame.into_data() else { continue };
-            if data.len() <= COALESCE {
-                sending.put(&mut out, &data)?;
-                wire::write_all(&wire, &[&out]).await.map_err(upstream_io)?;
-            } else {
-                let mut after = BytesMut::new();
-                sending.put_large(&mut out, &mut after, data.len())?;
-                wire::write_all(&wire, &[&out, &data, &after])
-                    .await
-                    .map_err(upstream_io)?;
-            }
+            let mut after = BytesMut::new();
+            let large = sending.frame(&mut out, &mut after, data)?;
+            wire::write_all(&wire, &[&out, &large, &after])
+                .await
+                .map_err(upstream_io)?;
             out.clear();
             if body.is_end_stream() {
                 break;
