@@ -1250,13 +1250,18 @@ mod connection_level {
                 if self.open < self.max_connections {
                     return self.issue(r);
                 }
-                let evicted = if self.closing.is_empty() {
-                    self.idle.pop_front()
-                } else {
-                    None
-                };
+                // The oldest idle connection still open is closed to make room; one the upstream already closed
+                // has left the pool's idle list (its watch saw it go) and is no candidate.
+                let mut evicted = None;
+                while self.closing.is_empty() {
+                    let Some((conn, _)) = self.idle.pop_front() else { break };
+                    if self.alive(conn) {
+                        evicted = Some(conn);
+                        break;
+                    }
+                }
                 self.join(r, true);
-                if let Some((conn, _)) = evicted.filter(|&(conn, _)| self.alive(conn)) {
+                if let Some(conn) = evicted {
                     self.start_closing(conn);
                 }
                 return;
