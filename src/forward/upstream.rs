@@ -66,7 +66,7 @@ pub(crate) async fn send(
     wire: &Arc<Wire>,
     request: Request<RequestBody>,
 ) -> Result<(Response<UpstreamIncoming>, Option<Upload>), ProxyError> {
-    wire.set_idle(false);
+    wire.take_for_exchange();
     let (mut parts, mut body) = request.into_parts();
     let size = if body.is_end_stream() {
         BodySize::Empty
@@ -334,16 +334,14 @@ impl UpstreamIncoming {
     /// No exchange uses the connection after that: its watch looks out for the upstream closing it.
     fn ended_if_over(&self) {
         if self.is_over() {
-            {
-                let mut state = self.wire.lock();
-                if state.received.is_empty() {
-                    state.received = BytesMut::new();
-                } else {
-                    state.spent = true;
-                }
-                state.idle = true;
+            let mut state = self.wire.lock();
+            if state.received.is_empty() {
+                state.received = BytesMut::new();
+            } else {
+                state.spent = true;
             }
-            self.wire.idle_changed();
+            state.idle = true;
+            self.wire.watch_while_idle(&mut state);
         }
     }
 

@@ -21,9 +21,8 @@ use crate::net::{self, SharedStream};
 
 /// A live HTTP/1.1 connection to the upstream, as a request sees it. Dropping it closes it.
 pub struct Conn {
+    /// Its bytes, and the socket under them, closed completely (our FIN, then the upstream's) before the slot goes.
     pub(crate) wire: Arc<Wire>,
-    /// The socket under the wire, closed completely (our FIN, then the upstream's) before the slot goes.
-    stream: Arc<TcpStream>,
     /// Whether the pool counts this connection as closing; see [`super::slots::Slots::start_closing`].
     pub(super) closing: ClosingMark,
     /// An exchange was given up mid-way: the upstream may still be working on it, so the socket (and the slot)
@@ -71,7 +70,7 @@ impl Drop for Conn {
         let pool = slot.pool().clone();
         let limit = (!self.upstream_working).then(|| pool.limits().close_timeout);
         pool.close_later(Closing {
-            stream: self.stream.clone(),
+            stream: self.wire.socket.clone(),
             slot,
             limit,
         });
@@ -81,11 +80,11 @@ impl Drop for Conn {
 impl UpstreamPool {
     /// The upstream closed (or spoke on) a connection no exchange was using: closed now, whether it waits in the
     /// idle list or a lease still holds it (which then finds it spent), so its slot comes back at once.
-    fn upstream_closed(&self, wire: &Wire, stream: &Arc<TcpStream>) {
+    fn upstream_closed(&self, wire: &Wire) {
         self.close_spent_idle();
         if let Some(slot) = wire.take_slot() {
             self.close_later(Closing {
-                stream: stream.clone(),
+                stream: wire.socket.clone(),
                 slot,
                 limit: Some(self.limits().close_timeout),
             });
@@ -103,10 +102,16 @@ pub(super) struct Closing {
 
 /// Closes the pool's connections as they come, each completely (our FIN, then the upstream's, or a reset after
 /// its limit) before its slot goes; ends once the pool is gone and the last has closed. Connections are let go of
-/// under the pool's lock, where their slots could not be given back: they come here instead.
-pub(super) async fn close_connections(mut closings: tokio::sync::mpsc::UnboundedReceiver<Closing>) {
+/// under the pool's lock, where their slots could not be given back: they come here instead. It also looks at
+/// each idle connection its watch woke for (`stirs`), and closes those the upstream closed.
+pub(super) async fn close_connections(
+    mut closings: tokio::sync::mpsc::UnboundedReceiver<Closing>,
+    mut stirs: tokio::sync::mpsc::UnboundedReceiver<std::sync::Weak<Wire>>,
+    pool: std::sync::Weak<UpstreamPool>,
+) {
     use futures_util::stream::{FuturesUnordered, StreamExt};
     let mut running = FuturesUnordered::new();
+    let mut watching = true;
     let close = |closing: Closing| async move {
         net::close_and_wait_for_peer(&closing.stream, closing.limit).await;
         // Order matters: the socket is closed before the slot is given back (and the connection stops counting as
@@ -121,6 +126,16 @@ pub(super) async fn close_connections(mut closings: tokio::sync::mpsc::Unbounded
                 None => break,
             },
             Some(()) = running.next(), if !running.is_empty() => {}
+            stirred = stirs.recv(), if watching => match stirred {
+                Some(wire) => {
+                    if let (Some(wire), Some(pool)) = (wire.upgrade(), pool.upgrade()) {
+                        if wire.stirred() {
+                            pool.upstream_closed(&wire);
+                        }
+                    }
+                }
+                None => watching = false,
+            },
         }
     }
     while running.next().await.is_some() {}
@@ -173,13 +188,17 @@ impl UpstreamPool {
         let _ = stream.set_nodelay(true);
         let stream = Arc::new(stream);
         let Some(tls) = self.tls.load_full() else {
-            return Ok(self.start(Wire::plain(stream.clone()), stream, slot, endpoint));
+            let wire = Wire::plain(stream.clone(), self.stirs.downgrade());
+            return Ok(self.start(wire, slot, endpoint));
         };
         // TLS wraps a SharedStream, not the socket, so the connection still holds the socket itself and can close
         // it completely before giving the slot back, as for plain HTTP.
         let io = SharedStream::new(stream.clone(), None);
         let failure = match tokio::time::timeout_at(deadline, tls.connect(io)).await {
-            Ok(Ok(tls_stream)) => return Ok(self.start(Wire::tls(tls_stream), stream, slot, endpoint)),
+            Ok(Ok(tls_stream)) => {
+                let wire = Wire::tls(tls_stream, stream.clone(), self.stirs.downgrade());
+                return Ok(self.start(wire, slot, endpoint));
+            }
             Ok(Err(err)) => {
                 tls.handshake_failed(&self.name, &err);
                 ProxyError::UpstreamTls(err.to_string())
@@ -192,21 +211,13 @@ impl UpstreamPool {
     }
 
     /// The connection over `wire`, the plain or TLS stream on `stream`; it holds `slot` until it is closed.
-    fn start(self: &Arc<Self>, wire: Arc<Wire>, stream: Arc<TcpStream>, mut slot: Slot, endpoint: usize) -> Conn {
+    fn start(self: &Arc<Self>, wire: Arc<Wire>, mut slot: Slot, endpoint: usize) -> Conn {
         self.metrics.opened.inc();
         let closing = ClosingMark::default();
         slot.connected(closing.clone());
         wire.hold(slot);
-        let pool = Arc::downgrade(self);
-        let (watched, socket) = (wire.clone(), stream.clone());
-        self.spawn(super::wire::watch_idle(wire.clone(), stream.clone(), move || {
-            if let Some(pool) = pool.upgrade() {
-                pool.upstream_closed(&watched, &socket);
-            }
-        }));
         Conn {
             wire,
-            stream,
             closing,
             upstream_working: false,
             born: Instant::now(),

@@ -16,7 +16,7 @@ pub(super) struct IdleConn {
 impl IdleConn {
     /// `conn` entering the idle list, idle since `since`: its watch starts looking for the upstream closing it.
     pub(super) fn new(conn: Conn, since: Instant) -> IdleConn {
-        conn.wire.set_idle(true);
+        conn.wire.set_idle();
         IdleConn { conn, since }
     }
 

@@ -105,6 +105,8 @@ pub struct UpstreamPool {
     spawner: Spawner,
     /// Connections let go of, to the task that closes them ([`connection::close_connections`]).
     closer: tokio::sync::mpsc::UnboundedSender<connection::Closing>,
+    /// Where idle connections' watches tell of a stir (to the same task); the wires hold weak handles of it.
+    stirs: tokio::sync::mpsc::UnboundedSender<std::sync::Weak<wire::Wire>>,
 }
 
 impl UpstreamPool {
@@ -154,6 +156,7 @@ impl UpstreamPool {
             HeaderValue::from_str(&origin.authority()).unwrap_or_else(|_| HeaderValue::from_static("localhost"));
         let adaptive = adaptive::Adaptive::new(adaptive::Params::of(&limits));
         let (closer, closings) = tokio::sync::mpsc::unbounded_channel();
+        let (stirs, stirred) = tokio::sync::mpsc::unbounded_channel();
         let pool = Arc::new(UpstreamPool {
             name: Arc::from(name),
             authority,
@@ -178,8 +181,9 @@ impl UpstreamPool {
             emptied: tokio::sync::Notify::new(),
             spawner,
             closer,
+            stirs,
         });
-        pool.spawn(connection::close_connections(closings));
+        pool.spawn(connection::close_connections(closings, stirred, Arc::downgrade(&pool)));
         pool.spawn(expire_idle(Arc::downgrade(&pool)));
         if pool.endpoints.len() > 1 {
             pool.spawn(health::run(Arc::downgrade(&pool)));

@@ -2,18 +2,21 @@
 //! and not yet taken, and whether it may carry another request. Shared by whoever moves bytes on the connection
 //! at a time (the exchange writing a request and reading its answer's head, the answer's body as the client takes
 //! it, the rest of a request body still going out), each holding the lock only inside one poll. While the
-//! connection sits idle, a small task of its own ([`watch_idle`]) waits for the upstream to close it.
+//! connection sits idle, its socket's read readiness wakes a waker of the wire's own, which tells the pool's
+//! closing task to look (the upstream closing it, or speaking unasked): no task per connection, and nothing to
+//! wake when an exchange takes it or gives it back.
 //!
 //! It never frames HTTP (`forward::upstream` does) and never counts connections (the connection's slot does).
 
 use std::io::{self, ErrorKind};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{ready, Context, Poll};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::task::{ready, Context, Poll, Wake, Waker};
 
 use bytes::BytesMut;
 use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
+use tokio::sync::mpsc::WeakUnboundedSender;
 use tokio::sync::Notify;
 
 use super::Slot;
@@ -32,8 +35,32 @@ pub(crate) struct Wire {
     state: Mutex<WireState>,
     /// Told when a request body still going out after its answer came has finished (or failed).
     upload_over: Notify,
-    /// Told when the connection goes idle, is taken from the idle list, or is gone.
-    idle_changed: Notify,
+    /// The socket under the transport, whose read readiness is watched while the connection is idle.
+    pub(crate) socket: Arc<TcpStream>,
+    /// Registered for the socket's read readiness while the connection is idle; see [`Stirred`].
+    watch: Waker,
+}
+
+/// Where a stir on an idle connection is told: the pool's closing task, which looks at the wire.
+pub(crate) type StirTell = WeakUnboundedSender<Weak<Wire>>;
+
+/// The idle watch's waker: the upstream stirred on a connection nobody reads (closed it, or spoke unasked), or a
+/// readiness with nothing behind it. Holds weak handles only: it lives in the socket's own registration.
+struct Stirred {
+    wire: Weak<Wire>,
+    tell: StirTell,
+}
+
+impl Wake for Stirred {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if let Some(tell) = self.tell.upgrade() {
+            let _ = tell.send(self.wire.clone());
+        }
+    }
 }
 
 pub(crate) struct WireState {
@@ -56,16 +83,17 @@ pub(crate) struct WireState {
 }
 
 impl Wire {
-    pub(crate) fn plain(stream: Arc<TcpStream>) -> Arc<Wire> {
-        Self::over(Transport::Plain(stream))
+    pub(crate) fn plain(stream: Arc<TcpStream>, tell: StirTell) -> Arc<Wire> {
+        Self::over(Transport::Plain(stream.clone()), stream, tell)
     }
 
-    pub(crate) fn tls(stream: TlsStream) -> Arc<Wire> {
-        Self::over(Transport::Tls(Box::new(stream)))
+    /// `stream`'s TLS session over `socket`.
+    pub(crate) fn tls(stream: TlsStream, socket: Arc<TcpStream>, tell: StirTell) -> Arc<Wire> {
+        Self::over(Transport::Tls(Box::new(stream)), socket, tell)
     }
 
-    fn over(transport: Transport) -> Arc<Wire> {
-        Arc::new(Wire {
+    fn over(transport: Transport, socket: Arc<TcpStream>, tell: StirTell) -> Arc<Wire> {
+        Arc::new_cyclic(|wire| Wire {
             state: Mutex::new(WireState {
                 transport,
                 received: BytesMut::new(),
@@ -76,7 +104,11 @@ impl Wire {
                 slot: None,
             }),
             upload_over: Notify::new(),
-            idle_changed: Notify::new(),
+            socket,
+            watch: Waker::from(Arc::new(Stirred {
+                wire: wire.clone(),
+                tell,
+            })),
         })
     }
 
@@ -101,31 +133,72 @@ impl Wire {
         }
     }
 
-    /// The request body that was going out has ended; `whole`: all of it was written.
+    /// The request body that was going out has ended; `whole`: all of it was written. If the answer had ended
+    /// already, the connection is now idle, and watched.
     pub(crate) fn upload_ended(&self, whole: bool) {
         {
             let mut state = self.lock();
             state.uploading = false;
             state.spent |= !whole;
+            if state.idle {
+                self.watch_while_idle(&mut state);
+            }
         }
         self.upload_over.notify_waiters();
     }
 
-    /// Whether an idle connection is still open and quiet, looked at without waiting: bytes or an end from the
-    /// upstream while no request is out mean it cannot carry one (an HTTP/1 server says nothing unasked).
+    /// Whether an idle connection is still open and quiet, looked at without waiting (one `peek`): bytes or an
+    /// end from the upstream while no request is out mean it cannot carry one (an HTTP/1 server says nothing
+    /// unasked). The idle watch stays on.
     pub(crate) fn is_quiet(&self) -> bool {
-        self.lock().quiet()
+        let mut state = self.lock();
+        state.quiet() && self.watch_while_idle(&mut state)
     }
 
-    /// No exchange uses the connection any more (`true`), or one is about to.
-    pub(crate) fn set_idle(&self, idle: bool) {
-        self.lock().idle = idle;
-        self.idle_changed.notify_one();
+    /// An exchange takes the connection: what its socket says is the exchange's from here.
+    pub(crate) fn take_for_exchange(&self) {
+        self.lock().idle = false;
     }
 
-    /// Tells the watch the connection's idleness changed (set under the lock by the caller).
-    pub(crate) fn idle_changed(&self) {
-        self.idle_changed.notify_one();
+    /// No exchange uses the connection any more: the upstream closing it is watched for from here.
+    pub(crate) fn set_idle(&self) {
+        let mut state = self.lock();
+        state.idle = true;
+        self.watch_while_idle(&mut state);
+    }
+
+    /// Registers the idle watch for the socket's next read readiness, the state locked and idle. Whether the
+    /// connection is still quiet; one found spent (now, or by a readiness that was waiting) is told to the
+    /// closing task at once, as a later stir would be.
+    pub(crate) fn watch_while_idle(&self, state: &mut WireState) -> bool {
+        let mut cx = Context::from_waker(&self.watch);
+        loop {
+            if state.spent || state.gone {
+                break;
+            }
+            if state.uploading {
+                // The upload looks again once the body is out.
+                return true;
+            }
+            match self.socket.poll_read_ready(&mut cx) {
+                Poll::Pending => return true,
+                Poll::Ready(Ok(())) => {
+                    if !state.quiet() {
+                        break;
+                    }
+                    // A readiness with nothing behind it, or a TLS record that carried no data.
+                    net::forget_readable(&self.socket);
+                }
+                Poll::Ready(Err(_)) => {
+                    state.spent = true;
+                    break;
+                }
+            }
+        }
+        if !state.gone {
+            self.watch.wake_by_ref();
+        }
+        false
     }
 
     pub(crate) fn hold(&self, slot: Slot) {
@@ -140,58 +213,21 @@ impl Wire {
     /// The connection was let go of: spent for whoever still holds it, and its watch ends. Its slot, unless the
     /// watch has closed the socket already.
     pub(crate) fn let_go(&self) -> Option<Slot> {
-        let slot = {
-            let mut state = self.lock();
-            state.spent = true;
-            state.gone = true;
-            state.slot.take()
-        };
-        self.idle_changed.notify_one();
-        slot
+        let mut state = self.lock();
+        state.spent = true;
+        state.gone = true;
+        state.slot.take()
     }
-}
 
-/// Watches a connection no exchange is using for the upstream closing it (or speaking unasked), and then has
-/// `spent` called: the pool closes it at once and its slot comes back, rather than when a request next takes it.
-/// Ends once the connection is let go of.
-pub(crate) async fn watch_idle(wire: Arc<Wire>, stream: Arc<TcpStream>, spent: impl Fn()) {
-    loop {
-        // Until the connection is idle: between exchanges only.
-        loop {
-            let changed = wire.idle_changed.notified();
-            {
-                let state = wire.lock();
-                if state.gone {
-                    return;
-                }
-                if state.idle {
-                    break;
-                }
-            }
-            changed.await;
+    /// The closing task's look at a connection its idle watch woke for: whether it is spent and its slot is to
+    /// be taken back now. A connection an exchange has taken meanwhile is the exchange's (the readiness was its
+    /// answer's); a quiet idle one is watched again.
+    pub(crate) fn stirred(&self) -> bool {
+        let mut state = self.lock();
+        if state.gone || !state.idle || state.uploading {
+            return false;
         }
-        tokio::select! {
-            biased;
-            () = wire.idle_changed.notified() => {}
-            _ = stream.ready(tokio::io::Interest::READABLE) => {
-                let quiet = {
-                    let mut state = wire.lock();
-                    // Taken meanwhile (or a request body still going out): what woke the watch is the exchange's,
-                    // and its readiness is left to it.
-                    if !state.idle || state.uploading {
-                        continue;
-                    }
-                    state.quiet()
-                };
-                if !quiet {
-                    // Spent: nothing more to watch for; whoever holds it closes it.
-                    spent();
-                    return;
-                }
-                // A readiness with nothing behind it, or a TLS record that carried no data.
-                net::forget_readable(&stream);
-            }
-        }
+        !(state.quiet() && self.watch_while_idle(&mut state))
     }
 }
 
