@@ -251,7 +251,28 @@ pub enum Peeked {
     Closed,
     /// Nothing yet.
     Nothing,
-    Failed(io::Error),
+    /// The socket failed (reset, say).
+    Failed,
+}
+
+/// `stream.try_read_buf(buf)`; a read that leaves room in `buf` unfilled shows the receive queue drained, and the
+/// readiness is cleared then (as tokio's own `poll_read` does) rather than found out by a read that says only
+/// EAGAIN. `try_io` clears the readiness it saw before the read, so data that arrived since is not missed.
+pub fn try_read_drained(stream: &TcpStream, buf: &mut bytes::BytesMut) -> io::Result<usize> {
+    let room = buf.capacity() - buf.len();
+    let mut got = 0;
+    let read = stream.try_io(Interest::READABLE, || {
+        let n = stream.try_read_buf(buf)?;
+        if n > 0 && n < room {
+            got = n;
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(n)
+    });
+    match read {
+        Err(err) if err.kind() == io::ErrorKind::WouldBlock && got > 0 => Ok(got),
+        read => read,
+    }
 }
 
 pub fn peek(stream: &TcpStream) -> Peeked {
@@ -262,7 +283,7 @@ pub fn peek(stream: &TcpStream) -> Peeked {
         Err(err) if err.kind() == io::ErrorKind::WouldBlock || err.kind() == io::ErrorKind::Interrupted => {
             Peeked::Nothing
         }
-        Err(err) => Peeked::Failed(err),
+        Err(_) => Peeked::Failed,
     }
 }
 
@@ -277,7 +298,13 @@ pub fn forget_readable(stream: &TcpStream) {
 /// Whether the peer has closed its side of `stream` (or the socket failed): pending data (a pipelined request)
 /// means it has not.
 pub fn peer_has_closed(stream: &TcpStream) -> bool {
-    matches!(peek(stream), Peeked::Closed | Peeked::Failed(_))
+    // Peeked only if the socket's readiness says something came since it was last read dry (a close sets it):
+    // asked for every queued request, a peek each would be a system call each.
+    let peeked = stream.try_io(Interest::READABLE, || match peek(stream) {
+        Peeked::Nothing => Err(io::ErrorKind::WouldBlock.into()),
+        seen => Ok(seen),
+    });
+    matches!(peeked, Ok(Peeked::Closed | Peeked::Failed))
 }
 
 /// Resolves once the peer has closed its side of `stream` (or the socket failed), without consuming any of the

@@ -233,7 +233,7 @@ impl Reading {
                 return Poll::Ready(Some(Err(self.fail(ClientBodyError::Gone))));
             }
             self.received.reserve(READ_ROOM);
-            match self.stream.try_read_buf(&mut self.received) {
+            match crate::net::try_read_drained(&self.stream, &mut self.received) {
                 Ok(0) => return Poll::Ready(Some(Err(self.fail(ClientBodyError::Gone)))),
                 Ok(_) => {}
                 Err(err) if err.kind() == ErrorKind::WouldBlock => {}

@@ -147,12 +147,12 @@ impl Wire {
         self.upload_over.notify_waiters();
     }
 
-    /// Whether an idle connection is still open and quiet, looked at without waiting (one `peek`): bytes or an
-    /// end from the upstream while no request is out mean it cannot carry one (an HTTP/1 server says nothing
-    /// unasked). The idle watch stays on.
+    /// Whether an idle connection is still open and quiet, looked at without waiting: bytes or an end from the
+    /// upstream while no request is out mean it cannot carry one (an HTTP/1 server says nothing unasked). A
+    /// `peek` only if the socket's readiness says it has something; the idle watch stays on.
     pub(crate) fn is_quiet(&self) -> bool {
         let mut state = self.lock();
-        state.quiet() && self.watch_while_idle(&mut state)
+        !state.uploading && self.watch_while_idle(&mut state)
     }
 
     /// An exchange takes the connection: what its socket says is the exchange's from here.
@@ -260,7 +260,7 @@ impl WireState {
         match &mut self.transport {
             Transport::Plain(stream) => loop {
                 ready!(stream.poll_read_ready(cx))?;
-                match stream.try_read_buf(&mut self.received) {
+                match net::try_read_drained(stream, &mut self.received) {
                     Err(err) if err.kind() == ErrorKind::WouldBlock => {}
                     done => return Poll::Ready(done),
                 }

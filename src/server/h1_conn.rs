@@ -91,8 +91,8 @@ where
         received = tokio::select! {
             biased;
             waited = next_bytes(stream) => match waited {
-                Ok(true) => BytesMut::with_capacity(HEAD_ROOM),
-                Ok(false) => return Ended::Closed,
+                Ok(Some(received)) => received,
+                Ok(None) => return Ended::Closed,
                 Err(err) => return Ended::Error(err),
             },
             // HTTP/1 has no goodbye to send: an idle connection past its time is closed.
@@ -208,20 +208,22 @@ impl Conn<'_> {
     }
 }
 
-/// Waits, holding no buffer, until the client sends something: `true` when bytes are there to read, `false` when
-/// it closed its side first. Polled by hand: a readiness future would add its size to every idle connection.
-fn next_bytes(stream: &TcpStream) -> impl std::future::Future<Output = io::Result<bool>> + '_ {
+/// Waits, holding no buffer, until the client sends something: what it sent, in a buffer taken only then, or
+/// `None` when it closed its side first. Polled by hand: a readiness future would add its size to every idle
+/// connection.
+fn next_bytes(stream: &TcpStream) -> impl std::future::Future<Output = io::Result<Option<BytesMut>>> + '_ {
     std::future::poll_fn(move |cx| loop {
         if let Err(err) = std::task::ready!(stream.poll_read_ready(cx)) {
             return Poll::Ready(Err(err));
         }
-        match net::peek(stream) {
-            Peeked::Data => return Poll::Ready(Ok(true)),
-            Peeked::Closed => return Poll::Ready(Ok(false)),
-            // A readiness left from bytes already taken.
-            Peeked::Nothing => net::forget_readable(stream),
-            Peeked::Failed(err) if is_reset(&err) => return Poll::Ready(Ok(false)),
-            Peeked::Failed(err) => return Poll::Ready(Err(err)),
+        let mut received = BytesMut::with_capacity(HEAD_ROOM);
+        match net::try_read_drained(stream, &mut received) {
+            Ok(0) => return Poll::Ready(Ok(None)),
+            Ok(_) => return Poll::Ready(Ok(Some(received))),
+            // A readiness left from bytes already taken (the buffer goes again).
+            Err(err) if err.kind() == ErrorKind::WouldBlock => {}
+            Err(err) if is_reset(&err) => return Poll::Ready(Ok(None)),
+            Err(err) => return Poll::Ready(Err(err)),
         }
     })
 }
@@ -241,7 +243,7 @@ async fn read_more(stream: &TcpStream, received: &mut BytesMut, max_header_bytes
             .min(max_header_bytes.saturating_add(1).saturating_sub(received.len()))
             .max(1);
         received.reserve(room);
-        match stream.try_read_buf(received) {
+        match net::try_read_drained(stream, received) {
             Ok(n) => return Ok(n),
             Err(err) if err.kind() == ErrorKind::WouldBlock => {}
             Err(err) => return Err(err),
@@ -257,7 +259,7 @@ async fn client_left(stream: &TcpStream) {
             Ok(_) => match net::peek(stream) {
                 Peeked::Closed => return,
                 // A pipelined request waits its turn.
-                Peeked::Data | Peeked::Nothing | Peeked::Failed(_) => net::forget_readable(stream),
+                Peeked::Data | Peeked::Nothing | Peeked::Failed => net::forget_readable(stream),
             },
             Err(_) => return,
         }
