@@ -55,24 +55,30 @@ pub(super) const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-c
 
 /// Removes the hop-by-hop headers of RFC 9110 §7.6.1, including every header the `Connection` field names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // One look over the names first: most messages carry none of these, and each removal is a hash lookup.
+    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+        return;
+    }
     let named: Vec<HeaderName> = connection_options(headers)
         .filter_map(|option| HeaderName::from_bytes(option).ok())
         .collect();
     for name in named {
         headers.remove(name);
     }
-    for name in [
-        header::CONNECTION,
-        KEEP_ALIVE,
-        PROXY_CONNECTION,
-        header::TE,
-        header::TRAILER,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-    ] {
+    for name in HOP_BY_HOP {
         headers.remove(name);
     }
 }
+
+const HOP_BY_HOP: [HeaderName; 7] = [
+    header::CONNECTION,
+    KEEP_ALIVE,
+    PROXY_CONNECTION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
 
 /// The options of every `Connection` line, read as bytes: a line with a non-ASCII byte still names its other
 /// options (reading it as text would drop the whole line, and with it a `close` or a header to strip).

@@ -18,6 +18,8 @@ use crate::forward::keeps_alive;
 
 /// The longest request target taken; longer is answered `414` (the most a `Uri` holds).
 const MAX_TARGET_BYTES: usize = u16::MAX as usize - 1;
+/// Fields the proxy may add to a message it passes on, room for which a parsed head's map is made with.
+pub(super) const ADDED_FIELDS: usize = 6;
 
 /// A complete request head and what it says of the rest of the connection.
 #[derive(Debug)]
@@ -62,7 +64,8 @@ pub(crate) fn parse(received: &[u8], max_head_bytes: usize) -> Result<Option<(Re
         .map_err(|_| HeadError::Malformed("invalid request target"))?;
     let version = fields::version(minor);
     let mut meaning = Meaning::new(version, method == Method::CONNECT);
-    let mut headers = HeaderMap::with_capacity(request.headers.len());
+    // Room for what the proxy adds (Host, X-Forwarded-*, a request ID): growing a map rehashes it.
+    let mut headers = HeaderMap::with_capacity(request.headers.len() + ADDED_FIELDS);
     for line in request.headers.iter() {
         let (name, value) = fields::field(line).map_err(HeadError::Malformed)?;
         if meaning.read(&name, &value, &mut headers)? {

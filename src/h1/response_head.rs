@@ -79,7 +79,8 @@ fn parse_one(
     };
     let status = StatusCode::from_u16(code).map_err(|_| HeadError::Malformed("invalid status code"))?;
     let version = fields::version(minor);
-    let mut headers = HeaderMap::with_capacity(response.headers.len());
+    // Room for what the proxy adds (a request ID, the shed and retry fields): growing a map rehashes it.
+    let mut headers = HeaderMap::with_capacity(response.headers.len() + super::request_head::ADDED_FIELDS);
     for line in response.headers.iter() {
         let (name, value) = fields::field(line).map_err(HeadError::Malformed)?;
         headers.append(name, value);
