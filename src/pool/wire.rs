@@ -72,10 +72,10 @@ pub(crate) struct WireState {
     pub(crate) spent: bool,
     /// A request body is still being written after its answer's head came.
     pub(crate) uploading: bool,
-    /// No exchange is using it (its last answer was read to the end, or it waits in the idle list): nobody reads
-    /// it but [`watch_idle`].
+    /// No exchange is using it (its last answer was read to the end, or it waits in the idle list): what its
+    /// socket says is the idle watch's.
     pub(crate) idle: bool,
-    /// The connection was let go of: its watch ends.
+    /// The connection was let go of: a stir on it is no one's concern.
     gone: bool,
     /// The connection's right to exist, given back by whoever closes the socket first: the connection when it is
     /// let go of, or its watch when the upstream closes it first.
@@ -210,8 +210,8 @@ impl Wire {
         self.lock().slot.take()
     }
 
-    /// The connection was let go of: spent for whoever still holds it, and its watch ends. Its slot, unless the
-    /// watch has closed the socket already.
+    /// The connection was let go of: spent for whoever still holds it, and a stir on it no one's concern. Its
+    /// slot, unless the closing task has taken it already (the upstream closed the connection first).
     pub(crate) fn let_go(&self) -> Option<Slot> {
         let mut state = self.lock();
         state.spent = true;
