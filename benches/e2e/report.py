@@ -103,27 +103,24 @@ def invariant(runs):
 # What limits floodgate where it misses a target, keyed by the start of the target's text: what profiling and
 # measurement showed (docs/benchmarks.md prints it under the targets table, only for targets this run missed).
 LIMITS = {
-    "Cost": "Per response floodgate spends more CPU than HAProxy. It makes four socket calls per request "
-    "(strace: 2.0 `writev`, 2.0 `recvfrom`, 0.19 `epoll_wait` at 0 ms) and the loopback carries as many segments "
-    "for it as for HAProxy (nstat: 5.7-6.2 vs 5.5-6.7 per request), but its user time is 1.6-2.2 "
-    "times HAProxy's (`/proc` user/system ticks over a 4 s wrk run at 200 clients, 0 ms, side by side, 3 pairs). A request crosses hyper's HTTP/1 codec "
-    "twice (server and client side) and two tasks (the client connection's and the upstream connection's, joined "
-    "by hyper's dispatch channel and a oneshot), where HAProxy moves buffers within one event loop; at a fixed, "
-    "low rate every request also pays its own wake-ups. The single-thread runtime (`--threads 1` runs tokio's "
-    "current-thread scheduler) took 12-31 % off the user time (3 interleaved pairs); going further means fewer task hops per "
-    "request (driving the upstream connection inside the client's task) or a leaner codec than hyper's.",
+    "Cost": "Per response floodgate spends more CPU than HAProxy, all of it in its own code: it makes the same socket "
+    "calls (`benches/syscalls.sh`, perf on the proxy's PID: 2 `recvfrom`, 2 `sendto`, 1.8 `epoll_wait` per response "
+    "at 1,000 req/s, as HAProxy) and `perf record` puts the same kernel time on both (about 33 us per response at "
+    "1,000 req/s), but floodgate's user time is 17 us to HAProxy's 10. `benches/instructions.sh` counts 48,100 "
+    "instructions per response; by callgrind they go to the `http` crate's header maps and values (hashing, an "
+    "allocation per value), the tower layers around the proxy service, futures of kilobytes boxed and moved per "
+    "request (the exchange's is 4.3 KB), and the hop into the upstream lane (a task and a oneshot per request). "
+    "Running the exchange on the client's task instead was measured and lost capacity (docs/data-path.md).",
     "Capacity": "The proxy-bound case is the CPU cost (the Cost target) at saturation: with every process on 2 shared cores, "
     "more CPU per response is fewer responses per second.",
-    "Hand-off gap": "Between a response leaving the upstream and the next request reaching it, floodgate passes the "
-    "connection from the finished exchange to the next queued request's task, which then writes through hyper's "
-    "client codec: the same task hops that make up the CPU cost (the Cost target), here seen as time.",
+    "Hand-off gap": "Between a response leaving the upstream and the next request reaching it, the exchange in the "
+    "upstream lane reads the answer, ends its lease, and the next queued request (in the lane too) writes its own: "
+    "the lane's polls among the client connections' tasks are the time left.",
     "HTTP/2": "HTTP/2 clients go through hyper's HTTP/2 server (the h2 crate), which spends more CPU per stream than "
     "HAProxy's multiplexer; proxy-bound (0 ms) that is fewer responses per second, at 2 ms it does not show.",
-    "Idle clients": "Most likely hyper's per-connection buffers: its HTTP/1 code (1.12, `proto/h1/io.rs`) gives "
-    "each connection an 8 KiB read buffer and an 8 KiB header write buffer, keeps them while the connection idles, "
-    "and refuses a `max_buf_size` below 8 KiB; the connection's task comes on top. HAProxy and nginx take buffers "
-    "from a pool only while bytes move. That reading of hyper's source is not yet confirmed by a heap profile. "
-    "Closing the gap needs a codec that gives buffers back between requests, which hyper 1.x does not offer.",
+    "Idle clients": "An idle HTTP/1 client holds no buffer on floodgate's own server: its task (a 416-byte future), "
+    "tokio's registration of its socket and its `ClientInfo` (docs/data-path.md). HTTP/2 and TLS clients stay on "
+    "hyper's server, which keeps 16 KiB of buffers per connection while it idles.",
 }
 
 
