@@ -6,7 +6,9 @@
 //! panic in floodgate's own code is answered `500` rather than by a reset connection. It never admits or answers
 //! anything but that `500`.
 //!
-//! Request IDs are tower-http's (`SetRequestId`, `PropagateRequestId`). Panics are caught here rather than by
+//! Request IDs are set and returned here rather than by tower-http's `SetRequestId` and `PropagateRequestId`: two
+//! layers, a future each and an extension map per request cost 2,650 instructions of 46,600 per response
+//! (`benches/instructions.sh`), for what is a header read, made and copied. Panics are caught here rather than by
 //! tower-http's `CatchPanic`, which boxes every response body; admission, the pool and retries stay the proxy's
 //! own (see `docs/architecture.md`).
 
@@ -21,9 +23,7 @@ use std::task::{Context, Poll};
 
 use futures_util::FutureExt;
 use http::{HeaderValue, Request, Response};
-use tower::util::MapRequestLayer;
-use tower::{Service, ServiceBuilder};
-use tower_http::request_id::{MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
+use tower::Service;
 use tracing::field::display;
 use tracing::Instrument;
 
@@ -48,28 +48,12 @@ pub fn stack(
     client: Arc<ClientInfo>,
     activity: Option<Arc<ClientActivity>>,
 ) -> impl Service<Request<ClientBody>, Response = Response<ResponseBody>, Error = Infallible, Future: Send> + Clone {
-    let trusted = client.trusted;
-    ServiceBuilder::new()
-        // An ID from a peer that is not trusted could be chosen to collide with another request's.
-        .layer(MapRequestLayer::new(move |mut request: Request<ClientBody>| {
-            if !trusted {
-                request.headers_mut().remove(X_REQUEST_ID);
-            }
-            request
-        }))
-        .layer(SetRequestIdLayer::new(X_REQUEST_ID, MakeId))
-        .layer(PropagateRequestIdLayer::new(X_REQUEST_ID))
-        .service(ProxyService {
-            proxy,
-            client,
-            activity,
-        })
+    ProxyService {
+        proxy,
+        client,
+        activity,
+    }
 }
-
-/// Makes request IDs: this process's random prefix and a counter, in hex (`3f9c0e7a1b2d4c5e-1a`): unique across
-/// restarts and replicas without a clock or a random number per request.
-#[derive(Clone, Copy)]
-struct MakeId;
 
 static PREFIX: LazyLock<String> = LazyLock::new(|| {
     let random = std::collections::hash_map::RandomState::new().build_hasher().finish();
@@ -77,24 +61,40 @@ static PREFIX: LazyLock<String> = LazyLock::new(|| {
 });
 static NEXT: AtomicU64 = AtomicU64::new(1);
 
-impl MakeRequestId for MakeId {
-    fn make_request_id<B>(&mut self, _: &Request<B>) -> Option<RequestId> {
-        // Written by hand: `format!` cost a thousand instructions a request.
-        let mut id = [0u8; 64];
-        let prefix = PREFIX.as_bytes();
-        let counter = NEXT.fetch_add(1, Ordering::Relaxed);
-        let digits = (u64::BITS - counter.leading_zeros()).div_ceil(4).max(1) as usize;
-        let len = prefix.len() + digits;
-        let (head, tail) = id.get_mut(..len)?.split_at_mut(prefix.len());
-        head.copy_from_slice(prefix);
-        for (place, digit) in tail.iter_mut().rev().enumerate() {
-            let nibble = ((counter >> (4 * place)) & 0xf) as u32;
-            *digit = char::from_digit(nibble, 16)
-                .and_then(|c| u8::try_from(c).ok())
-                .unwrap_or(b'0');
-        }
-        HeaderValue::from_bytes(id.get(..len)?).ok().map(RequestId::new)
+/// A request ID: this process's random prefix and a counter, in hex (`3f9c0e7a1b2d4c5e-1a`): unique across
+/// restarts and replicas without a clock or a random number per request. Written by hand: `format!` cost 600
+/// instructions a request.
+fn make_id() -> Option<HeaderValue> {
+    let mut id = [0u8; 64];
+    let prefix = PREFIX.as_bytes();
+    let counter = NEXT.fetch_add(1, Ordering::Relaxed);
+    let digits = (u64::BITS - counter.leading_zeros()).div_ceil(4).max(1) as usize;
+    let len = prefix.len() + digits;
+    let (head, tail) = id.get_mut(..len)?.split_at_mut(prefix.len());
+    head.copy_from_slice(prefix);
+    for (place, digit) in tail.iter_mut().rev().enumerate() {
+        let nibble = ((counter >> (4 * place)) & 0xf) as u32;
+        *digit = char::from_digit(nibble, 16)
+            .and_then(|c| u8::try_from(c).ok())
+            .unwrap_or(b'0');
     }
+    HeaderValue::from_bytes(id.get(..len)?).ok()
+}
+
+/// The request's ID, set on it: a trusted peer's own, else one made here (an ID from a peer that is not trusted
+/// could be chosen to collide with another request's).
+fn set_request_id(request: &mut Request<ClientBody>, trusted: bool) -> Option<HeaderValue> {
+    let headers = request.headers_mut();
+    if trusted {
+        if let Some(id) = headers.get(X_REQUEST_ID) {
+            return Some(id.clone());
+        }
+    } else {
+        headers.remove(X_REQUEST_ID);
+    }
+    let id = make_id()?;
+    headers.insert(X_REQUEST_ID, id.clone());
+    Some(id)
 }
 
 /// The proxy as a service, for one client connection.
@@ -114,7 +114,8 @@ impl Service<Request<ClientBody>> for ProxyService {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: Request<ClientBody>) -> Self::Future {
+    fn call(&mut self, mut request: Request<ClientBody>) -> Self::Future {
+        let id = set_request_id(&mut request, self.client.trusted);
         let in_flight = self.activity.as_ref().map(ClientActivity::request_started);
         // Routed first so the span is made with its fields (each later record costs about as much as making
         // it); the fields are read only when the span is on.
@@ -126,11 +127,7 @@ impl Service<Request<ClientBody>> for ProxyService {
         let span = tracing::debug_span!(
             target: SPAN_TARGET,
             "request",
-            id = %request
-                .headers()
-                .get(X_REQUEST_ID)
-                .and_then(|id| id.to_str().ok())
-                .unwrap_or("-"),
+            id = %id.as_ref().and_then(|id| id.to_str().ok()).unwrap_or("-"),
             route,
             upstream,
             outcome = tracing::field::Empty,
@@ -141,7 +138,13 @@ impl Service<Request<ClientBody>> for ProxyService {
         Box::pin(
             async move {
                 let metrics = proxy.metrics.clone();
-                let answered = answer_panic(proxy.serve_routed(request, client, routed), metrics).await;
+                let mut answered = answer_panic(proxy.serve_routed(request, client, routed), metrics).await;
+                // The answer carries the request's ID back, unless the upstream set its own.
+                if let Some(id) = id {
+                    if let http::header::Entry::Vacant(place) = answered.headers_mut().entry(X_REQUEST_ID) {
+                        place.insert(id);
+                    }
+                }
                 Ok(answered.map(|body| body.tracked(in_flight)))
             }
             .instrument(span),
@@ -185,20 +188,15 @@ mod tests {
 
     #[test]
     fn request_ids_are_unique_and_valid_header_values() {
-        let request = Request::new(());
-        let ids: std::collections::HashSet<_> = (0..1000)
-            .filter_map(|_| MakeId.make_request_id(&request))
-            .map(|id| id.into_header_value())
-            .collect();
+        let ids: std::collections::HashSet<_> = (0..1000).filter_map(|_| make_id()).collect();
         assert_eq!(ids.len(), 1000);
     }
 
     #[test]
     fn a_request_id_is_the_process_prefix_and_the_counter_in_hex() {
-        let request = Request::new(());
         let ids: Vec<String> = (0..20)
-            .filter_map(|_| MakeId.make_request_id(&request))
-            .filter_map(|id| id.into_header_value().to_str().ok().map(str::to_owned))
+            .filter_map(|_| make_id())
+            .filter_map(|id| id.to_str().ok().map(str::to_owned))
             .collect();
         assert_eq!(ids.len(), 20);
         for id in &ids {
