@@ -106,10 +106,10 @@ LIMITS = {
     "Cost": "Per response floodgate spends more CPU than HAProxy, all of it in its own code: it makes the same socket "
     "calls (`benches/syscalls.sh`, perf on the proxy's PID: 2 `recvfrom`, 2 `sendto`, 1.8 `epoll_wait` per response "
     "at 1,000 req/s, as HAProxy) and `perf record` puts the same kernel time on both (about 33 us per response at "
-    "1,000 req/s), but floodgate's user time is 17 us to HAProxy's 10. `benches/instructions.sh` counts 48,100 "
-    "instructions per response; by callgrind they go to the `http` crate's header maps and values (hashing, an "
-    "allocation per value), the tower layers around the proxy service, futures of kilobytes boxed and moved per "
-    "request (the exchange's is 4.3 KB), and the hop into the upstream lane (a task and a oneshot per request). "
+    "1,000 req/s), but floodgate's user time is 17 us to HAProxy's 10. `benches/instructions.sh` counts 44,000 "
+    "instructions per response (55,300 before the system-call work); by callgrind they go to the `http` crate's "
+    "header maps and values (hashing, an allocation per value), futures of kilobytes boxed and moved per request "
+    "(the exchange's is 4.3 KB), and the hop into the upstream lane (a task and a oneshot per request). "
     "Running the exchange on the client's task instead was measured and lost capacity (docs/data-path.md).",
     "Capacity": "The proxy-bound case is the CPU cost (the Cost target) at saturation: with every process on 2 shared cores, "
     "more CPU per response is fewer responses per second.",
