@@ -57,6 +57,28 @@ async fn idle_connection_closed_by_the_upstream_is_replaced_transparently() {
     }
 }
 
+/// The idle watch: an upstream's close of a connection nobody uses gives its slot back with no request to find it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_the_upstream_closes_gives_its_slot_back_before_any_request() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &[]).await;
+    assert_eq!(get(proxy.listen, "/").await.status, StatusCode::OK);
+    wait_until("the connection is idle in the pool", Duration::from_secs(5), || async {
+        proxy.upstream_field(UP, "connections_idle").await == 1
+    })
+    .await;
+
+    upstream.close_idle_connections();
+    wait_until("its slot is back", Duration::from_secs(5), || async {
+        proxy.upstream_field(UP, "connections_open").await == 0
+    })
+    .await;
+    assert_eq!(proxy.upstream_field(UP, "connections_idle").await, 0);
+    assert_eq!(upstream.accepted(), 1, "nothing dialled meanwhile");
+    assert_eq!(get(proxy.listen, "/after").await.status, StatusCode::OK);
+    assert_eq!(upstream.accepted(), 2, "the next request dials afresh");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reused_connection_closed_by_the_upstream_without_answer_is_retried_for_get() {
     let upstream = Upstream::start().await;

@@ -94,7 +94,7 @@ impl UpstreamPool {
             self.queue_peak.fetch_max(state.queue.len(), Ordering::Relaxed);
             (ticket, evicted)
         };
-        // Dropped outside the lock; its task frees the slot once the upstream has closed too.
+        // Dropped outside the lock; the closing task frees the slot once the upstream has closed too.
         drop(evicted);
         let queued = Queued {
             pool: self.clone(),

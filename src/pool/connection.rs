@@ -142,7 +142,7 @@ pub(super) async fn close_connections(
 }
 
 impl UpstreamPool {
-    /// Dials a new connection with the right `slot` gives; the slot moves into the connection's task. For an
+    /// Dials a new connection with the right `slot` gives; the slot moves into the connection's wire. For an
     /// `https://` upstream the TLS handshake is part of the dial and shares `connect_timeout` with the TCP connect.
     /// The endpoint is chosen first (see [`UpstreamPool::choose_endpoint`]) and told how the dial went.
     pub(crate) async fn dial(self: &Arc<Self>, mut slot: Slot) -> Result<Conn, ProxyError> {

@@ -13,7 +13,7 @@ use super::{Conn, Grant, PoolState, Slot, UpstreamPool};
 use crate::admission::{Now, Waiter};
 
 impl UpstreamPool {
-    /// The one way back into the pool: whatever an exchange, a health check or a connection's task is done with.
+    /// The one way back into the pool: whatever an exchange or a health check is done with.
     /// A connection that may carry another request and a freed slot go to the oldest waiter first; what nobody
     /// may have is kept idle or given up, under the same lock, so a waiter arriving meanwhile is not passed over
     /// and a cap lowered meanwhile is not missed.

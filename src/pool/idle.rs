@@ -60,7 +60,7 @@ impl UpstreamPool {
             if idle.conn.is_usable_idle(&limits) {
                 return Some(Grant::Idle(idle.into_conn()));
             }
-            // Dropping the sender lets the connection's task close it and free its slot.
+            // Dropped (with the idle entry), the connection goes to the pool's closing task, which frees its slot.
             state.start_closing(&idle.conn);
         }
         None
@@ -123,8 +123,8 @@ pub(super) async fn expire_idle(pool: Weak<UpstreamPool>) {
             let limits = pool.limits();
             let idle_timeout = limits.idle_timeout;
             let mut state = pool.lock();
-            // Dropping a sender under the lock is cheap and never calls back into the pool: the connection's
-            // own task closes the socket and frees the slot.
+            // Dropping a connection under the lock is cheap and never calls back into the pool: the pool's
+            // closing task closes the socket and frees the slot.
             for idle in std::mem::take(&mut state.idle) {
                 if idle.since + idle_timeout > now && idle.conn.is_usable_idle(&limits) {
                     state.idle.push_back(idle);
