@@ -13,7 +13,7 @@ use hyper::body::Incoming;
 use tokio::net::TcpStream;
 
 use crate::error::ProxyError;
-use crate::h1::chunked::{Chunk, ChunkedDecoder};
+use crate::h1::body::{BodyFault, Delimited};
 
 /// How much room a read of body bytes asks for.
 const READ_ROOM: usize = 16 * 1024;
@@ -89,30 +89,8 @@ impl Body for ClientBody {
     fn size_hint(&self) -> SizeHint {
         match self {
             ClientBody::Hyper(inner) => inner.size_hint(),
-            ClientBody::Http1(inner) => match inner.lock().framing {
-                Framing::Length(left) => SizeHint::with_exact(left),
-                Framing::Over => SizeHint::with_exact(0),
-                Framing::Chunked(_) | Framing::Broken => SizeHint::new(),
-            },
+            ClientBody::Http1(inner) => inner.lock().framing.size_hint(),
         }
-    }
-}
-
-/// How the rest of an HTTP/1 request body is delimited.
-#[derive(Debug)]
-pub(crate) enum Framing {
-    /// This many bytes are still to come.
-    Length(u64),
-    Chunked(ChunkedDecoder),
-    /// Read to its end: nothing more is read.
-    Over,
-    /// It failed (the client left, or sent what is not a body): it never ends, and the connection closes.
-    Broken,
-}
-
-impl Framing {
-    fn is_over(&self) -> bool {
-        matches!(self, Framing::Over | Framing::Length(0))
     }
 }
 
@@ -124,7 +102,8 @@ pub(crate) struct Reading {
     stream: Arc<TcpStream>,
     /// Bytes read and not yet taken: the body's, and then maybe the next request's.
     pub(crate) received: BytesMut,
-    pub(crate) framing: Framing,
+    /// How the rest of the body is delimited; `Broken` once the client left or sent what is not a body.
+    pub(crate) framing: Delimited,
     /// Of the `100 Continue` owed to a client that asked for it before sending its body: bytes still to write.
     continue_left: usize,
     /// Told once the body has been read to its end (or given up on).
@@ -137,7 +116,7 @@ impl Reading {
     pub(crate) fn new(
         stream: Arc<TcpStream>,
         received: BytesMut,
-        framing: Framing,
+        framing: Delimited,
         expects_continue: bool,
         over: Arc<tokio::sync::Notify>,
     ) -> Self {
@@ -164,13 +143,8 @@ impl Reading {
         reading.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn finish(&mut self) {
-        self.framing = Framing::Over;
-        self.over.notify_one();
-    }
-
     fn fail(&mut self, err: ClientBodyError) -> ClientBodyError {
-        self.framing = Framing::Broken;
+        self.framing = Delimited::Broken;
         err
     }
 
@@ -189,33 +163,17 @@ impl Reading {
     }
 
     /// The next piece of the body from what is received, if it holds one.
+    /// The connection's task is told once the body reaches its end here.
     fn next_piece(&mut self) -> Result<Option<Frame<Bytes>>, ClientBodyError> {
-        match &mut self.framing {
-            Framing::Over | Framing::Length(0) => Ok(None),
-            Framing::Broken => Err(ClientBodyError::Gone),
-            Framing::Length(left) => {
-                if self.received.is_empty() {
-                    return Ok(None);
-                }
-                let take = usize::try_from(*left).unwrap_or(usize::MAX).min(self.received.len());
-                let data = self.received.split_to(take).freeze();
-                *left -= take as u64;
-                if *left == 0 {
-                    self.finish();
-                }
-                Ok(Some(Frame::data(data)))
-            }
-            Framing::Chunked(decoder) => match decoder.decode(&mut self.received) {
-                Ok(Some(Chunk::Data(data))) => Ok(Some(Frame::data(data))),
-                Ok(Some(Chunk::Trailers(trailers))) => Ok(Some(Frame::trailers(trailers))),
-                Ok(Some(Chunk::End)) => {
-                    self.finish();
-                    Ok(None)
-                }
-                Ok(None) => Ok(None),
-                Err(err) => Err(self.fail(ClientBodyError::Chunked(err.0))),
-            },
+        let was_over = self.framing.is_over();
+        let piece = self.framing.next_piece(&mut self.received);
+        if !was_over && self.framing.is_over() {
+            self.over.notify_one();
         }
+        piece.map_err(|fault| match fault {
+            BodyFault::Broken => ClientBodyError::Gone,
+            BodyFault::Chunked(what) => ClientBodyError::Chunked(what),
+        })
     }
 
     fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, ClientBodyError>>> {
@@ -278,6 +236,7 @@ pub(crate) fn discard_received(reading: &mut Reading) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::h1::chunked::ChunkedDecoder;
 
     #[test]
     fn chunked_body_pieces_come_off_the_received_bytes_and_leave_the_next_request() {
@@ -292,7 +251,7 @@ mod tests {
             let mut reading = Reading::new(
                 Arc::new(client),
                 received,
-                Framing::Chunked(ChunkedDecoder::new(1024)),
+                Delimited::Chunked(ChunkedDecoder::new(1024)),
                 false,
                 Arc::default(),
             );

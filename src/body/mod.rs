@@ -7,7 +7,7 @@ mod progress;
 mod request;
 mod stall;
 
-pub(crate) use client::{discard_received, Framing, Reading};
+pub(crate) use client::{discard_received, Reading};
 pub use client::{ClientBody, ClientBodyError, Http1Body};
 pub use progress::UploadProgress;
 pub use request::{CutOff, RequestBody};

@@ -21,7 +21,8 @@ use http_body_util::BodyExt;
 use super::{BodyStalled, BoxError, RequestBody};
 use crate::body::ClientBodyError;
 use crate::error::ProxyError;
-use crate::h1::chunked::{Chunk, ChunkedDecoder};
+use crate::h1::body::{BodyFault, Delimited};
+use crate::h1::chunked::ChunkedDecoder;
 use crate::h1::response_head::{self, ResponseFraming};
 use crate::h1::write::{self, BodySize, Encoding, LAST_CHUNK};
 use crate::h1::HeadError;
@@ -172,11 +173,11 @@ async fn read_head(wire: &Arc<Wire>, method: &Method) -> Result<Response<Upstrea
         parts.extensions.insert(reason);
     }
     let framing = match head.body {
-        ResponseFraming::Length(length) => Framing::Length(length),
-        ResponseFraming::Chunked => Framing::Chunked(ChunkedDecoder::new(MAX_TRAILER_BYTES)),
-        ResponseFraming::UntilClose => Framing::UntilClose,
+        ResponseFraming::Length(length) => Delimited::Length(length),
+        ResponseFraming::Chunked => Delimited::Chunked(ChunkedDecoder::new(MAX_TRAILER_BYTES)),
+        ResponseFraming::UntilClose => Delimited::UntilClose,
     };
-    if !head.keep_alive || head.upgrade || matches!(framing, Framing::UntilClose) {
+    if !head.keep_alive || head.upgrade || matches!(framing, Delimited::UntilClose) {
         wire.lock().spent = true;
     }
     let body = UpstreamIncoming {
@@ -308,25 +309,15 @@ fn upstream_io(err: io::Error) -> ProxyError {
     ProxyError::Upstream(UpstreamError::Io(err))
 }
 
-/// How the rest of an answer's body is delimited.
-#[derive(Debug)]
-enum Framing {
-    Length(u64),
-    Chunked(ChunkedDecoder),
-    UntilClose,
-    Over,
-    Broken,
-}
-
 /// An answer's body, read off the upstream connection as it is taken.
 pub struct UpstreamIncoming {
     wire: Arc<Wire>,
-    framing: Framing,
+    framing: Delimited,
 }
 
 impl UpstreamIncoming {
     fn is_over(&self) -> bool {
-        matches!(self.framing, Framing::Over | Framing::Length(0))
+        self.framing.is_over()
     }
 
     /// At the body's end: bytes past it are what no request asked for, and leave the connection spent; without
@@ -346,7 +337,7 @@ impl UpstreamIncoming {
     }
 
     fn failed(&mut self, err: UpstreamError) -> Poll<Option<Result<Frame<Bytes>, UpstreamError>>> {
-        self.framing = Framing::Broken;
+        self.framing = Delimited::Broken;
         self.wire.lock().spent = true;
         Poll::Ready(Some(Err(err)))
     }
@@ -358,56 +349,42 @@ impl Body for UpstreamIncoming {
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, UpstreamError>>> {
         let this = &mut *self;
+        // Over already: the connection may be carrying another exchange by now, and is not touched again.
+        if this.is_over() {
+            return Poll::Ready(None);
+        }
         loop {
-            let piece = {
-                let mut state = this.wire.lock();
-                let piece = match &mut this.framing {
-                    Framing::Over | Framing::Length(0) => return Poll::Ready(None),
-                    Framing::Broken => Err(UpstreamError::BodyCutShort),
-                    Framing::Length(left) if !state.received.is_empty() => {
-                        let take = usize::try_from(*left).unwrap_or(usize::MAX).min(state.received.len());
-                        *left -= take as u64;
-                        Ok(Some(Frame::data(state.received.split_to(take).freeze())))
-                    }
-                    Framing::UntilClose if !state.received.is_empty() => {
-                        Ok(Some(Frame::data(state.received.split().freeze())))
-                    }
-                    Framing::Chunked(decoder) => match decoder.decode(&mut state.received) {
-                        Ok(Some(Chunk::Data(data))) => Ok(Some(Frame::data(data))),
-                        Ok(Some(Chunk::Trailers(trailers))) => Ok(Some(Frame::trailers(trailers))),
-                        Ok(Some(Chunk::End)) => {
-                            drop(state);
-                            this.framing = Framing::Over;
-                            this.ended_if_over();
-                            return Poll::Ready(None);
-                        }
-                        Ok(None) => Ok(None),
-                        Err(err) => Err(UpstreamError::Chunked(err.0)),
-                    },
-                    Framing::Length(_) | Framing::UntilClose => Ok(None),
-                };
-                match piece {
-                    Ok(None) => match ready!(state.poll_fill(cx, BODY_ROOM)) {
-                        Ok(0) if matches!(this.framing, Framing::UntilClose) => {
-                            drop(state);
-                            this.framing = Framing::Over;
-                            return Poll::Ready(None);
-                        }
-                        Ok(0) => Err(UpstreamError::BodyCutShort),
-                        Ok(_) => continue,
-                        Err(err) => Err(UpstreamError::Io(err)),
-                    },
-                    other => other,
-                }
-            };
-            return match piece {
+            let mut state = this.wire.lock();
+            let read = match this.framing.next_piece(&mut state.received) {
                 Ok(Some(frame)) => {
+                    drop(state);
                     this.ended_if_over();
-                    Poll::Ready(Some(Ok(frame)))
+                    return Poll::Ready(Some(Ok(frame)));
                 }
-                Ok(None) => continue,
-                Err(err) => this.failed(err),
+                Ok(None) if this.framing.is_over() => {
+                    drop(state);
+                    this.ended_if_over();
+                    return Poll::Ready(None);
+                }
+                Ok(None) => ready!(state.poll_fill(cx, BODY_ROOM)),
+                Err(fault) => {
+                    drop(state);
+                    return this.failed(match fault {
+                        BodyFault::Broken => UpstreamError::BodyCutShort,
+                        BodyFault::Chunked(what) => UpstreamError::Chunked(what),
+                    });
+                }
             };
+            drop(state);
+            match read {
+                Ok(0) if matches!(this.framing, Delimited::UntilClose) => {
+                    this.framing = Delimited::Over;
+                    return Poll::Ready(None);
+                }
+                Ok(0) => return this.failed(UpstreamError::BodyCutShort),
+                Ok(_) => {}
+                Err(err) => return this.failed(UpstreamError::Io(err)),
+            }
         }
     }
 
@@ -416,11 +393,7 @@ impl Body for UpstreamIncoming {
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self.framing {
-            Framing::Length(left) => SizeHint::with_exact(left),
-            Framing::Over => SizeHint::with_exact(0),
-            _ => SizeHint::new(),
-        }
+        self.framing.size_hint()
     }
 }
 

@@ -1,9 +1,10 @@
 //! floodgate's own HTTP/1 codec, for a data path in which a connection with no request in progress holds no
 //! buffer: the readers of a client's request head ([`request_head`]), an upstream's response head
-//! ([`response_head`]) and a chunked body ([`chunked`]), and the writers of an answer to a client and of a request
+//! ([`response_head`]), a body's pieces ([`body`], chunked ones by [`chunked`]), and the writers of an answer to a client and of a request
 //! to an upstream ([`write`]), each checked against hyper's reading or writing by a differential fuzz target. It
 //! never touches a socket, a pool or a metric.
 
+pub(crate) mod body;
 pub(crate) mod chunked;
 mod fields;
 pub(crate) mod request_head;
@@ -14,6 +15,10 @@ use http::StatusCode;
 
 /// How many header lines a head may have, as hyper's default; more is answered `431`.
 pub(crate) const MAX_HEADERS: usize = 100;
+
+/// Fields the proxy may add to a message it passes on (Host, `X-Forwarded-*`, a request ID): a parsed head's
+/// map is made with room for them, since growing one rehashes it.
+const ADDED_FIELDS: usize = 6;
 
 /// The largest `Content-Length` taken, as hyper takes it (the two values above are its body decoder's markers).
 const MAX_CONTENT_LENGTH: u64 = u64::MAX - 2;

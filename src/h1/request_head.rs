@@ -13,13 +13,11 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Request, Uri, Version};
 
 use super::fields::{self, digits, last_coding_is_chunked};
-use super::{HeadError, MAX_CONTENT_LENGTH, MAX_HEADERS};
+use super::{HeadError, ADDED_FIELDS, MAX_CONTENT_LENGTH, MAX_HEADERS};
 use crate::forward::keeps_alive;
 
 /// The longest request target taken; longer is answered `414` (the most a `Uri` holds).
 const MAX_TARGET_BYTES: usize = u16::MAX as usize - 1;
-/// Fields the proxy may add to a message it passes on, room for which a parsed head's map is made with.
-pub(super) const ADDED_FIELDS: usize = 6;
 
 /// A complete request head and what it says of the rest of the connection.
 #[derive(Debug)]

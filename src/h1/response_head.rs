@@ -12,7 +12,7 @@ use http::header;
 use http::{HeaderMap, Method, Response, StatusCode, Version};
 
 use super::fields::{self, last_coding_is_chunked, stated_length};
-use super::{HeadError, MAX_CONTENT_LENGTH, MAX_HEADERS};
+use super::{HeadError, ADDED_FIELDS, MAX_CONTENT_LENGTH, MAX_HEADERS};
 use crate::forward::keeps_alive;
 
 /// A complete final response head and what it says of the rest of the connection.
@@ -80,7 +80,7 @@ fn parse_one(
     let status = StatusCode::from_u16(code).map_err(|_| HeadError::Malformed("invalid status code"))?;
     let version = fields::version(minor);
     // Room for what the proxy adds (a request ID, the shed and retry fields): growing a map rehashes it.
-    let mut headers = HeaderMap::with_capacity(response.headers.len() + super::request_head::ADDED_FIELDS);
+    let mut headers = HeaderMap::with_capacity(response.headers.len() + ADDED_FIELDS);
     for line in response.headers.iter() {
         let (name, value) = fields::field(line).map_err(HeadError::Malformed)?;
         headers.append(name, value);

@@ -22,10 +22,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tower::{Service, ServiceExt};
 
-use crate::body::{discard_received, ClientBody, Framing, Http1Body, Reading};
+use crate::body::{discard_received, ClientBody, Http1Body, Reading};
 use crate::config::Config;
 use crate::error::Outcome;
 use crate::forward::ResponseBody;
+use crate::h1::body::Delimited;
 use crate::h1::chunked::ChunkedDecoder;
 use crate::h1::request_head::{self, BodyFraming};
 use crate::h1::write::{self, BodySize, Encoding, LAST_CHUNK};
@@ -158,8 +159,8 @@ impl Conn<'_> {
         let method = head.parts.method.clone();
         let version = head.parts.version;
         let framing = match head.body {
-            BodyFraming::Length(length) => Framing::Length(length),
-            BodyFraming::Chunked => Framing::Chunked(ChunkedDecoder::new(config.max_header_bytes)),
+            BodyFraming::Length(length) => Delimited::Length(length),
+            BodyFraming::Chunked => Delimited::Chunked(ChunkedDecoder::new(config.max_header_bytes)),
         };
         let body_over = Arc::new(tokio::sync::Notify::new());
         let reading = Arc::new(Mutex::new(Reading::new(
