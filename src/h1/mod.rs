@@ -1,8 +1,8 @@
 //! floodgate's own HTTP/1 codec, for a data path in which a connection with no request in progress holds no
 //! buffer: the readers of a client's request head ([`request_head`]), an upstream's response head
-//! ([`response_head`]), a body's pieces ([`body`], chunked ones by [`chunked`]), and the writers of an answer to a client and of a request
-//! to an upstream ([`write`]), each checked against hyper's reading or writing by a differential fuzz target. It
-//! never touches a socket, a pool or a metric.
+//! ([`response_head`]), a body's pieces ([`body`], chunked ones by [`chunked`]), and the writers of an answer to a
+//! client and of a request to an upstream ([`write`]), the heads and writers each checked against hyper's reading
+//! or writing by a differential fuzz target. It never touches a socket, a pool or a metric.
 
 pub(crate) mod body;
 pub(crate) mod chunked;

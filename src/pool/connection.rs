@@ -54,7 +54,7 @@ impl Conn {
     }
 
     /// [`Conn::is_usable`], and the upstream has not closed it or spoken on it while it sat idle (looked at
-    /// without waiting: one `peek`).
+    /// without waiting; see [`Wire::is_quiet`]).
     pub(super) fn is_usable_idle(&self, limits: &UpstreamConfig) -> bool {
         self.is_usable(limits) && self.wire.is_quiet()
     }
@@ -64,7 +64,7 @@ impl Drop for Conn {
     fn drop(&mut self) {
         // Whoever still holds the wire (an answer's body, a request body going out) finds it spent.
         let Some(slot) = self.wire.let_go() else {
-            // Its watch closed it when the upstream did.
+            // The closing task took it already, when the upstream closed it.
             return;
         };
         let pool = slot.pool().clone();
@@ -210,7 +210,7 @@ impl UpstreamPool {
         Err(failure)
     }
 
-    /// The connection over `wire`, the plain or TLS stream on `stream`; it holds `slot` until it is closed.
+    /// The connection over `wire` (plain or TLS); the wire holds `slot` until the connection is closed.
     fn start(self: &Arc<Self>, wire: Arc<Wire>, mut slot: Slot, endpoint: usize) -> Conn {
         self.metrics.opened.inc();
         let closing = ClosingMark::default();
@@ -226,15 +226,14 @@ impl UpstreamPool {
         }
     }
 
-    /// A connection that never became usable: closed like any other (our FIN, then the upstream's, or a reset
-    /// after `close_timeout`) in a task of its own, so the request's answer does not wait for it; the slot goes
+    /// A connection that never became usable: closed like any other, by the closing task (our FIN, then the
+    /// upstream's, or a reset after `close_timeout`), so the request's answer does not wait for it; the slot goes
     /// only once the socket has.
     fn close_then_free(&self, stream: Arc<TcpStream>, slot: Slot) {
-        let close_timeout = self.limits().close_timeout;
-        self.spawn(async move {
-            net::close_and_wait_for_peer(&stream, Some(close_timeout)).await;
-            drop(stream);
-            drop(slot);
+        self.close_later(Closing {
+            stream,
+            slot,
+            limit: Some(self.limits().close_timeout),
         });
     }
 }

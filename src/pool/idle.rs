@@ -20,7 +20,7 @@ impl IdleConn {
         IdleConn { conn, since }
     }
 
-    /// The connection leaving the idle list to carry a request (watched until the request goes out).
+    /// The connection leaving the idle list to carry a request (its watch gives way at the exchange's first read).
     pub(super) fn into_conn(self) -> Conn {
         self.conn
     }

@@ -2,8 +2,8 @@
 //!
 //! A lease starts as a granted idle connection or a slot to dial with. Dropping it is the end of the exchange: a
 //! connection that may be reused goes back to the pool (to the oldest waiter first), any other is dropped, which
-//! sends it to the pool's closing task to be closed, and its slot freed. The request's place among the upstream's in-flight requests ends
-//! only after that.
+//! sends it to the pool's closing task to be closed, and its slot freed. The request's place among the upstream's
+//! in-flight requests ends only after that.
 
 use std::sync::Arc;
 

@@ -227,7 +227,7 @@ impl Wire {
         if state.gone || !state.idle || state.uploading {
             return false;
         }
-        !(state.quiet() && self.watch_while_idle(&mut state))
+        !self.watch_while_idle(&mut state)
     }
 }
 
