@@ -70,6 +70,27 @@ impl Entry {
         self.relayed
     }
 
+    /// Writes a tunnel's line when it ends (`open`: how long it was), its `101` long since counted: the bytes each
+    /// way and which side closed it (`closed_by`).
+    pub fn write_tunnel(&self, open: Duration, to_client: u64, to_upstream: u64, closed_by: &str) {
+        let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        tracing::info!(
+            target: TARGET,
+            client = %self.client,
+            request_id = %self.request_id,
+            method = %self.method,
+            path = %self.path,
+            status = 101,
+            upstream = self.upstream.as_deref().unwrap_or("-"),
+            tunnel_us = micros(open),
+            total_us = micros(self.arrived.elapsed()),
+            bytes = to_client,
+            bytes_to_upstream = to_upstream,
+            closed_by,
+            outcome = "tunnel",
+        );
+    }
+
     /// Writes the line. `bytes` is the response body handed on to the client.
     pub fn write(&self, outcome: Outcome, status: Option<StatusCode>, bytes: u64) {
         let now = Instant::now();

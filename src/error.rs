@@ -18,8 +18,18 @@ pub enum ProxyError {
     Shed(Shed),
     #[error("no route for this request")]
     NoRoute,
-    #[error("tunnels (Upgrade, WebSocket, CONNECT) are not supported yet")]
-    TunnelNotSupported,
+    /// `CONNECT`: floodgate is a reverse proxy, not a forward one.
+    #[error("CONNECT (forward-proxy tunnelling) is not supported")]
+    ConnectRefused,
+    /// An upgrade (a WebSocket) to an upstream whose `max_tunnels` is 0.
+    #[error("tunnels are off for this upstream (max_tunnels = 0)")]
+    TunnelsOff,
+    /// An upgrade to an upstream that has `max_tunnels` open already.
+    #[error("the upstream's tunnels are all in use (max_tunnels)")]
+    TunnelLimit,
+    /// An upgrade request with a body: what is a request's and what is the tunnel's could not be told apart.
+    #[error("an upgrade request with a body")]
+    UpgradeWithBody,
     #[error("request has no Host")]
     MissingHost,
     #[error("request has more than one Host or an invalid one")]
@@ -75,6 +85,7 @@ pub enum Outcome {
     ShedOverload,
     ShedDeadline,
     ShedQuota,
+    ShedTunnelLimit,
     UpstreamError,
     UpstreamTimeout,
     ClientAbort,
@@ -87,13 +98,14 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 15] = [
+    pub const ALL: [Outcome; 16] = [
         Outcome::Ok,
         Outcome::ShedQueueFull,
         Outcome::ShedQueueTimeout,
         Outcome::ShedOverload,
         Outcome::ShedDeadline,
         Outcome::ShedQuota,
+        Outcome::ShedTunnelLimit,
         Outcome::UpstreamError,
         Outcome::UpstreamTimeout,
         Outcome::ClientAbort,
@@ -113,6 +125,7 @@ impl Outcome {
             Outcome::ShedOverload => "shed_overload",
             Outcome::ShedDeadline => "shed_deadline",
             Outcome::ShedQuota => "shed_quota",
+            Outcome::ShedTunnelLimit => "shed_tunnel_limit",
             Outcome::UpstreamError => "upstream_error",
             Outcome::UpstreamTimeout => "upstream_timeout",
             Outcome::ClientAbort => "client_abort",
@@ -137,7 +150,7 @@ impl ProxyError {
             // The client has given up by now; 504 is what a gateway says when time ran out.
             Outcome::ShedDeadline | Outcome::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             Outcome::ShedQuota => StatusCode::TOO_MANY_REQUESTS,
-            Outcome::ShedQueueFull | Outcome::ShedQueueTimeout | Outcome::ShedOverload => {
+            Outcome::ShedQueueFull | Outcome::ShedQueueTimeout | Outcome::ShedOverload | Outcome::ShedTunnelLimit => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             Outcome::NoRoute => StatusCode::NOT_FOUND,
@@ -162,7 +175,10 @@ impl ProxyError {
             ProxyError::Shed(Shed::Deadline) => "request deadline passed before it could start\n",
             ProxyError::Shed(Shed::Quota) => "too many requests from this client waiting\n",
             ProxyError::NoRoute => "no route\n",
-            ProxyError::TunnelNotSupported => "tunnels (Upgrade, WebSocket, CONNECT) are not supported yet\n",
+            ProxyError::ConnectRefused => "CONNECT (forward-proxy tunnelling) is not supported\n",
+            ProxyError::TunnelsOff => "tunnels (WebSocket, Upgrade) are off for this upstream: max_tunnels = 0\n",
+            ProxyError::TunnelLimit => "tunnel limit: the upstream has max_tunnels open\n",
+            ProxyError::UpgradeWithBody => "an upgrade request must not have a body\n",
             ProxyError::MissingHost => "missing Host header\n",
             ProxyError::InvalidHost => "invalid Host header\n",
             ProxyError::AsteriskTarget => "request target * is only for OPTIONS\n",
@@ -192,7 +208,9 @@ impl ProxyError {
             ProxyError::Shed(Shed::Deadline) => Outcome::ShedDeadline,
             ProxyError::Shed(Shed::Quota) => Outcome::ShedQuota,
             ProxyError::NoRoute => Outcome::NoRoute,
-            ProxyError::TunnelNotSupported => Outcome::NotImplemented,
+            ProxyError::ConnectRefused | ProxyError::TunnelsOff => Outcome::NotImplemented,
+            ProxyError::TunnelLimit => Outcome::ShedTunnelLimit,
+            ProxyError::UpgradeWithBody => Outcome::BadRequest,
             ProxyError::MissingHost
             | ProxyError::InvalidHost
             | ProxyError::AsteriskTarget
@@ -226,13 +244,22 @@ impl ProxyError {
     /// Whether the answer tells the client when to come back: sheds for capacity do; one for the client's own
     /// deadline does not (that client has given up).
     pub fn asks_for_retry(&self) -> bool {
-        matches!(self, ProxyError::Shed(shed) if *shed != Shed::Deadline)
+        matches!(self, ProxyError::Shed(shed) if *shed != Shed::Deadline) || matches!(self, ProxyError::TunnelLimit)
     }
 
     /// The shed reason, for the `X-Floodgate-Shed-Reason` header.
     pub fn shed(&self) -> Option<Shed> {
         match self {
             ProxyError::Shed(shed) => Some(*shed),
+            _ => None,
+        }
+    }
+
+    /// The `X-Floodgate-Shed-Reason` value: a queue's shed, or the tunnels' bound.
+    pub fn shed_reason(&self) -> Option<&'static str> {
+        match self {
+            ProxyError::Shed(shed) => Some(shed.as_str()),
+            ProxyError::TunnelLimit => Some("tunnel_limit"),
             _ => None,
         }
     }

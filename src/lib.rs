@@ -54,4 +54,5 @@ pub(crate) mod route;
 pub mod server;
 pub(crate) mod state;
 pub(crate) mod status;
+pub(crate) mod tunnel;
 pub mod upstream_lane;

@@ -60,6 +60,13 @@ pub struct Metrics {
     endpoint_connections: Family<Labels, Gauge>,
     endpoint_ejected: Family<Labels, Gauge>,
     endpoint_ejections: Family<Labels, Counter>,
+    /// Tunnels (WebSockets and other upgrades): open now and their bound (set at scrape time), opened, refused by
+    /// reason, and the bytes relayed each way.
+    tunnels: Family<Labels, Gauge>,
+    max_tunnels: Family<Labels, Gauge>,
+    tunnels_opened: Family<Labels, Counter>,
+    tunnels_refused: Family<Labels, Counter>,
+    tunnel_bytes: Family<Labels, Counter>,
     /// Kept per upstream name, as the families keep their metrics, so asking twice gives the same counts.
     queue_wait_buckets: Mutex<BTreeMap<String, Arc<BucketCounts>>>,
     pub client_connections: Gauge,
@@ -98,6 +105,11 @@ impl Metrics {
         let endpoint_connections = Family::<Labels, Gauge>::default();
         let endpoint_ejected = Family::<Labels, Gauge>::default();
         let endpoint_ejections = Family::<Labels, Counter>::default();
+        let tunnels = Family::<Labels, Gauge>::default();
+        let max_tunnels = Family::<Labels, Gauge>::default();
+        let tunnels_opened = Family::<Labels, Counter>::default();
+        let tunnels_refused = Family::<Labels, Counter>::default();
+        let tunnel_bytes = Family::<Labels, Counter>::default();
         let client_connections = Gauge::default();
         let buffered_bytes = Gauge::default();
         let buffer_fallbacks = Counter::default();
@@ -194,6 +206,31 @@ impl Metrics {
             reloads.clone(),
         );
         registry.register(
+            "floodgate_tunnels",
+            "Tunnels (WebSockets and other upgrades) open to the upstream, each on a socket of its own",
+            tunnels.clone(),
+        );
+        registry.register(
+            "floodgate_max_tunnels",
+            "The bound on tunnels open to the upstream at once (max_tunnels)",
+            max_tunnels.clone(),
+        );
+        registry.register(
+            "floodgate_tunnels_opened",
+            "Tunnels the upstream accepted (answered 101)",
+            tunnels_opened.clone(),
+        );
+        registry.register(
+            "floodgate_tunnels_refused",
+            "Upgrade requests refused by floodgate, by reason: limit (max_tunnels reached) or off (max_tunnels = 0)",
+            tunnels_refused.clone(),
+        );
+        registry.register(
+            "floodgate_tunnel_bytes",
+            "Bytes relayed through tunnels, by direction: to_upstream or to_client",
+            tunnel_bytes.clone(),
+        );
+        registry.register(
             "floodgate_client_connections",
             "Open client connections",
             client_connections.clone(),
@@ -229,6 +266,11 @@ impl Metrics {
             endpoint_connections,
             endpoint_ejected,
             endpoint_ejections,
+            tunnels,
+            max_tunnels,
+            tunnels_opened,
+            tunnels_refused,
+            tunnel_bytes,
             queue_wait_buckets: Mutex::default(),
             client_connections,
             buffered_bytes,
@@ -243,6 +285,7 @@ impl Metrics {
         let state = |state: &str| vec![("upstream", name.to_string()), ("state", state.to_string())];
         let reason = |reason: &str| vec![("upstream", name.to_string()), ("reason", reason.to_string())];
         let kind = |kind: &str| vec![("upstream", name.to_string()), ("kind", kind.to_string())];
+        let direction = |to: &str| vec![("upstream", name.to_string()), ("direction", to.to_string())];
         UpstreamMetrics {
             requests: Arc::new(OutcomeCounters::new(self.requests.clone(), Some(name.to_string()))),
             inflight: self.inflight.get_or_create_owned(&labels()),
@@ -273,6 +316,13 @@ impl Metrics {
             response: self.response.get_or_create_owned(&labels()),
             retried_unsent: self.retries.get_or_create_owned(&reason("unsent")),
             replayed: self.retries.get_or_create_owned(&reason("replayed")),
+            tunnels: self.tunnels.get_or_create_owned(&labels()),
+            max_tunnels: self.max_tunnels.get_or_create_owned(&labels()),
+            tunnels_opened: self.tunnels_opened.get_or_create_owned(&labels()),
+            tunnels_refused_limit: self.tunnels_refused.get_or_create_owned(&reason("limit")),
+            tunnels_refused_off: self.tunnels_refused.get_or_create_owned(&reason("off")),
+            tunnel_bytes_to_upstream: self.tunnel_bytes.get_or_create_owned(&direction("to_upstream")),
+            tunnel_bytes_to_client: self.tunnel_bytes.get_or_create_owned(&direction("to_client")),
             endpoints: Arc::new(EndpointFamilies {
                 upstream: name.to_string(),
                 connections: self.endpoint_connections.clone(),
@@ -442,6 +492,14 @@ pub struct UpstreamMetrics {
     response: Histogram,
     pub retried_unsent: Counter,
     pub replayed: Counter,
+    tunnels: Gauge,
+    max_tunnels: Gauge,
+    /// Counted when the tunnel's socket is dialled (see `pool::tunnels`); the upstream may still refuse it.
+    pub tunnels_opened: Counter,
+    pub tunnels_refused_limit: Counter,
+    pub tunnels_refused_off: Counter,
+    pub tunnel_bytes_to_upstream: Counter,
+    pub tunnel_bytes_to_client: Counter,
     endpoints: Arc<EndpointFamilies>,
 }
 
@@ -501,6 +559,8 @@ impl UpstreamMetrics {
         self.peak.set(gauge(snapshot.connections_peak));
         self.max_connections.set(gauge(snapshot.max_connections));
         self.limit.set(gauge(snapshot.limit));
+        self.tunnels.set(gauge(snapshot.tunnels_open));
+        self.max_tunnels.set(gauge(snapshot.max_tunnels));
         let adaptive = snapshot.adaptive.as_ref();
         self.rtt_short.set(adaptive.map_or(0.0, |a| a.rtt_short_seconds));
         self.rtt_baseline.set(adaptive.map_or(0.0, |a| a.rtt_baseline_seconds));

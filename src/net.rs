@@ -275,6 +275,24 @@ pub fn try_read_drained(stream: &TcpStream, buf: &mut bytes::BytesMut) -> io::Re
     }
 }
 
+/// [`try_read_drained`] into a slice.
+pub fn try_read_slice_drained(stream: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
+    let room = buf.len();
+    let mut got = 0;
+    let read = stream.try_io(Interest::READABLE, || {
+        let n = stream.try_read(buf)?;
+        if n > 0 && n < room {
+            got = n;
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(n)
+    });
+    match read {
+        Err(err) if err.kind() == io::ErrorKind::WouldBlock && got > 0 => Ok(got),
+        read => read,
+    }
+}
+
 pub fn peek(stream: &TcpStream) -> Peeked {
     let mut byte = [std::mem::MaybeUninit::<u8>::uninit(); 1];
     match SockRef::from(stream).peek(&mut byte) {

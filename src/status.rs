@@ -33,6 +33,9 @@ pub struct PoolSnapshot {
     pub queue_depth: usize,
     pub queue_peak: usize,
     pub requests_total: u64,
+    /// Tunnels (WebSockets) open now, each on a socket of its own beside `connections_open`, and their bound.
+    pub tunnels_open: usize,
+    pub max_tunnels: usize,
     /// Removed or replaced by a reload, finishing what it had admitted.
     pub draining: bool,
     pub endpoints: Vec<EndpointSnapshot>,

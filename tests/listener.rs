@@ -10,56 +10,8 @@ use support::*;
 
 const UP: &str = "default";
 
-/// The 501 body says tunnels are not supported (wording may vary).
-fn mentions_tunnels_unsupported(body: &str) -> bool {
-    let body = body.to_ascii_lowercase();
-    body.contains("tunnel") && body.contains("not supported")
-}
-
 fn status_of(data: &[u8]) -> Option<u16> {
     first_status(data)
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn upgrade_websocket_and_connect_are_refused_with_501() {
-    let upstream = Upstream::start().await;
-    let proxy = Proxy::for_upstream(&upstream, 1, &[]).await;
-    let t = Duration::from_secs(10);
-
-    let websocket = b"GET /chat HTTP/1.1\r\n\
-        Host: client.test\r\n\
-        Connection: Upgrade\r\n\
-        Upgrade: websocket\r\n\
-        Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
-        Sec-WebSocket-Version: 13\r\n\
-        \r\n";
-    let mut conn = RawConn::connect(proxy.listen).await;
-    conn.write(websocket).await.unwrap();
-    let resp = conn.read_response(false, t).await.unwrap();
-    assert_eq!(resp.status, 501, "websocket upgrade: {}", resp.text());
-    assert!(mentions_tunnels_unsupported(&resp.text()), "body {:?}", resp.text());
-
-    let h2c = b"GET /h2c HTTP/1.1\r\n\
-        Host: client.test\r\n\
-        Connection: Upgrade, HTTP2-Settings\r\n\
-        Upgrade: h2c\r\n\
-        HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\
-        \r\n";
-    let mut conn = RawConn::connect(proxy.listen).await;
-    conn.write(h2c).await.unwrap();
-    let resp = conn.read_response(false, t).await.unwrap();
-    assert_eq!(resp.status, 501, "h2c upgrade: {}", resp.text());
-
-    let connect = b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n";
-    let mut conn = RawConn::connect(proxy.listen).await;
-    conn.write(connect).await.unwrap();
-    let resp = conn.read_response(false, t).await.unwrap();
-    assert_eq!(resp.status, 501, "CONNECT: {}", resp.text());
-    assert!(mentions_tunnels_unsupported(&resp.text()), "body {:?}", resp.text());
-
-    assert_eq!(upstream.requests(), 0, "nothing reached the upstream");
-    assert_eq!(upstream.accepted(), 0);
-    assert_eq!(proxy.upstream_field(UP, "in_use").await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

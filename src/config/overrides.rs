@@ -88,6 +88,12 @@ pub struct UpstreamOverrides {
     /// Responses up to this many bytes (by Content-Length) are read at upstream speed, freeing the slot (0: off).
     #[arg(long, global = true)]
     pub buffer_response_bytes: Option<u64>,
+    /// Most WebSocket (and other upgrade) tunnels open to each upstream, beside max-connections (0: refused).
+    #[arg(long, global = true)]
+    pub max_tunnels: Option<usize>,
+    /// A tunnel with no byte either way for this long is closed.
+    #[arg(long, global = true, value_parser = humantime::parse_duration)]
+    pub tunnel_idle_timeout: Option<Duration>,
 }
 
 impl Overrides {
@@ -167,12 +173,16 @@ impl Config {
             if let Some(n) = o.buffer_response_bytes {
                 upstream.buffer_response_bytes = n;
             }
+            if let Some(n) = o.max_tunnels {
+                upstream.max_tunnels = n;
+            }
             let durations = [
                 (o.queue_timeout, &mut upstream.queue_timeout),
                 (o.connect_timeout, &mut upstream.connect_timeout),
                 (o.request_timeout, &mut upstream.request_timeout),
                 (o.idle_timeout, &mut upstream.idle_timeout),
                 (o.body_idle_timeout, &mut upstream.body_idle_timeout),
+                (o.tunnel_idle_timeout, &mut upstream.tunnel_idle_timeout),
             ];
             for (value, slot) in durations {
                 if let Some(value) = value {

@@ -155,6 +155,13 @@ pub struct UpstreamConfig {
     /// the connection given back before the client is sent it; 0 turns it off.
     #[serde(deserialize_with = "integer::deserialize")]
     pub buffer_response_bytes: u64,
+    /// Most tunnels (WebSockets and other HTTP/1.1 upgrades) open to the upstream at once, each on a socket of its
+    /// own beside the `max_connections` ones; 0 (the default) refuses every upgrade with `501`.
+    #[serde(deserialize_with = "integer::deserialize")]
+    pub max_tunnels: usize,
+    /// A tunnel with no byte either way for this long is closed.
+    #[serde(with = "humantime_serde")]
+    pub tunnel_idle_timeout: Duration,
 }
 
 impl Default for UpstreamConfig {
@@ -196,6 +203,8 @@ impl Default for UpstreamConfig {
             adaptive_tolerance: 1.5,
             adaptive_smoothing: 0.2,
             adaptive_probe_interval: Duration::from_secs(30),
+            max_tunnels: 0,
+            tunnel_idle_timeout: Duration::from_secs(300),
             tls_ca: None,
             tls_client_cert: None,
             tls_client_key: None,
@@ -294,7 +303,7 @@ impl UpstreamConfig {
 
     /// Every duration key with its value and whether 0 is allowed (it means "none" there); validation and the
     /// config fuzz target both walk this one list.
-    pub fn durations(&self) -> [(&'static str, Duration, bool); 15] {
+    pub fn durations(&self) -> [(&'static str, Duration, bool); 16] {
         [
             ("health_check_interval", self.health_check_interval, false),
             ("eject_backoff", self.eject_backoff, false),
@@ -311,6 +320,7 @@ impl UpstreamConfig {
             ("abort_drain_timeout", self.abort_drain_timeout, false),
             ("adaptive_window", self.adaptive_window, false),
             ("adaptive_probe_interval", self.adaptive_probe_interval, false),
+            ("tunnel_idle_timeout", self.tunnel_idle_timeout, false),
         ]
     }
 }

@@ -100,6 +100,7 @@ impl Config {
             }
             problems.count(&key("max_connections"), upstream.max_connections as u128, false);
             problems.count(&key("max_queue"), upstream.max_queue as u128, true);
+            problems.count(&key("max_tunnels"), upstream.max_tunnels as u128, true);
             problems.count(
                 &key("max_requests_per_connection"),
                 u128::from(upstream.max_requests_per_connection),

@@ -82,7 +82,7 @@ const HOP_BY_HOP: [HeaderName; 7] = [
 
 /// The options of every `Connection` line, read as bytes: a line with a non-ASCII byte still names its other
 /// options (reading it as text would drop the whole line, and with it a `close` or a header to strip).
-pub(super) fn connection_options(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
+pub(crate) fn connection_options(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
     headers
         .get_all(header::CONNECTION)
         .iter()

@@ -16,6 +16,7 @@ mod upstream;
 
 use crate::body::IdleTimer;
 pub use crate::body::{BodyStalled, BoxError, CutOff, RequestBody};
+pub(crate) use head::connection_options;
 pub use head::{
     check_host, check_target, check_transfer_coding, keeps_alive, strip_hop_by_hop, target_host, to_upstream,
     upstream_head, ClientInfo,

@@ -45,6 +45,14 @@ impl ResponseBody {
         }
     }
 
+    /// A body already in memory (an upstream's refusal of an upgrade, read in full).
+    pub fn full(bytes: Bytes) -> Self {
+        ResponseBody {
+            kind: Kind::Local((!bytes.is_empty()).then_some(bytes)),
+            _in_flight: None,
+        }
+    }
+
     pub fn local(text: &'static str) -> Self {
         ResponseBody {
             kind: Kind::Local(Some(Bytes::from_static(text.as_bytes()))),
@@ -101,8 +109,8 @@ pub fn local_response(error: &ProxyError, advice: Option<&ShedAdvice>) -> Respon
         let seconds = advice.map_or(1, |advice| advice.retry_after_secs.max(1));
         headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
     }
-    if let Some(shed) = error.shed() {
-        headers.insert(SHED_REASON, HeaderValue::from_static(shed.as_str()));
+    if let Some(reason) = error.shed_reason() {
+        headers.insert(SHED_REASON, HeaderValue::from_static(reason));
     }
     response
 }

@@ -180,11 +180,15 @@ async fn read_head(wire: &Arc<Wire>, method: &Method) -> Result<Response<Upstrea
     if !head.keep_alive || head.upgrade || matches!(framing, Delimited::UntilClose) {
         wire.lock().spent = true;
     }
+    let upgrade = head.upgrade;
     let body = UpstreamIncoming {
         wire: wire.clone(),
         framing,
     };
-    body.ended_if_over();
+    // A switch leaves the connection to the tunnel, which reads it from here: it is not idle, nor watched.
+    if !upgrade {
+        body.ended_if_over();
+    }
     Ok(Response::from_parts(parts, body))
 }
 

@@ -119,7 +119,8 @@ async fn serve(config: &Config, proxy: &Proxy, client: &ClientInfo, bytes: &[u8]
 async fn on_request(proxy: &Proxy, client: &ClientInfo, request: Request<Incoming>) {
     let (parts, body) = request.into_parts();
     let client_head = ClientHead::of(&parts);
-    let tunnel = parts.method == Method::CONNECT || parts.headers.contains_key(header::UPGRADE);
+    // An upgrade is served as a tunnel before this step (`proxy::tunnel`); here it is an ordinary request.
+    let tunnel = parts.method == Method::CONNECT;
     match proxy.prepare(Request::from_parts(parts, crate::body::ClientBody::Hyper(body)), client) {
         Ok((pool, _, upstream_request)) => {
             assert!(!tunnel, "a tunnel request is forwarded");
@@ -146,7 +147,7 @@ async fn on_request(proxy: &Proxy, client: &ClientInfo, request: Request<Incomin
             // The exchange reads the body to its end; so does this, to reach the next request on the connection.
             let _ = body.collect().await;
         }
-        Err(ProxyError::TunnelNotSupported) => assert!(tunnel, "refused as a tunnel: {client_head:?}"),
+        Err(ProxyError::ConnectRefused) => assert!(tunnel, "refused as a tunnel: {client_head:?}"),
         Err(ProxyError::MissingHost) => assert!(
             client_head.uri.authority().is_none()
                 && !client_head.headers.contains_key(header::HOST)

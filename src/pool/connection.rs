@@ -212,7 +212,11 @@ impl UpstreamPool {
 
     /// The connection over `wire` (plain or TLS); the wire holds `slot` until the connection is closed.
     fn start(self: &Arc<Self>, wire: Arc<Wire>, mut slot: Slot, endpoint: usize) -> Conn {
-        self.metrics.opened.inc();
+        if slot.tunnel {
+            self.metrics.tunnels_opened.inc();
+        } else {
+            self.metrics.opened.inc();
+        }
         let closing = ClosingMark::default();
         slot.connected(closing.clone());
         wire.hold(slot);

@@ -32,20 +32,27 @@ impl UpstreamPool {
         if slot.endpoint.is_some() {
             return slot.endpoint;
         }
-        let mut state = self.lock();
+        let mut guard = self.lock();
+        let state = &mut *guard;
         let busy = state.busy();
-        let chosen = state
-            .slots
+        // A tunnel's socket counts among the tunnels, at any endpoint; its health is the connections'.
+        let counts = if slot.tunnel { &state.tunnels } else { &state.slots };
+        let chosen = counts
             .per_endpoint()
             .zip(&state.endpoints)
             .enumerate()
-            .filter(|(at, _)| state.slots.endpoint_has_room(*at))
+            .filter(|(at, _)| counts.endpoint_has_room(*at))
             .min_by_key(|(at, ((_, open), health))| {
                 let in_flight = busy.get(*at).copied().unwrap_or(usize::MAX);
                 (state.slots.is_ejected(*at), health.failures, in_flight, *open)
             })
             .map(|(at, _)| at)?;
-        state.slots.count_at(chosen);
+        let counts = if slot.tunnel {
+            &mut state.tunnels
+        } else {
+            &mut state.slots
+        };
+        counts.count_at(chosen);
         slot.endpoint = Some(chosen);
         Some(chosen)
     }

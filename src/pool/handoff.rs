@@ -47,10 +47,25 @@ impl UpstreamPool {
                 drop(state);
                 drop(conn);
             }
-            Back::Slot { endpoint, closing } => {
+            Back::Slot {
+                endpoint,
+                closing,
+                tunnel: true,
+            } => {
+                let mut state = self.lock();
+                state.tunnels.take_back(endpoint, closing.as_ref());
+                if state.is_empty() {
+                    self.emptied.notify_waiters();
+                }
+            }
+            Back::Slot {
+                endpoint,
+                closing,
+                tunnel: false,
+            } => {
                 let mut state = self.lock();
                 state.slots.take_back(endpoint, closing.as_ref());
-                if state.retired && state.slots.open() == 0 {
+                if state.is_empty() {
                     self.emptied.notify_waiters();
                 }
                 // Issued again at once to a waiter the rules let have it (none while above a lowered cap).
@@ -219,5 +234,7 @@ pub(super) enum Back {
     Slot {
         endpoint: Option<usize>,
         closing: Option<ClosingMark>,
+        /// A tunnel's: counted under `max_tunnels`, and nobody waits for one.
+        tunnel: bool,
     },
 }

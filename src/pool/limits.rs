@@ -146,6 +146,8 @@ impl UpstreamPool {
             let mut state = self.lock();
             let limits = change(&self.limits());
             let raised = state.slots.set_configured(limits.max_connections);
+            // A lowered bound closes no tunnel: it refuses new ones until fewer are open.
+            state.tunnels.set_configured(limits.max_tunnels);
             state.queue.set_policy(limits.queue_policy());
             self.limits.store(Arc::new(limits));
             (raised, state.evict_surplus_idle())
@@ -178,8 +180,9 @@ impl UpstreamPool {
         drop(idle);
     }
 
-    /// Resolves once the pool is retired and its last connection has closed: the upstream is done with every
-    /// exchange sent to it, the ones whose clients were answered or left before it finished included.
+    /// Resolves once the pool is retired and its last connection (tunnels' included) has closed: the upstream is
+    /// done with every exchange sent to it, the ones whose clients were answered or left before it finished
+    /// included.
     pub async fn connections_closed(&self) {
         loop {
             let emptied = self.emptied.notified();
@@ -187,7 +190,7 @@ impl UpstreamPool {
             emptied.as_mut().enable();
             {
                 let state = self.lock();
-                if state.retired && state.slots.open() == 0 {
+                if state.is_empty() {
                     return;
                 }
             }
@@ -198,6 +201,6 @@ impl UpstreamPool {
     /// Whether the pool is retired and has nothing left: no connection, no waiter.
     pub fn drained(&self) -> bool {
         let state = self.lock();
-        state.retired && state.slots.open() == 0 && state.queue.is_empty()
+        state.is_empty() && state.queue.is_empty()
     }
 }

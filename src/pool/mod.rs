@@ -20,6 +20,7 @@ mod slots;
 mod snapshot;
 #[cfg(test)]
 mod tests;
+mod tunnels;
 pub(crate) mod wire;
 
 use std::collections::VecDeque;
@@ -63,6 +64,8 @@ pub enum Refused {
 struct PoolState {
     /// The cap's counts: the only place they change.
     slots: Slots,
+    /// The tunnels' sockets, counted the same way under `max_tunnels` (see `tunnels`).
+    tunnels: Slots,
     /// Per endpoint, in the order of [`UpstreamPool::endpoints`]: its health.
     endpoints: Vec<EndpointState>,
     /// The upstream was removed or replaced: no connection is kept once it comes free.
@@ -152,6 +155,8 @@ impl UpstreamPool {
         );
         let endpoint_states = endpoints.iter().map(|_| EndpointState::default()).collect();
         let slots = Slots::new(limits.max_connections, endpoints.iter().map(|(_, cap)| *cap));
+        // An endpoint's own cap bounds its pooled connections; the upstream's tunnels share max_tunnels.
+        let tunnels = Slots::new(limits.max_tunnels, endpoints.iter().map(|_| usize::MAX));
         let authority =
             HeaderValue::from_str(&origin.authority()).unwrap_or_else(|_| HeaderValue::from_static("localhost"));
         let adaptive = adaptive::Adaptive::new(adaptive::Params::of(&limits));
@@ -162,6 +167,7 @@ impl UpstreamPool {
             authority,
             state: Mutex::new(PoolState {
                 slots,
+                tunnels,
                 endpoints: endpoint_states,
                 retired: false,
                 leased: 0,
@@ -224,6 +230,11 @@ impl UpstreamPool {
 }
 
 impl PoolState {
+    /// Retired, with no socket left: no connection and no tunnel.
+    fn is_empty(&self) -> bool {
+        self.retired && self.slots.open() == 0 && self.tunnels.open() == 0
+    }
+
     /// Counts `conn` as closing until its slot is back (see [`Slots::start_closing`]). Uncounted, a connection on
     /// its way out would pass for a live one, and a lowered cap would close connections it should keep.
     fn start_closing(&mut self, conn: &Conn) {

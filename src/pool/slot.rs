@@ -20,6 +20,8 @@ pub struct Slot {
     pub(super) endpoint: Option<usize>,
     /// Its connection's mark among those closing, once it has one.
     closing: Option<ClosingMark>,
+    /// A tunnel's socket, counted under `max_tunnels` rather than `max_connections`.
+    pub(super) tunnel: bool,
 }
 
 impl Slot {
@@ -29,7 +31,14 @@ impl Slot {
             pool,
             endpoint: None,
             closing: None,
+            tunnel: false,
         }
+    }
+
+    /// A slot issued by the tunnels' count.
+    pub(super) fn for_tunnel(mut self) -> Slot {
+        self.tunnel = true;
+        self
     }
 
     /// A slot issued at `endpoint`, already counted there.
@@ -53,6 +62,7 @@ impl Drop for Slot {
         self.pool.came_back(Back::Slot {
             endpoint: self.endpoint,
             closing: self.closing.take(),
+            tunnel: self.tunnel,
         });
     }
 }

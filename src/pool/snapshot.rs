@@ -8,7 +8,7 @@ use crate::status::{EndpointSnapshot, PoolSnapshot};
 impl UpstreamPool {
     pub fn snapshot(&self) -> PoolSnapshot {
         let adaptive = self.adaptive.snapshot();
-        let (open, peak, idle, queue_depth, max_connections, limit, in_use, draining, endpoints) = {
+        let (open, peak, idle, queue_depth, max_connections, limit, in_use, draining, endpoints, tunnels) = {
             let state = self.lock();
             let idle = state.idle.iter().filter(|i| !i.conn.is_closed()).count();
             let busy = state.busy();
@@ -41,6 +41,7 @@ impl UpstreamPool {
                 state.leased,
                 state.retired,
                 endpoints,
+                (state.tunnels.open(), state.tunnels.cap()),
             )
         };
         PoolSnapshot {
@@ -57,6 +58,8 @@ impl UpstreamPool {
             queue_depth,
             queue_peak: self.queue_peak.load(Ordering::Relaxed),
             requests_total: self.requests_total.load(Ordering::Relaxed),
+            tunnels_open: tunnels.0,
+            max_tunnels: tunnels.1,
             draining,
             endpoints,
         }

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{ready, Context, Poll, Wake, Waker};
 
 use bytes::BytesMut;
-use tokio::io::AsyncWrite;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc::WeakUnboundedSender;
 use tokio::sync::Notify;
@@ -280,6 +280,33 @@ impl WireState {
                 }
             },
             Transport::Tls(tls) => Pin::new(&mut **tls).poll_write(cx, bytes),
+        }
+    }
+
+    /// Reads what the connection has into `buf`, for a tunnel's relay, which holds no buffer between reads (and
+    /// takes `received`, what came behind the `101`, first). Nothing added to `buf`: the upstream closed its side.
+    pub(crate) fn poll_read_into(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match &mut self.transport {
+            Transport::Plain(stream) => loop {
+                ready!(stream.poll_read_ready(cx))?;
+                match net::try_read_slice_drained(stream, buf.initialize_unfilled()) {
+                    Ok(n) => {
+                        buf.advance(n);
+                        return Poll::Ready(Ok(()));
+                    }
+                    Err(err) if err.kind() == ErrorKind::WouldBlock => {}
+                    Err(err) => return Poll::Ready(Err(err)),
+                }
+            },
+            Transport::Tls(tls) => Pin::new(&mut **tls).poll_read(cx, buf),
+        }
+    }
+
+    /// Ends what goes to the upstream (a tunnel's client closed its side): our FIN, after TLS's close_notify.
+    pub(crate) fn poll_shutdown(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.transport {
+            Transport::Plain(stream) => Poll::Ready(net::shutdown_write(stream)),
+            Transport::Tls(tls) => Pin::new(&mut **tls).poll_shutdown(cx),
         }
     }
 

@@ -6,6 +6,7 @@
 //! spawned, the response is still read to its end and the connection reused.
 
 mod exchange;
+mod tunnel;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -47,6 +48,9 @@ pub struct Proxy {
     started: Instant,
     /// Where admitted exchanges run, ahead of the client connections (see [`crate::upstream_lane`]).
     lane: Arc<UpstreamLane>,
+    /// Tunnels whose client is on one of hyper's servers, each run in a task of its own; shutdown waits for them
+    /// as for the client connections (floodgate's own HTTP/1 server runs a tunnel on its connection's task).
+    tunnels: tokio_util::task::TaskTracker,
 }
 
 impl Proxy {
@@ -72,12 +76,18 @@ impl Proxy {
             shed_warned_at: AtomicU64::new(0),
             started: Instant::now(),
             lane,
+            tunnels: tokio_util::task::TaskTracker::new(),
         }
     }
 
     /// Where pools run their connections and admitted exchanges run.
     pub fn lane(&self) -> &Arc<UpstreamLane> {
         &self.lane
+    }
+
+    /// The tasks of tunnels whose clients are on hyper's servers.
+    pub fn tunnel_tasks(&self) -> &tokio_util::task::TaskTracker {
+        &self.tunnels
     }
 
     /// The routes and pools in force.
@@ -154,6 +164,10 @@ impl Proxy {
         client: Arc<ClientInfo>,
         routed: Result<(Arc<UpstreamPool>, Picked), ProxyError>,
     ) -> Response<ResponseBody> {
+        if let Some(upgrade) = crate::tunnel::asked(&request) {
+            // Boxed: an upgrade is rare, and its steps would add their size to every request's future.
+            return Box::pin(self.serve_tunnel(request, client, routed, upgrade)).await;
+        }
         // A client's own deadline runs from when its request arrived, body reading included.
         let received = tokio::time::Instant::now();
         let mut body_unread = !request.body().is_end_stream();
@@ -275,8 +289,8 @@ impl Proxy {
     /// Which upstream and route `request` goes to, once the checks that come before routing pass (tunnels
     /// refused, a sound target and Host). Decided before the request's span opens, so the span carries them.
     pub(crate) fn route<B>(&self, request: &Request<B>) -> Result<(Arc<UpstreamPool>, Picked), ProxyError> {
-        if request.method() == Method::CONNECT || request.headers().contains_key(header::UPGRADE) {
-            return Err(ProxyError::TunnelNotSupported);
+        if request.method() == Method::CONNECT && !crate::tunnel::extended_connect(request) {
+            return Err(ProxyError::ConnectRefused);
         }
         // Before routing: an authority-form target must not pick a route by its authority.
         forward::check_target(request.method(), request.uri())?;

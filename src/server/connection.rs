@@ -228,7 +228,8 @@ async fn serve_io<I>(
                 .header_read_timeout(None)
                 .max_header_size(config.max_header_bytes)
                 .keep_alive(true);
-            let conn = builder.serve_connection(TokioIo::new(io), service);
+            // A 101 hands the connection to the tunnel's task (`proxy::tunnel`), and this one ends.
+            let conn = builder.serve_connection(TokioIo::new(io), service).with_upgrades();
             drive(conn, deadlines, goodbye, shutdown, |c| c.graceful_shutdown()).await
         }
         Protocol::Http2 => {

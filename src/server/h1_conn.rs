@@ -33,6 +33,7 @@ use crate::h1::write::{self, BodySize, Encoding, LAST_CHUNK};
 use crate::h1::HeadError;
 use crate::metrics::Metrics;
 use crate::net::{self, Peeked};
+use crate::tunnel::Handoff;
 
 /// The first read of a request asks for this much room; a head that needs more grows it up to max_header_bytes.
 const HEAD_ROOM: usize = 4 * 1024;
@@ -189,6 +190,21 @@ impl Conn<'_> {
             },
             () = watch => return Err(Ended::Closed),
         };
+        let mut response = response;
+        if let Some(tunnel) = response
+            .extensions_mut()
+            .remove::<Handoff>()
+            .and_then(|handoff| handoff.take())
+        {
+            // The 101 says the connection switches: no `connection: close` with it.
+            write_answer(stream, response, &method, version, true, write_stall_limit)
+                .await
+                .map_err(Ended::Error)?;
+            // What the client sent behind its request is the tunnel's first bytes.
+            let early = std::mem::take(&mut Reading::lock(&reading).received).freeze();
+            tunnel.run(net::SharedStream::new(stream.clone(), None), early).await;
+            return Err(Ended::Closed);
+        }
         let keep_alive = head.keep_alive && !head.wants_upgrade && !shutdown.is_cancelled();
         let closes = write_answer(stream, response, &method, version, keep_alive, write_stall_limit)
             .await

@@ -164,12 +164,16 @@ impl Floodgate {
             "shutting down: no longer accepting, draining"
         );
         connections.close();
+        let tunnels = state.proxy.tunnel_tasks();
+        tunnels.close();
         let shutdown_timeout = state.config.load().shutdown_timeout;
         let deadline = tokio::time::Instant::now() + shutdown_timeout;
-        let drained = tokio::time::timeout_at(deadline, connections.wait()).await.is_ok();
+        // Tunnels run until they end or shutdown_timeout passes, like any client connection.
+        let both = async { tokio::join!(connections.wait(), tunnels.wait()) };
+        let drained = tokio::time::timeout_at(deadline, both).await.is_ok();
         if !drained {
             tracing::warn!(
-                remaining = connections.len(),
+                remaining = connections.len() + tunnels.len(),
                 timeout = ?shutdown_timeout,
                 "shutdown_timeout passed with connections still open"
             );

@@ -18,6 +18,7 @@ pub mod chaos;
 pub mod flood;
 pub mod pki;
 pub mod scripted;
+pub mod websocket;
 
 mod clients;
 mod load;

@@ -347,6 +347,14 @@ impl Proxy {
         .await
     }
 
+    /// Waits until `upstreams.{name}.{field}` equals `value`.
+    pub async fn wait_until_field(&self, name: &str, field: &str, value: u64, timeout: Duration) {
+        wait_until(&format!("upstreams.{name}.{field} == {value}"), timeout, || async {
+            self.upstream_field(name, field).await == value
+        })
+        .await
+    }
+
     /// Waits until `upstreams.{name}.queue_depth` equals `depth`.
     pub async fn wait_queue_depth(&self, name: &str, depth: u64, timeout: Duration) {
         wait_until(&format!("upstreams.{name}.queue_depth == {depth}"), timeout, || async {

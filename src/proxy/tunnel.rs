@@ -1,0 +1,163 @@
+//! An upgrade's path (a WebSocket): route → rewrite → a tunnel slot (never a wait) → its own socket dialled →
+//! the upgrade sent → the `101` relayed to the client and the tunnel run, or the upstream's refusal answered. It
+//! never touches the admission queue or a pooled connection: a tunnel's socket is counted under `max_tunnels`.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode, Version};
+use http_body_util::BodyExt;
+use hyper::body::Body;
+use tokio::sync::oneshot;
+
+use super::Proxy;
+use crate::access::Entry;
+use crate::body::ClientBody;
+use crate::error::{Outcome, ProxyError};
+use crate::forward::{self, ClientInfo, ResponseBody, UpstreamIncoming};
+use crate::pool::{Conn, Slot, UpstreamPool};
+use crate::route::Picked;
+use crate::tunnel::{self, Handoff, Tunnel};
+
+/// The most of an upstream's refusal of an upgrade (its `4xx` page) read and passed on; more is a `502`.
+const MAX_REFUSAL_BYTES: usize = 64 * 1024;
+
+/// Dials the tunnel's socket and sends the upgrade on it; the answer's head, or why there is none.
+async fn open(
+    pool: Arc<UpstreamPool>,
+    slot: Slot,
+    request: Request<forward::RequestBody>,
+    opened: oneshot::Sender<Result<(Conn, Response<UpstreamIncoming>), ProxyError>>,
+) {
+    let limit = pool.limits().request_timeout;
+    let answered = async {
+        let conn = pool.dial_tunnel(slot).await?;
+        match tokio::time::timeout(limit, forward::send(&conn.wire, request)).await {
+            // The socket (and its slot) goes to the closing task, which waits for the upstream's side.
+            Err(_) => Err(ProxyError::UpstreamTimeout(limit)),
+            Ok(Err(err)) => Err(err),
+            // No body went with the upgrade, so nothing is left to upload.
+            Ok(Ok((response, _))) => Ok((conn, response)),
+        }
+    };
+    // Nobody waiting any more: what was opened is dropped, and closed.
+    let _ = opened.send(answered.await);
+}
+
+impl Proxy {
+    /// Serves a request that asks to switch to `upgrade` (see [`tunnel::asked`]).
+    pub(super) async fn serve_tunnel(
+        self: Arc<Self>,
+        mut request: Request<ClientBody>,
+        client: Arc<ClientInfo>,
+        routed: Result<(Arc<UpstreamPool>, Picked), ProxyError>,
+        upgrade: HeaderValue,
+    ) -> Response<ResponseBody> {
+        let mut access = Entry::start(self.access_log, client.peer, &request);
+        let pool = match routed {
+            Ok((pool, _)) => pool,
+            Err(err) => return self.refuse(err, access),
+        };
+        if let Some(entry) = access.as_mut() {
+            entry.routed(&pool.name);
+        }
+        if pool.limits().max_tunnels == 0 {
+            pool.metrics.tunnels_refused_off.inc();
+            return self.answer_error(&pool, ProxyError::TunnelsOff, access);
+        }
+        if !request.body().is_end_stream() {
+            return self.answer_error(&pool, ProxyError::UpgradeWithBody, access);
+        }
+        let version = request.version();
+        // hyper's servers hand the client's stream over through the request; floodgate's own HTTP/1 server
+        // takes the tunnel from the answer instead (see `Handoff`).
+        let on_upgrade = request.extensions_mut().remove::<hyper::upgrade::OnUpgrade>();
+        let mut upstream_request = match forward::to_upstream(request, &client, &pool) {
+            Ok(upstream_request) => upstream_request,
+            Err(err) => return self.answer_error(&pool, err, access),
+        };
+        tunnel::upstream_head(&mut upstream_request, upgrade);
+        // A tunnel may last hours: one beyond the bound is refused now rather than queued.
+        let Some(slot) = pool.tunnel_slot() else {
+            pool.metrics.tunnels_refused_limit.inc();
+            return self.answer_error(&pool, ProxyError::TunnelLimit, access);
+        };
+        if let Some(entry) = access.as_mut() {
+            entry.admitted();
+        }
+        // Opened where the pool's connections run: a client that leaves meanwhile drops only the wait, and a
+        // socket dialled for it is closed like any other (both sides) before its slot goes back.
+        let (opened, opening) = oneshot::channel();
+        pool.spawn(open(pool.clone(), slot, upstream_request, opened));
+        let (conn, response) = match opening.await {
+            Ok(Ok(open)) => open,
+            Ok(Err(err)) => return self.answer_error(&pool, err, access),
+            Err(_) => return self.answer_error(&pool, ProxyError::Abandoned, access),
+        };
+        if response.status() != StatusCode::SWITCHING_PROTOCOLS {
+            return self.refused_upgrade(&pool, response, conn, access).await;
+        }
+        let Some((status, headers)) = tunnel::client_answer(response.headers(), version) else {
+            let malformed = ProxyError::UpstreamMalformed("101 Switching Protocols without Upgrade");
+            return self.answer_error(&pool, malformed, access);
+        };
+        let span = tracing::Span::current();
+        // The switch is the request's answer, counted now; its access-log line waits for the tunnel's end.
+        forward::complete(&pool.metrics.requests, Some(status), None, Outcome::Ok, 0, &span);
+        let tunnel = Tunnel::new(conn, pool, access, span);
+        let mut response = tunnel::switched_response(status, headers, ResponseBody::full(Bytes::new()));
+        match on_upgrade {
+            Some(on_upgrade) => {
+                self.tunnels.spawn(async move {
+                    // An error: the client's connection ended before the switch; the tunnel's socket closes.
+                    if let Ok(upgraded) = on_upgrade.await {
+                        tunnel.run(hyper_util::rt::TokioIo::new(upgraded), Bytes::new()).await;
+                    }
+                });
+            }
+            None => {
+                response.extensions_mut().insert(Handoff::new(tunnel));
+            }
+        }
+        response
+    }
+
+    /// The upstream answered the upgrade without switching (a `400`, `403`, `426`…): its answer is passed on,
+    /// read in full first (it is a short page), and the socket closed: it was the tunnel's, not the pool's.
+    async fn refused_upgrade(
+        &self,
+        pool: &UpstreamPool,
+        response: Response<UpstreamIncoming>,
+        conn: Conn,
+        access: Option<Box<Entry>>,
+    ) -> Response<ResponseBody> {
+        let (mut parts, body) = response.into_parts();
+        let limits = pool.limits();
+        let read = tokio::time::timeout(
+            limits.body_idle_timeout,
+            http_body_util::Limited::new(body, MAX_REFUSAL_BYTES).collect(),
+        )
+        .await;
+        drop(conn);
+        let bytes = match read {
+            Ok(Ok(collected)) => collected.to_bytes(),
+            Ok(Err(_)) => {
+                let failed = ProxyError::UpstreamMalformed("an upgrade's refusal that could not be read whole");
+                return self.answer_error(pool, failed, access);
+            }
+            Err(_) => return self.answer_error(pool, ProxyError::UpstreamTimeout(limits.body_idle_timeout), access),
+        };
+        forward::strip_hop_by_hop(&mut parts.headers);
+        parts.headers.remove(http::header::CONTENT_LENGTH);
+        parts.version = Version::HTTP_11;
+        forward::complete(
+            &pool.metrics.requests,
+            Some(parts.status),
+            access,
+            Outcome::Ok,
+            bytes.len() as u64,
+            &tracing::Span::current(),
+        );
+        Response::from_parts(parts, ResponseBody::full(bytes))
+    }
+}
