@@ -5,6 +5,7 @@ mod support;
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use http::StatusCode;
 use support::websocket::*;
@@ -42,6 +43,11 @@ async fn echo_and_close(http1_server: &str) {
     let echoed = tokio::time::timeout(T, socket.next()).await.unwrap().unwrap().unwrap();
     assert_eq!(echoed, Message::binary(big), "a large message comes back whole");
     assert_eq!(proxy.upstream_field(UP, "tunnels_open").await, 1);
+    assert_eq!(
+        proxy.client_connections().await,
+        1.0,
+        "the tunnel's client connection still counts"
+    );
     socket
         .close(Some(CloseFrame {
             code: CloseCode::Normal,
@@ -268,5 +274,160 @@ async fn upgrades_are_refused_with_501_while_max_tunnels_is_0_h2c_is_served_over
             &[("upstream", UP), ("reason", "off")]
         ),
         1.0
+    );
+}
+
+/// Messages both ways and the close handshake over a WebSocket opened by `open`; the upstream saw an HTTP/1.1
+/// upgrade with a key of floodgate's making.
+async fn echo_over_h2<S>(socket: &mut WsClient<S>, upstream: &WsUpstream, proxy: &Proxy)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    ws_echo(socket, "over an HTTP/2 stream").await;
+    ws_echo(socket, &"x".repeat(100_000)).await;
+    let (key, upgrade) = upstream.counts.last_upgrade.lock().unwrap().clone().unwrap();
+    assert_eq!(upgrade, "websocket");
+    assert_eq!(key.len(), 24, "a Sec-WebSocket-Key of 16 bytes: {key:?}");
+    socket.close(None).await.unwrap();
+    while let Some(Ok(_)) = tokio::time::timeout(T, socket.next()).await.unwrap() {}
+    wait_until_sync("the upstream's socket closed", T, || upstream.sockets() == 0).await;
+    proxy.wait_until_field(UP, "tunnels_open", 0, T).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_over_http2_prior_knowledge_reaches_the_upstream_as_an_http11_upgrade() {
+    let upstream = WsUpstream::start().await;
+    let proxy = proxy_for(&upstream, 1, 2, &[]).await;
+    let stream = TcpStream::connect(proxy.listen).await.unwrap();
+    let (mut socket, _conn) = ws_open_h2(stream, "http", "/h2").await.unwrap();
+    assert_eq!(proxy.upstream_field(UP, "tunnels_open").await, 1);
+    echo_over_h2(&mut socket, &upstream, &proxy).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websockets_over_tls_with_http11_and_with_h2_by_alpn() {
+    let upstream = WsUpstream::start().await;
+    let ca = pki::TestCa::new("floodgate tunnel test CA");
+    let leaf = ca.issue(&["localhost"]);
+    let config = TempConfig::new(&format!(
+        "tls_cert = {:?}\ntls_key = {:?}\n\n[upstreams.{UP}]\nurl = {:?}\nmax_connections = 1\nmax_tunnels = 2\n\n\
+         [[routes]]\nupstream = \"{UP}\"\n",
+        leaf.cert_path,
+        leaf.key_path,
+        upstream.url()
+    ));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let connect = |alpn: &'static [u8]| {
+        let connector = ca.connector(&[alpn]);
+        async move {
+            let tcp = TcpStream::connect(proxy.listen).await.unwrap();
+            let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+            connector.connect(name, tcp).await.unwrap()
+        }
+    };
+    let tls = connect(b"http/1.1").await;
+    let mut socket = ws_open(tls, "/tls-h1").await.unwrap();
+    ws_echo(&mut socket, "over TLS, HTTP/1.1").await;
+    assert_eq!(
+        proxy.client_connections().await,
+        1.0,
+        "the tunnel's client connection still counts"
+    );
+    socket.close(None).await.unwrap();
+    while let Some(Ok(_)) = tokio::time::timeout(T, socket.next()).await.unwrap() {}
+    drop(socket);
+    proxy.wait_until_field(UP, "tunnels_open", 0, T).await;
+    let tls = connect(b"h2").await;
+    let (mut socket, _conn) = ws_open_h2(tls, "https", "/tls-h2").await.unwrap();
+    assert_eq!(proxy.upstream_field(UP, "tunnels_open").await, 1);
+    echo_over_h2(&mut socket, &upstream, &proxy).await;
+}
+
+fn ws_config(url: &str, max_tunnels: usize) -> String {
+    format!("[upstreams.{UP}]\nurl = {url:?}\nmax_connections = 1\nmax_tunnels = {max_tunnels}\n\n[[routes]]\nupstream = \"{UP}\"\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_replaces_the_upstream_lets_its_tunnels_run_until_they_end() {
+    let (old, new) = (WsUpstream::start().await, WsUpstream::start().await);
+    let config = TempConfig::new(&ws_config(&old.url(), 1));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let mut before = ws_connect(proxy.listen, "/before").await;
+    std::fs::write(config.path(), ws_config(&new.url(), 1)).unwrap();
+    let resp = proxy.admin_request(http::Method::POST, "/reload", "", None).await;
+    assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+    let status = proxy.status().await;
+    assert_eq!(status["draining"][0]["tunnels_open"], 1, "{status}");
+    // The retired upstream's tunnel goes on; a new one goes to the new upstream, under its own bound.
+    ws_echo(&mut before, "after the reload").await;
+    let mut after = ws_connect(proxy.listen, "/after").await;
+    ws_echo(&mut after, "to the new upstream").await;
+    assert_eq!((old.websockets(), new.websockets()), (1, 1));
+    before.close(None).await.unwrap();
+    while let Some(Ok(_)) = tokio::time::timeout(T, before.next()).await.unwrap() {}
+    drop(before);
+    wait_until_sync("the old upstream's socket closed", T, || old.sockets() == 0).await;
+    wait_until("the retired upstream gone from /status", T, || async {
+        proxy.status().await["draining"].is_null()
+    })
+    .await;
+    ws_echo(&mut after, "still there").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_shutdown_a_tunnel_runs_on_until_shutdown_timeout_then_is_closed() {
+    let upstream = WsUpstream::start().await;
+    let mut proxy = proxy_for(&upstream, 1, 1, &["--shutdown-timeout", "1s"]).await;
+    let mut socket = ws_connect(proxy.listen, "/long").await;
+    proxy.sigterm();
+    // Draining: no new client is accepted, and the tunnel still works.
+    wait_until("the listener closed", T, || async {
+        TcpStream::connect(proxy.listen).await.is_err()
+    })
+    .await;
+    ws_echo(&mut socket, "while draining").await;
+    let ended = tokio::time::timeout(T, async { while let Some(Ok(_)) = socket.next().await {} }).await;
+    assert!(ended.is_ok(), "the tunnel was not closed at shutdown_timeout");
+    let exit = proxy.wait_exit(T).await.expect("floodgate exited");
+    assert!(exit.success(), "{exit:?}");
+    wait_until_sync("the upstream's socket closed", T, || upstream.sockets() == 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_sent_events_reach_the_client_one_by_one_for_longer_than_body_idle_timeout() {
+    let upstream = WsUpstream::start().await;
+    let proxy = proxy_for(&upstream, 1, 0, &["--body-idle-timeout", "400ms"]).await;
+    let mut conn = H1Conn::connect(proxy.listen).await;
+    let request = http::Request::get("/events").body(body_empty()).unwrap();
+    let response = conn.send(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let mut body = response.into_body();
+    let events = upstream
+        .counts
+        .events
+        .lock()
+        .unwrap()
+        .take()
+        .expect("the stream started");
+    // Lockstep: each event is sent only once the one before reached the client, so a proxy that held any back
+    // (to fill a buffer, or to batch) would stall here. The gaps add up to well past body_idle_timeout.
+    for n in 0..6 {
+        if n > 0 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let event = format!("id: {n}\ndata: tick {n}\n\n");
+        events.send(Bytes::from(event.clone())).unwrap();
+        let frame = tokio::time::timeout(T, http_body_util::BodyExt::frame(&mut body))
+            .await
+            .expect("the event did not reach the client")
+            .expect("the stream ended early")
+            .unwrap();
+        assert_eq!(frame.into_data().unwrap(), Bytes::from(event));
+    }
+    drop(events);
+    assert!(
+        http_body_util::BodyExt::frame(&mut body).await.is_none(),
+        "the stream ends with the upstream's"
     );
 }

@@ -65,13 +65,15 @@ impl Proxy {
             pool.metrics.tunnels_refused_off.inc();
             return self.answer_error(&pool, ProxyError::TunnelsOff, access);
         }
-        if !request.body().is_end_stream() {
+        // An extended CONNECT's stream is the tunnel itself, not a body.
+        if !tunnel::extended_connect(&request) && !request.body().is_end_stream() {
             return self.answer_error(&pool, ProxyError::UpgradeWithBody, access);
         }
         let version = request.version();
         // hyper's servers hand the client's stream over through the request; floodgate's own HTTP/1 server
         // takes the tunnel from the answer instead (see `Handoff`).
         let on_upgrade = request.extensions_mut().remove::<hyper::upgrade::OnUpgrade>();
+        let hold = request.extensions_mut().remove::<tunnel::Hold>();
         let mut upstream_request = match forward::to_upstream(request, &client, &pool) {
             Ok(upstream_request) => upstream_request,
             Err(err) => return self.answer_error(&pool, err, access),
@@ -113,6 +115,7 @@ impl Proxy {
                     if let Ok(upgraded) = on_upgrade.await {
                         tunnel.run(hyper_util::rt::TokioIo::new(upgraded), Bytes::new()).await;
                     }
+                    drop(hold);
                 });
             }
             None => {

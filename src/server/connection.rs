@@ -28,6 +28,7 @@ use crate::error::Outcome;
 use crate::forward::ClientInfo;
 use crate::net::{ReadObserver, SharedStream};
 use crate::proxy::Proxy;
+use crate::tunnel::Hold;
 
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -106,6 +107,7 @@ pub(super) async fn serve(
             protocol,
             tls: false,
             peer,
+            open: Arc::new(open),
         };
         // Boxed, as the TLS path below: hyper's connection is kilobytes of future, which every connection's task
         // would otherwise carry whichever server it runs.
@@ -135,6 +137,7 @@ pub(super) async fn serve(
         protocol,
         tls: true,
         peer,
+        open: Arc::new(open),
     };
     Box::pin(serve_io(tls_stream, attach, conn, proxy, config, shutdown)).await
 }
@@ -180,6 +183,9 @@ struct Conn {
     protocol: Protocol,
     tls: bool,
     peer: SocketAddr,
+    /// The connection's place among `max_client_connections`, which an HTTP/1 tunnel takes with it when hyper
+    /// hands the connection over (see `tunnel::Hold`).
+    open: Arc<OpenClient>,
 }
 
 /// Serves HTTP over `io` (the plain or the TLS stream); `attach` hands the read observer to the SharedStream
@@ -199,6 +205,7 @@ async fn serve_io<I>(
         protocol,
         tls,
         peer,
+        open,
     } = conn;
     let activity = ClientActivity::new(protocol == Protocol::Http1);
     let observer: Option<Arc<dyn ReadObserver>> = match protocol {
@@ -212,7 +219,14 @@ async fn serve_io<I>(
     let client = Arc::new(ClientInfo::new(peer, proxy.is_trusted(peer.ip()), http1_stream).over_tls(tls));
     let service = TowerToHyperService::new(
         tower::ServiceBuilder::new()
-            .map_request(|request: http::Request<hyper::body::Incoming>| request.map(ClientBody::Hyper))
+            .map_request(move |request: http::Request<hyper::body::Incoming>| {
+                let mut request = request.map(ClientBody::Hyper);
+                // An HTTP/1 upgrade ends hyper's connection, not the client's: its tunnel holds its place.
+                if protocol == Protocol::Http1 && request.headers().contains_key(http::header::UPGRADE) {
+                    request.extensions_mut().insert(Hold::new(open.clone()));
+                }
+                request
+            })
             .service(crate::edge::stack(proxy.clone(), client, Some(activity.clone()))),
     );
     let deadlines = activity.expired(config.header_read_timeout, config.client_idle_timeout);
@@ -242,7 +256,9 @@ async fn serve_io<I>(
                 // connection.
                 .initial_stream_window_size(HTTP2_STREAM_WINDOW)
                 .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
-                .max_header_list_size(u32::try_from(config.max_header_bytes).unwrap_or(u32::MAX));
+                .max_header_list_size(u32::try_from(config.max_header_bytes).unwrap_or(u32::MAX))
+                // WebSockets over HTTP/2 (RFC 8441): an extended CONNECT becomes a tunnel (`proxy::tunnel`).
+                .enable_connect_protocol();
             let conn = builder.serve_connection(TokioIo::new(FrameWatch::new(io, activity.clone())), service);
             drive(conn, deadlines, goodbye, shutdown, |c| c.graceful_shutdown()).await
         }

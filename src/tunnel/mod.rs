@@ -181,6 +181,20 @@ impl Handoff {
     }
 }
 
+/// What a client connection on hyper's HTTP/1 server holds while it is open (its place among
+/// `max_client_connections`): put on an upgrade request by the server, and kept by the tunnel's task when hyper
+/// hands the connection over, so that the connection counts until the tunnel ends.
+#[derive(Clone)]
+pub struct Hold {
+    _held: Arc<dyn std::any::Any + Send + Sync>,
+}
+
+impl Hold {
+    pub fn new(held: Arc<dyn std::any::Any + Send + Sync>) -> Hold {
+        Hold { _held: held }
+    }
+}
+
 /// The client's `101` (or HTTP/2 `200`) as a response floodgate's servers write.
 pub fn switched_response<B>(status: StatusCode, headers: HeaderMap, body: B) -> Response<B> {
     let mut response = Response::new(body);

@@ -23,6 +23,26 @@ pub struct WsCounts {
     pub in_flight_peak: AtomicUsize,
     /// The `Sec-WebSocket-Key` and `Upgrade` of the last upgrade, as received.
     pub last_upgrade: Mutex<Option<(String, String)>>,
+    /// Where the events of the last `/events` stream are sent from (each message one chunk); dropping it ends
+    /// the stream.
+    pub events: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Bytes>>>,
+}
+
+/// An event stream's body: each message from the test one chunk, sent when it comes.
+struct Events(tokio::sync::mpsc::UnboundedReceiver<Bytes>);
+
+impl Body for Events {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|event| event.map(|event| Ok(Frame::data(event))))
+    }
 }
 
 pub struct WsUpstream {
@@ -153,11 +173,17 @@ impl WsUpstream {
     }
 }
 
+type WsBody = BoxBody<Bytes, Infallible>;
+
+fn full(bytes: &'static [u8]) -> WsBody {
+    Full::new(Bytes::from_static(bytes)).boxed()
+}
+
 async fn serve(
     mut request: Request<Incoming>,
     counts: Arc<WsCounts>,
     mut released: watch::Receiver<bool>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
+) -> Result<Response<WsBody>, Infallible> {
     let upgrade = request.headers().get(header::UPGRADE).cloned();
     if let Some(upgrade) = upgrade {
         let key = request
@@ -170,7 +196,7 @@ async fn serve(
             upgrade.to_str().unwrap_or("").to_string(),
         ));
         if request.uri().path() == "/refuse" {
-            let mut response = Response::new(Full::new(Bytes::from_static(b"no websockets here\n")));
+            let mut response = Response::new(full(b"no websockets here\n"));
             *response.status_mut() = StatusCode::FORBIDDEN;
             return Ok(response);
         }
@@ -188,7 +214,7 @@ async fn serve(
             }
             counts.websockets.fetch_sub(1, Ordering::SeqCst);
         });
-        let mut response = Response::new(Full::new(Bytes::new()));
+        let mut response = Response::new(full(b""));
         *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
         let headers = response.headers_mut();
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
@@ -199,13 +225,23 @@ async fn serve(
         );
         return Ok(response);
     }
+    if request.uri().path() == "/events" {
+        let (events, stream) = tokio::sync::mpsc::unbounded_channel();
+        *counts.events.lock().unwrap() = Some(events);
+        let mut response = Response::new(Events(stream).boxed());
+        response.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        return Ok(response);
+    }
     let now = counts.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
     raise_peak(now, &counts.in_flight_peak);
     if request.uri().path() == "/hold" {
         let _ = released.wait_for(|released| *released).await;
     }
     counts.in_flight.fetch_sub(1, Ordering::SeqCst);
-    Ok(Response::new(Full::new(Bytes::from_static(b"plain\n"))))
+    Ok(Response::new(full(b"plain\n")))
 }
 
 /// A WebSocket client's connection through the proxy.
@@ -240,4 +276,46 @@ where
         .expect("the tunnel ended")
         .unwrap();
     assert_eq!(echoed, Message::text(text));
+}
+
+/// Opens a WebSocket to `path` over HTTP/2 (RFC 8441's extended CONNECT) on `stream`, which speaks HTTP/2 already
+/// (prior knowledge, or TLS with ALPN `h2`); `authority` is the `:authority`. The connection's task is returned
+/// with the socket: dropping it ends the connection.
+pub async fn ws_open_h2<S>(
+    stream: S,
+    scheme: &str,
+    path: &str,
+) -> Result<(WsClient<TokioIo<hyper::upgrade::Upgraded>>, JoinHandle<()>), String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .handshake::<_, Empty<Bytes>>(TokioIo::new(stream))
+        .await
+        .map_err(|err| format!("h2 handshake: {err}"))?;
+    let task = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let mut request = Request::builder()
+        .method(Method::CONNECT)
+        .uri(format!("{scheme}://localhost{path}"))
+        .header("sec-websocket-version", "13")
+        .body(Empty::new())
+        .unwrap();
+    request
+        .extensions_mut()
+        .insert(hyper::ext::Protocol::from_static("websocket"));
+    sender.ready().await.map_err(|err| format!("h2 ready: {err}"))?;
+    let mut response = tokio::time::timeout(CLIENT_TIMEOUT, sender.send_request(request))
+        .await
+        .map_err(|_| "no answer to the extended CONNECT".to_string())?
+        .map_err(|err| format!("extended CONNECT: {err}"))?;
+    if response.status() != StatusCode::OK {
+        return Err(format!("extended CONNECT answered {}", response.status()));
+    }
+    let upgraded = hyper::upgrade::on(&mut response)
+        .await
+        .map_err(|err| format!("upgrade: {err}"))?;
+    let socket = WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Client, None).await;
+    Ok((socket, task))
 }
