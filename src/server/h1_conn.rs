@@ -33,7 +33,7 @@ use crate::h1::write::{self, BodySize, Encoding, LAST_CHUNK};
 use crate::h1::HeadError;
 use crate::metrics::Metrics;
 use crate::net::{self, Peeked};
-use crate::tunnel::Handoff;
+use crate::tunnel::{Handoff, Tunnel};
 
 /// The first read of a request asks for this much room; a head that needs more grows it up to max_header_bytes.
 const HEAD_ROOM: usize = 4 * 1024;
@@ -80,11 +80,16 @@ where
         // handles) is held only while it is served, not by every idle connection's task.
         match Box::pin(conn.one_request(service(), received, head_until)).await {
             // Bytes of the next request already read (pipelined behind the last one).
-            Ok(Some(next)) => {
+            Ok(After::Pipelined(next)) => {
                 received = next;
                 continue;
             }
-            Ok(None) => {}
+            Ok(After::Idle) => {}
+            // The connection is a tunnel's from here; the request's future is gone, so the tunnel holds only its own.
+            Ok(After::Tunnel(tunnel, early)) => {
+                Box::pin(tunnel.run(net::SharedStream::new(stream.clone(), None), early)).await;
+                return Ended::Closed;
+            }
             // The caller shuts the socket down, however the connection ended.
             Err(ended) => return ended,
         }
@@ -104,6 +109,16 @@ where
     }
 }
 
+/// What follows a request served on the connection.
+enum After {
+    /// The next request, some of whose bytes are here already.
+    Pipelined(BytesMut),
+    /// Nothing yet: the connection idles.
+    Idle,
+    /// The upstream switched protocols: the connection is the tunnel's, with what the client sent behind its request.
+    Tunnel(Tunnel, Bytes),
+}
+
 /// What serving one request on the connection reads.
 #[derive(Clone, Copy)]
 struct Conn<'a> {
@@ -121,7 +136,7 @@ impl Conn<'_> {
         mut service: S,
         mut received: BytesMut,
         head_until: Instant,
-    ) -> Result<Option<BytesMut>, Ended>
+    ) -> Result<After, Ended>
     where
         S: Service<Request<ClientBody>, Response = Response<ResponseBody>, Error = std::convert::Infallible>,
     {
@@ -202,8 +217,7 @@ impl Conn<'_> {
                 .map_err(Ended::Error)?;
             // What the client sent behind its request is the tunnel's first bytes.
             let early = std::mem::take(&mut Reading::lock(&reading).received).freeze();
-            tunnel.run(net::SharedStream::new(stream.clone(), None), early).await;
-            return Err(Ended::Closed);
+            return Ok(After::Tunnel(tunnel, early));
         }
         let keep_alive = head.keep_alive && !head.wants_upgrade && !shutdown.is_cancelled();
         let closes = write_answer(stream, response, &method, version, keep_alive, write_stall_limit)
@@ -219,7 +233,11 @@ impl Conn<'_> {
         };
         match next {
             // No buffer is kept across an idle wait; one with a pipelined request's bytes in it is.
-            Some(next) if !closes && !shutdown.is_cancelled() => Ok((!next.is_empty()).then_some(next)),
+            Some(next) if !closes && !shutdown.is_cancelled() => Ok(if next.is_empty() {
+                After::Idle
+            } else {
+                After::Pipelined(next)
+            }),
             _ => Err(Ended::Closed),
         }
     }

@@ -222,7 +222,8 @@ where
 {
     let mut client = Client(client);
     let mut upstream = Upstream(wire);
-    let behind_101 = wire.lock().received.split().freeze();
+    // Taken whole: the buffer the 101 was read into goes with the copy below.
+    let behind_101 = std::mem::take(&mut wire.lock().received);
     let mut up = Leg::starting_with(&early);
     let mut down = Leg::starting_with(&behind_101);
     drop((early, behind_101));
