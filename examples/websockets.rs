@@ -87,12 +87,18 @@ async fn clients(addr: SocketAddr, connections: usize, parallel: usize) -> std::
         let closed = closed.clone();
         opening.push(tokio::spawn(async move {
             let permit = setting_up.acquire_owned().await.ok()?;
-            let stream = tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(addr)).await.ok()?.ok()?;
+            let stream = tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(addr))
+                .await
+                .ok()?
+                .ok()?;
             let (mut socket, _) = tokio_tungstenite::client_async(format!("ws://{addr}/ws/{n}"), stream)
                 .await
                 .ok()?;
             socket.send(Message::text("hello")).await.ok()?;
-            let echoed = tokio::time::timeout(Duration::from_secs(10), socket.next()).await.ok()??.ok()?;
+            let echoed = tokio::time::timeout(Duration::from_secs(10), socket.next())
+                .await
+                .ok()??
+                .ok()?;
             drop(permit);
             (echoed == Message::text("hello")).then_some(())?;
             // Quiet from here; the task keeps the socket, and notices the server closing it.

@@ -431,3 +431,62 @@ async fn server_sent_events_reach_the_client_one_by_one_for_longer_than_body_idl
         "the stream ends with the upstream's"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_vanishes_ends_its_tunnel_and_gives_the_slot_back() {
+    let upstream = WsUpstream::start().await;
+    let proxy = proxy_for(&upstream, 1, 1, &[]).await;
+    let mut socket = ws_connect(proxy.listen, "/vanish").await;
+    socket.send(Message::text("anyone there?")).await.unwrap();
+    let ended = tokio::time::timeout(T, async { while let Some(Ok(_)) = socket.next().await {} }).await;
+    assert!(ended.is_ok(), "the client's side of the tunnel did not end");
+    wait_until_sync("the upstream's socket gone", T, || upstream.sockets() == 0).await;
+    proxy.wait_until_field(UP, "tunnels_open", 0, T).await;
+    let mut next = ws_connect(proxy.listen, "/next").await;
+    ws_echo(&mut next, "the slot came back").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_upgrades_and_requests_never_takes_the_upstream_past_the_sum() {
+    let upstream = WsUpstream::start().await;
+    let (max_connections, max_tunnels) = (2, 3);
+    let proxy = proxy_for(&upstream, max_connections, max_tunnels, &[]).await;
+    let listen = proxy.listen;
+    let upgrades: Vec<_> = (0..12)
+        .map(|i| {
+            tokio::spawn(async move {
+                let stream = TcpStream::connect(listen).await.unwrap();
+                match tokio_tungstenite::client_async(format!("ws://client.test/burst/{i}"), stream).await {
+                    Ok((socket, _)) => Ok(socket),
+                    Err(tokio_tungstenite::tungstenite::Error::Http(response)) => Err(response.status()),
+                    Err(other) => panic!("upgrade {i}: {other}"),
+                }
+            })
+        })
+        .collect();
+    let requests: Vec<_> = (0..12).map(|_| tokio::spawn(get(listen, "/plain"))).collect();
+    let mut open = Vec::new();
+    for upgrade in upgrades {
+        match upgrade.await.unwrap() {
+            Ok(socket) => open.push(socket),
+            Err(status) => assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE),
+        }
+    }
+    for request in requests {
+        assert_eq!(request.await.unwrap().status, StatusCode::OK);
+    }
+    assert_eq!(
+        open.len(),
+        max_tunnels,
+        "as many tunnels as the bound, the rest refused"
+    );
+    for (i, socket) in open.iter_mut().enumerate() {
+        ws_echo(socket, &format!("burst {i}")).await;
+    }
+    assert!(
+        upstream.sockets_peak() <= max_connections + max_tunnels,
+        "the upstream saw {} sockets",
+        upstream.sockets_peak()
+    );
+    assert!(upstream.in_flight_peak() <= max_connections);
+}

@@ -1,6 +1,7 @@
 //! A WebSocket upstream that serves ordinary HTTP/1.1 on the same port, counting its sockets exactly: every
 //! WebSocket echoes what it is sent, `/hold` answers only when released (so requests can be held in flight), and
-//! `/refuse` answers an upgrade `403`. And a WebSocket client over a plain or TLS stream to the proxy.
+//! `/refuse` answers an upgrade `403`, and a WebSocket to `/vanish` is reset (as if its host went away) when its
+//! first bytes come. And a WebSocket client over a plain or TLS stream to the proxy.
 
 use super::*;
 
@@ -201,8 +202,21 @@ async fn serve(
             return Ok(response);
         }
         let on_upgrade = hyper::upgrade::on(&mut request);
+        let vanish = request.uri().path() == "/vanish";
         tokio::spawn(async move {
             let Ok(upgraded) = on_upgrade.await else { return };
+            if vanish {
+                let Ok(parts) = upgraded.downcast::<TokioIo<Counted>>() else {
+                    return;
+                };
+                let mut io = parts.io.into_inner();
+                let mut first = [0u8; 1];
+                let _ = io.stream.read(&mut first).await;
+                socket2::SockRef::from(&io.stream)
+                    .set_linger(Some(Duration::ZERO))
+                    .unwrap();
+                return;
+            }
             counts.websockets.fetch_add(1, Ordering::SeqCst);
             counts.websockets_opened.fetch_add(1, Ordering::SeqCst);
             let mut socket = WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None).await;

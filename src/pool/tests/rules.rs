@@ -331,3 +331,38 @@ async fn futures_poll_once<F: Future + Unpin>(future: F) -> Option<F::Output> {
     })
     .await
 }
+
+#[tokio::test(start_paused = true)]
+async fn tunnel_slots_are_counted_beside_the_cap_never_inside_it() {
+    let pool = pool(1, 10);
+    pool.set_limits(UpstreamConfig {
+        max_tunnels: 2,
+        ..(**pool.limits()).clone()
+    });
+    let tunnels: Vec<_> = std::iter::from_fn(|| pool.tunnel_slot()).take(5).collect();
+    assert_eq!(tunnels.len(), 2, "no tunnel past max_tunnels");
+    // The pooled connections' cap is whole beside them.
+    let lease = pool.admit(false, far(), pending()).await.unwrap();
+    let snapshot = pool.snapshot();
+    assert_eq!(
+        (snapshot.connections_open, snapshot.tunnels_open, snapshot.max_tunnels),
+        (1, 2, 2)
+    );
+    // A lowered bound closes nothing, and refuses until fewer are open.
+    pool.set_limits(UpstreamConfig {
+        max_tunnels: 1,
+        ..(**pool.limits()).clone()
+    });
+    let mut tunnels = tunnels.into_iter();
+    drop(tunnels.next());
+    assert!(pool.tunnel_slot().is_none(), "one is open, the bound is one");
+    drop(tunnels.next());
+    let again = pool.tunnel_slot().expect("room once none is open");
+    // A retired pool opens no tunnel, and is drained only once its last tunnel's slot is back.
+    drop(lease);
+    pool.retire();
+    assert!(pool.tunnel_slot().is_none());
+    assert!(!pool.drained());
+    drop(again);
+    assert!(pool.drained());
+}
