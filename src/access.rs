@@ -70,29 +70,18 @@ impl Entry {
         self.relayed
     }
 
-    /// Writes a tunnel's line when it ends (`open`: how long it was), its `101` long since counted: the bytes each
-    /// way and which side closed it (`closed_by`).
-    pub fn write_tunnel(&self, open: Duration, to_client: u64, to_upstream: u64, closed_by: &str) {
-        let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-        tracing::info!(
-            target: TARGET,
-            client = %self.client,
-            request_id = %self.request_id,
-            method = %self.method,
-            path = %self.path,
-            status = 101,
-            upstream = self.upstream.as_deref().unwrap_or("-"),
-            tunnel_us = micros(open),
-            total_us = micros(self.arrived.elapsed()),
-            bytes = to_client,
-            bytes_to_upstream = to_upstream,
-            closed_by,
-            outcome = "tunnel",
-        );
-    }
-
     /// Writes the line. `bytes` is the response body handed on to the client.
     pub fn write(&self, outcome: Outcome, status: Option<StatusCode>, bytes: u64) {
+        self.line(outcome.as_str(), status.map_or(0, |s| s.as_u16()), bytes, None);
+    }
+
+    /// Writes a tunnel's line when it ends (its `101` was counted when sent): the bytes each way, and which side
+    /// closed it (`closed_by`). Its `upstream_us` is how long it held its socket.
+    pub fn write_tunnel(&self, to_client: u64, to_upstream: u64, closed_by: &str) {
+        self.line("tunnel", 101, to_client, Some((to_upstream, closed_by)));
+    }
+
+    fn line(&self, outcome: &str, status: u16, bytes: u64, tunnel: Option<(u64, &str)>) {
         let now = Instant::now();
         let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         let queue_us = self.admitted.map_or(0, |at| micros(at.duration_since(self.arrived)));
@@ -103,13 +92,15 @@ impl Entry {
             request_id = %self.request_id,
             method = %self.method,
             path = %self.path,
-            status = status.map_or(0, |s| s.as_u16()),
+            status,
             upstream = self.upstream.as_deref().unwrap_or("-"),
             queue_us,
             upstream_us,
             total_us = micros(now.duration_since(self.arrived)),
             bytes,
-            outcome = outcome.as_str(),
+            bytes_to_upstream = tunnel.map(|(to_upstream, _)| to_upstream),
+            closed_by = tunnel.map(|(_, closed_by)| closed_by),
+            outcome,
         );
     }
 }

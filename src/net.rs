@@ -260,27 +260,20 @@ pub enum Peeked {
 /// EAGAIN. `try_io` clears the readiness it saw before the read, so data that arrived since is not missed.
 pub fn try_read_drained(stream: &TcpStream, buf: &mut bytes::BytesMut) -> io::Result<usize> {
     let room = buf.capacity() - buf.len();
-    let mut got = 0;
-    let read = stream.try_io(Interest::READABLE, || {
-        let n = stream.try_read_buf(buf)?;
-        if n > 0 && n < room {
-            got = n;
-            return Err(io::ErrorKind::WouldBlock.into());
-        }
-        Ok(n)
-    });
-    match read {
-        Err(err) if err.kind() == io::ErrorKind::WouldBlock && got > 0 => Ok(got),
-        read => read,
-    }
+    read_drained(stream, room, || stream.try_read_buf(buf))
 }
 
 /// [`try_read_drained`] into a slice.
 pub fn try_read_slice_drained(stream: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
     let room = buf.len();
+    read_drained(stream, room, || stream.try_read(buf))
+}
+
+/// A `read` of at most `room` bytes, the readiness cleared when it leaves room unfilled.
+fn read_drained(stream: &TcpStream, room: usize, mut read: impl FnMut() -> io::Result<usize>) -> io::Result<usize> {
     let mut got = 0;
     let read = stream.try_io(Interest::READABLE, || {
-        let n = stream.try_read(buf)?;
+        let n = read()?;
         if n > 0 && n < room {
             got = n;
             return Err(io::ErrorKind::WouldBlock.into());

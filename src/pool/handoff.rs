@@ -50,26 +50,17 @@ impl UpstreamPool {
             Back::Slot {
                 endpoint,
                 closing,
-                tunnel: true,
+                tunnel,
             } => {
                 let mut state = self.lock();
-                state.tunnels.take_back(endpoint, closing.as_ref());
+                let counts = if tunnel { &mut state.tunnels } else { &mut state.slots };
+                counts.take_back(endpoint, closing.as_ref());
                 if state.is_empty() {
                     self.emptied.notify_waiters();
                 }
-            }
-            Back::Slot {
-                endpoint,
-                closing,
-                tunnel: false,
-            } => {
-                let mut state = self.lock();
-                state.slots.take_back(endpoint, closing.as_ref());
-                if state.is_empty() {
-                    self.emptied.notify_waiters();
-                }
-                // Issued again at once to a waiter the rules let have it (none while above a lowered cap).
-                if !state.slots.has_room() {
+                // Issued again at once to a waiter the rules let have it (none while above a lowered cap); nobody
+                // waits for a tunnel's.
+                if tunnel || !state.slots.has_room() {
                     return;
                 }
                 let Some(waiter) = state.next_taker(false) else { return };

@@ -9,7 +9,7 @@
 mod relay;
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
@@ -136,7 +136,6 @@ impl Tunnel {
     where
         C: AsyncRead + AsyncWrite + Unpin,
     {
-        let opened = Instant::now();
         let metrics = &self.pool.metrics;
         let relayed = relay::relay(
             client,
@@ -157,7 +156,7 @@ impl Tunnel {
         );
         if let Some(entry) = &self.access {
             let closed_by = relayed.closed_by.as_str();
-            entry.write_tunnel(opened.elapsed(), relayed.to_client, relayed.to_upstream, closed_by);
+            entry.write_tunnel(relayed.to_client, relayed.to_upstream, closed_by);
         }
         // The socket goes to the pool's closing task: our FIN (sent already if the client closed first), the
         // upstream's, then the slot.
