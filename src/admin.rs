@@ -204,11 +204,28 @@ async fn answer(state: &State, request: Request<Incoming>) -> Response<Full<Byte
         "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n"),
         "/metrics" => {
             refresh_gauges(state);
-            let mut response = Response::new(Full::new(Bytes::from(state.proxy.metrics.encode())));
-            response.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
-            );
+            // OpenMetrics to a scraper that asks for it (Prometheus does), the classic text format to any other.
+            let openmetrics = request.headers().get_all(header::ACCEPT).iter().any(|accept| {
+                accept
+                    .to_str()
+                    .is_ok_and(|accept| accept.contains("application/openmetrics-text"))
+            });
+            let metrics = &state.proxy.metrics;
+            let (body, content_type) = if openmetrics {
+                (
+                    metrics.encode(),
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                )
+            } else {
+                (
+                    metrics.encode_prometheus_text(),
+                    "text/plain; version=0.0.4; charset=utf-8",
+                )
+            };
+            let mut response = Response::new(Full::new(Bytes::from(body)));
+            response
+                .headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
             response
         }
         "/status" => {

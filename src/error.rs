@@ -117,6 +117,52 @@ impl Outcome {
         Outcome::Internal,
     ];
 
+    /// The outcomes of requests routed to an upstream, and of those refused before routing: the counters
+    /// `/metrics` shows at 0 from the start.
+    pub const UPSTREAM: [Outcome; 12] = [
+        Outcome::Ok,
+        Outcome::ShedQueueFull,
+        Outcome::ShedQueueTimeout,
+        Outcome::ShedOverload,
+        Outcome::ShedDeadline,
+        Outcome::ShedQuota,
+        Outcome::ShedTunnelLimit,
+        Outcome::UpstreamError,
+        Outcome::UpstreamTimeout,
+        Outcome::ClientAbort,
+        Outcome::ClientTimeout,
+        Outcome::NotImplemented,
+    ];
+    pub const CLIENT_SIDE: [Outcome; 6] = [
+        Outcome::BadRequest,
+        Outcome::HeaderTooLarge,
+        Outcome::ClientTimeout,
+        Outcome::NotImplemented,
+        Outcome::NoRoute,
+        Outcome::Internal,
+    ];
+
+    /// The status floodgate answers with for this outcome (a success, for `ok`): one grouping for both.
+    pub fn status(self) -> StatusCode {
+        match self {
+            // The client has given up by now; 504 is what a gateway says when time ran out.
+            Outcome::ShedDeadline | Outcome::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Outcome::ShedQuota => StatusCode::TOO_MANY_REQUESTS,
+            Outcome::ShedQueueFull | Outcome::ShedQueueTimeout | Outcome::ShedOverload | Outcome::ShedTunnelLimit => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Outcome::NoRoute => StatusCode::NOT_FOUND,
+            Outcome::NotImplemented => StatusCode::NOT_IMPLEMENTED,
+            // A client that left reads nothing; a status is still needed for the log line.
+            Outcome::BadRequest | Outcome::ClientAbort => StatusCode::BAD_REQUEST,
+            Outcome::ClientTimeout => StatusCode::REQUEST_TIMEOUT,
+            Outcome::UpstreamError => StatusCode::BAD_GATEWAY,
+            Outcome::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            Outcome::HeaderTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Outcome::Ok => StatusCode::OK,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Ok => "ok",
@@ -144,26 +190,9 @@ impl Outcome {
 }
 
 impl ProxyError {
-    /// The status floodgate answers with, by the outcome it is counted as: one grouping for both.
+    /// The status floodgate answers with, by the outcome it is counted as (see [`Outcome::status`]).
     pub fn status(&self) -> StatusCode {
-        match self.outcome() {
-            // The client has given up by now; 504 is what a gateway says when time ran out.
-            Outcome::ShedDeadline | Outcome::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
-            Outcome::ShedQuota => StatusCode::TOO_MANY_REQUESTS,
-            Outcome::ShedQueueFull | Outcome::ShedQueueTimeout | Outcome::ShedOverload | Outcome::ShedTunnelLimit => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
-            Outcome::NoRoute => StatusCode::NOT_FOUND,
-            Outcome::NotImplemented => StatusCode::NOT_IMPLEMENTED,
-            // A client that left reads nothing; a status is still needed for the log line.
-            Outcome::BadRequest | Outcome::ClientAbort => StatusCode::BAD_REQUEST,
-            Outcome::ClientTimeout => StatusCode::REQUEST_TIMEOUT,
-            Outcome::UpstreamError => StatusCode::BAD_GATEWAY,
-            Outcome::Internal => StatusCode::INTERNAL_SERVER_ERROR,
-            // Not outcomes of a ProxyError; kept total rather than panicking.
-            Outcome::HeaderTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            Outcome::Ok => StatusCode::OK,
-        }
+        self.outcome().status()
     }
 
     /// The short plain-text body; names the reason without leaking upstream internals.

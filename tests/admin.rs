@@ -267,3 +267,94 @@ async fn stats_page_is_served_self_contained_at_the_root() {
     // Only the page lives at the root; other paths are still unknown.
     assert_eq!(proxy.admin_get("/index.html").await.status, StatusCode::NOT_FOUND);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_show_the_process_the_build_and_every_counter_at_0_from_start_up() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &[]).await;
+    let samples = parse_metrics(&proxy.metrics().await);
+    let value = |name: &str| metric_sum(&samples, name, &[]);
+    // Before any request or reload: the series an `increase()` alert needs are there, at 0.
+    assert!(metric_exists(&samples, "floodgate_reloads_total"));
+    assert_eq!(value("floodgate_reloads_total"), 0.0);
+    for outcome in [
+        "ok",
+        "shed_queue_full",
+        "shed_queue_timeout",
+        "upstream_error",
+        "upstream_timeout",
+    ] {
+        let series: Vec<_> = samples
+            .iter()
+            .filter(|s| {
+                s.name == "floodgate_requests_total" && s.labels.get("outcome").map(String::as_str) == Some(outcome)
+            })
+            .collect();
+        assert!(!series.is_empty(), "no floodgate_requests_total for {outcome}");
+        assert!(series.iter().all(|s| s.value == 0.0));
+    }
+    let build: Vec<_> = samples.iter().filter(|s| s.name == "floodgate_build_info").collect();
+    assert_eq!(build.len(), 1);
+    assert_eq!(build[0].labels["version"], env!("CARGO_PKG_VERSION"));
+    assert!(!build[0].labels["commit"].is_empty());
+    let resident = value("process_resident_memory_bytes");
+    let rss_bytes = proxy.rss_kib() as f64 * 1024.0;
+    assert!(
+        resident > 1e6 && resident < 4.0 * rss_bytes,
+        "{resident} against {rss_bytes}"
+    );
+    let (open, max) = (value("process_open_fds"), value("process_max_fds"));
+    assert!(open >= 3.0 && max >= open, "{open} of {max}");
+    assert!(value("process_cpu_seconds_total") >= 0.0 && metric_exists(&samples, "process_cpu_seconds_total"));
+    let started = value("process_start_time_seconds");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(started <= now && started > now - 600.0, "{started}");
+    assert!(value("process_virtual_memory_bytes") >= resident);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_come_as_openmetrics_to_a_scraper_that_asks_and_as_prometheus_text_otherwise() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &[]).await;
+    let scrape = |accept: Option<&'static str>| {
+        let admin = proxy.admin;
+        async move {
+            let mut request = http::Request::get("/metrics");
+            if let Some(accept) = accept {
+                request = request.header("accept", accept);
+            }
+            let mut conn = H1Conn::connect(admin).await;
+            collect(conn.send(request.body(body_empty()).unwrap()).await.unwrap())
+                .await
+                .unwrap()
+        }
+    };
+    // What Prometheus sends.
+    let prometheus = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,\
+        text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+    let open = scrape(Some(prometheus)).await;
+    assert_eq!(
+        open.header("content-type"),
+        Some("application/openmetrics-text; version=1.0.0; charset=utf-8")
+    );
+    let text = open.text();
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    assert!(text.contains("# TYPE floodgate_reloads counter\n"), "{text}");
+    for accept in [None, Some("text/plain"), Some("*/*")] {
+        let plain = scrape(accept).await;
+        assert_eq!(
+            plain.header("content-type"),
+            Some("text/plain; version=0.0.4; charset=utf-8")
+        );
+        let text = plain.text();
+        assert!(!text.contains("# EOF") && !text.contains("# UNIT"), "{text}");
+        // The classic format's TYPE names the samples themselves.
+        assert!(text.contains("# TYPE floodgate_reloads_total counter\n"), "{text}");
+        assert!(text.contains("# TYPE floodgate_build_info gauge\n"), "{text}");
+        assert!(text.contains("# TYPE process_cpu_seconds_total counter\n"), "{text}");
+        assert_eq!(parse_metrics(&text).len(), parse_metrics(&open.text()).len());
+    }
+}

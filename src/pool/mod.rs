@@ -154,6 +154,9 @@ impl UpstreamPool {
             |(origin, _)| origin.clone(),
         );
         let endpoint_states = endpoints.iter().map(|_| EndpointState::default()).collect();
+        for (origin, _) in &endpoints {
+            metrics.endpoint_known(&origin.authority());
+        }
         let slots = Slots::new(limits.max_connections, endpoints.iter().map(|(_, cap)| *cap));
         // An endpoint's own cap bounds its pooled connections; the upstream's tunnels share max_tunnels.
         let tunnels = Slots::new(limits.max_tunnels, endpoints.iter().map(|_| usize::MAX));

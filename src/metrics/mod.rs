@@ -19,6 +19,8 @@ use prometheus_client::registry::Registry;
 use crate::error::Outcome;
 use crate::status::PoolSnapshot;
 
+mod process;
+
 type Labels = Vec<(&'static str, String)>;
 type FloatGauge = Gauge<f64, AtomicU64>;
 
@@ -245,7 +247,22 @@ impl Metrics {
             "Bodies small enough to buffer that streamed instead because max_buffered_bytes was reached",
             buffer_fallbacks.clone(),
         );
+        for result in ["applied", "refused"] {
+            // Present at 0 from the start: an alert on `increase()` sees the first reload too.
+            let _ = reloads.get_or_create(&vec![("result", result.to_string())]);
+        }
+        let build = prometheus_client::metrics::info::Info::new(vec![
+            ("version", env!("CARGO_PKG_VERSION")),
+            ("commit", env!("FLOODGATE_COMMIT")),
+        ]);
+        registry.register(
+            "floodgate_build",
+            "The version and commit floodgate was built from",
+            build,
+        );
+        registry.register_collector(Box::new(process::ProcessCollector::new()));
         let client_side = Arc::new(OutcomeCounters::new(requests.clone(), None));
+        client_side.prime(&Outcome::CLIENT_SIDE);
         Metrics {
             registry,
             requests,
@@ -287,7 +304,11 @@ impl Metrics {
         let kind = |kind: &str| vec![("upstream", name.to_string()), ("kind", kind.to_string())];
         let direction = |to: &str| vec![("upstream", name.to_string()), ("direction", to.to_string())];
         UpstreamMetrics {
-            requests: Arc::new(OutcomeCounters::new(self.requests.clone(), Some(name.to_string()))),
+            requests: {
+                let requests = OutcomeCounters::new(self.requests.clone(), Some(name.to_string()));
+                requests.prime(&Outcome::UPSTREAM);
+                Arc::new(requests)
+            },
             inflight: self.inflight.get_or_create_owned(&labels()),
             queue_depth: self.queue_depth.get_or_create_owned(&labels()),
             queue_wait: self.queue_wait.get_or_create_owned(&labels()),
@@ -348,6 +369,7 @@ impl Metrics {
         &self.client_side
     }
 
+    /// Every family in OpenMetrics text.
     pub fn encode(&self) -> String {
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
@@ -355,6 +377,44 @@ impl Metrics {
         }
         out
     }
+
+    /// Every family in the Prometheus text format (0.0.4), for scrapers that do not ask for OpenMetrics.
+    pub fn encode_prometheus_text(&self) -> String {
+        prometheus_text(&self.encode())
+    }
+}
+
+/// OpenMetrics text as the Prometheus text format 0.0.4 reads it: a counter's `HELP` and `TYPE` name its samples
+/// (with `_total`), an info family is a gauge of its `_info` samples, and `UNIT` lines and `# EOF` go.
+fn prometheus_text(openmetrics: &str) -> String {
+    let mut out = String::with_capacity(openmetrics.len());
+    let mut help: Option<&str> = None;
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        if line.starts_with("# HELP ") {
+            // Written with its TYPE, which may rename the family.
+            help = Some(line);
+            continue;
+        }
+        if let Some(declared) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = declared.split_once(' ').unwrap_or((declared, "unknown"));
+            let (name, kind) = match kind {
+                "counter" => (format!("{name}_total"), "counter"),
+                "info" => (format!("{name}_info"), "gauge"),
+                other => (name.to_string(), other),
+            };
+            if let Some(text) = help.take().and_then(|help| help.splitn(4, ' ').nth(3)) {
+                out.push_str(&format!("# HELP {name} {text}\n"));
+            }
+            out.push_str(&format!("# TYPE {name} {kind}\n"));
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
 }
 
 /// `floodgate_requests_total` counters for one upstream (or for client-side rejections), cached per
@@ -377,12 +437,24 @@ impl OutcomeCounters {
         }
     }
 
+    /// Makes the counter of each of `outcomes`, with its usual status class, present at 0: an alert on
+    /// `increase()` then sees the first such request too. Other combinations appear when they happen.
+    fn prime(&self, outcomes: &[Outcome]) {
+        for &outcome in outcomes {
+            self.cell(outcome, Some(outcome.status()));
+        }
+    }
+
     pub fn record(&self, outcome: Outcome, status: Option<StatusCode>) {
+        if let Some(counter) = self.cell(outcome, status) {
+            counter.inc();
+        }
+    }
+
+    fn cell(&self, outcome: Outcome, status: Option<StatusCode>) -> Option<&Counter> {
         let class = status_class(status);
-        let Some(cell) = self.cells.get(outcome.index() * STATUS_CLASSES.len() + class) else {
-            return;
-        };
-        cell.get_or_init(|| {
+        let cell = self.cells.get(outcome.index() * STATUS_CLASSES.len() + class)?;
+        Some(cell.get_or_init(|| {
             let mut labels: Labels = Vec::with_capacity(3);
             if let Some(upstream) = &self.upstream {
                 labels.push(("upstream", upstream.clone()));
@@ -393,23 +465,17 @@ impl OutcomeCounters {
                 STATUS_CLASSES.get(class).copied().unwrap_or("none").to_string(),
             ));
             self.family.get_or_create_owned(&labels)
-        })
-        .inc();
+        }))
     }
 
-    /// Requests counted so far per outcome, over every status class; outcomes never recorded are left out.
+    /// Requests counted so far per outcome, over every status class; outcomes that have not happened are left out.
     pub fn totals(&self) -> impl Iterator<Item = (Outcome, u64)> + '_ {
         Outcome::ALL
             .iter()
             .zip(self.cells.chunks(STATUS_CLASSES.len()))
             .filter_map(|(outcome, classes)| {
-                let mut recorded = false;
-                let mut total = 0;
-                for counter in classes.iter().filter_map(OnceLock::get) {
-                    recorded = true;
-                    total += counter.get();
-                }
-                recorded.then_some((*outcome, total))
+                let total: u64 = classes.iter().filter_map(OnceLock::get).map(Counter::get).sum();
+                (total > 0).then_some((*outcome, total))
             })
     }
 }
@@ -578,6 +644,11 @@ impl UpstreamMetrics {
         }
     }
 
+    /// The endpoint at `address` is one of the upstream's: its counters are present at 0 from now.
+    pub fn endpoint_known(&self, address: &str) {
+        let _ = self.endpoints.ejections.get_or_create(&self.endpoints.labels(address));
+    }
+
     /// The endpoint at `address` was ejected.
     pub fn endpoint_ejected(&self, address: &str) {
         self.endpoints
@@ -652,5 +723,24 @@ mod tests {
         metrics.upstream("api").queue_waited(Duration::from_millis(1));
         assert_eq!(metrics.upstream("api").queue_wait().count, 1);
         assert_eq!(metrics.upstream("other").queue_wait().count, 0);
+    }
+
+    #[test]
+    fn openmetrics_becomes_prometheus_text_with_counters_and_infos_named_by_their_samples() {
+        let openmetrics = "# HELP floodgate_reloads Reloads.\n# TYPE floodgate_reloads counter\n\
+            floodgate_reloads_total{result=\"applied\"} 0\n\
+            # HELP process_cpu_seconds CPU.\n# TYPE process_cpu_seconds counter\n# UNIT process_cpu_seconds seconds\n\
+            process_cpu_seconds_total 0.5\n\
+            # HELP floodgate_build Build.\n# TYPE floodgate_build info\nfloodgate_build_info{version=\"1\"} 1\n\
+            # HELP floodgate_inflight In flight.\n# TYPE floodgate_inflight gauge\nfloodgate_inflight 2\n# EOF\n";
+        assert_eq!(
+            prometheus_text(openmetrics),
+            "# HELP floodgate_reloads_total Reloads.\n# TYPE floodgate_reloads_total counter\n\
+             floodgate_reloads_total{result=\"applied\"} 0\n\
+             # HELP process_cpu_seconds_total CPU.\n# TYPE process_cpu_seconds_total counter\n\
+             process_cpu_seconds_total 0.5\n\
+             # HELP floodgate_build_info Build.\n# TYPE floodgate_build_info gauge\nfloodgate_build_info{version=\"1\"} 1\n\
+             # HELP floodgate_inflight In flight.\n# TYPE floodgate_inflight gauge\nfloodgate_inflight 2\n"
+        );
     }
 }
