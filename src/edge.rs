@@ -116,7 +116,13 @@ impl Service<Request<ClientBody>> for ProxyService {
 
     fn call(&mut self, mut request: Request<ClientBody>) -> Self::Future {
         let id = set_request_id(&mut request, self.client.trusted);
-        let in_flight = self.activity.as_ref().map(ClientActivity::request_started);
+        let mut in_flight = self.activity.as_ref().map(ClientActivity::request_started);
+        if crate::tunnel::asked(&request).is_some() {
+            // A tunnel's request is at work for as long as the tunnel: its task keeps the mark, not the answer.
+            if let Some(mark) = in_flight.take() {
+                crate::tunnel::Hold::add(&mut request, Arc::new(mark));
+            }
+        }
         // Routed first so the span is made with its fields (each later record costs about as much as making
         // it); the fields are read only when the span is on.
         let routed = self.proxy.route(&request);

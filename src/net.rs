@@ -263,6 +263,32 @@ pub fn try_read_drained(stream: &TcpStream, buf: &mut bytes::BytesMut) -> io::Re
     read_drained(stream, room, || stream.try_read_buf(buf))
 }
 
+/// Reads what `stream` has into `buf`, as [`try_read_drained`] does; nothing added: the peer closed its side.
+pub fn poll_read_into(stream: &TcpStream, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    loop {
+        ready!(stream.poll_read_ready(cx))?;
+        match try_read_slice_drained(stream, buf.initialize_unfilled()) {
+            Ok(n) => {
+                buf.advance(n);
+                return Poll::Ready(Ok(()));
+            }
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}
+            Err(err) => return Poll::Ready(Err(err)),
+        }
+    }
+}
+
+/// Writes some of `bytes` to `stream` once it takes them.
+pub fn poll_write_some(stream: &TcpStream, cx: &mut Context<'_>, bytes: &[u8]) -> Poll<io::Result<usize>> {
+    loop {
+        ready!(stream.poll_write_ready(cx))?;
+        match stream.try_write(bytes) {
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}
+            done => return Poll::Ready(done),
+        }
+    }
+}
+
 /// [`try_read_drained`] into a slice.
 pub fn try_read_slice_drained(stream: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
     let room = buf.len();

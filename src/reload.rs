@@ -71,6 +71,8 @@ impl Plan {
                     pool.clone()
                 }
                 // Its connections and timers run in the upstream lane.
+                // A pool of the same name it replaces hands on its tunnels' count: they run on until they end,
+                // and the upstream's bound holds over both.
                 None => UpstreamPool::with_endpoints_on(
                     name,
                     endpoints,
@@ -78,6 +80,7 @@ impl Plan {
                     tls,
                     metrics.upstream(name),
                     Spawner::Lane(lane.clone()),
+                    running.and_then(|router| router.pools().get(name)).map(|old| &**old),
                 ),
             };
             pools.insert(name.clone(), pool);

@@ -348,21 +348,31 @@ fn ws_config(url: &str, max_tunnels: usize) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reload_that_replaces_the_upstream_lets_its_tunnels_run_until_they_end() {
+async fn a_reload_that_replaces_the_upstream_lets_its_tunnels_run_until_they_end_within_one_bound() {
     let (old, new) = (WsUpstream::start().await, WsUpstream::start().await);
-    let config = TempConfig::new(&ws_config(&old.url(), 1));
+    let config = TempConfig::new(&ws_config(&old.url(), 2));
     let proxy = Proxy::start(&["--config", &config.path_str()]).await;
     let mut before = ws_connect(proxy.listen, "/before").await;
-    std::fs::write(config.path(), ws_config(&new.url(), 1)).unwrap();
+    std::fs::write(config.path(), ws_config(&new.url(), 2)).unwrap();
     let resp = proxy.admin_request(http::Method::POST, "/reload", "", None).await;
     assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
     let status = proxy.status().await;
     assert_eq!(status["draining"][0]["tunnels_open"], 1, "{status}");
-    // The retired upstream's tunnel goes on; a new one goes to the new upstream, under its own bound.
+    // The retired upstream's tunnel goes on; a new one goes to the new upstream, under the same bound.
     ws_echo(&mut before, "after the reload").await;
     let mut after = ws_connect(proxy.listen, "/after").await;
     ws_echo(&mut after, "to the new upstream").await;
     assert_eq!((old.websockets(), new.websockets()), (1, 1));
+    let refused = tokio_tungstenite::client_async(
+        "ws://client.test/third",
+        TcpStream::connect(proxy.listen).await.unwrap(),
+    )
+    .await
+    .expect_err("the bound counts the retired upstream's tunnel too");
+    let tokio_tungstenite::tungstenite::Error::Http(response) = refused else {
+        panic!("refused with {refused:?}");
+    };
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     before.close(None).await.unwrap();
     while let Some(Ok(_)) = tokio::time::timeout(T, before.next()).await.unwrap() {}
     drop(before);
@@ -371,26 +381,119 @@ async fn a_reload_that_replaces_the_upstream_lets_its_tunnels_run_until_they_end
         proxy.status().await["draining"].is_null()
     })
     .await;
+    let mut third = ws_connect(proxy.listen, "/third").await;
+    ws_echo(&mut third, "room once the old one ended").await;
     ws_echo(&mut after, "still there").await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn at_shutdown_a_tunnel_runs_on_until_shutdown_timeout_then_is_closed() {
+/// A tunnel opened by `open` runs on through a drain until `shutdown_timeout` (2 s), then is ended by floodgate,
+/// which writes its access-log line and exits 0.
+async fn tunnel_through_shutdown<S, F>(extra: &[&str], open: impl FnOnce(std::net::SocketAddr) -> F)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    F: std::future::Future<Output = WsClient<S>>,
+{
     let upstream = WsUpstream::start().await;
-    let mut proxy = proxy_for(&upstream, 1, 1, &["--shutdown-timeout", "1s"]).await;
-    let mut socket = ws_connect(proxy.listen, "/long").await;
+    let url = upstream.url();
+    let mut args = vec![
+        "--upstream",
+        &url,
+        "--max-tunnels",
+        "1",
+        "--shutdown-timeout",
+        "2s",
+        "--log-format",
+        "json",
+    ];
+    args.extend_from_slice(extra);
+    let mut proxy = Proxy::start_with_env(&args, &[("FLOODGATE__ACCESS_LOG", "stdout")]).await;
+    let mut socket = open(proxy.listen).await;
+    let signalled = std::time::Instant::now();
     proxy.sigterm();
-    // Draining: no new client is accepted, and the tunnel still works.
+    // Draining: no new client is accepted, and the tunnel goes on working.
     wait_until("the listener closed", T, || async {
         TcpStream::connect(proxy.listen).await.is_err()
     })
     .await;
-    ws_echo(&mut socket, "while draining").await;
+    let mut echoes = 0;
+    while signalled.elapsed() < Duration::from_millis(1500) {
+        ws_echo(&mut socket, &format!("while draining {echoes}")).await;
+        echoes += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(echoes >= 5, "{echoes} echoes");
     let ended = tokio::time::timeout(T, async { while let Some(Ok(_)) = socket.next().await {} }).await;
     assert!(ended.is_ok(), "the tunnel was not closed at shutdown_timeout");
+    assert!(signalled.elapsed() >= Duration::from_millis(1500));
     let exit = proxy.wait_exit(T).await.expect("floodgate exited");
     assert!(exit.success(), "{exit:?}");
+    let lines = proxy.access_lines(1).await;
+    assert_eq!(lines[0]["closed_by"], "shutdown", "{}", lines[0]);
     wait_until_sync("the upstream's socket closed", T, || upstream.sockets() == 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_shutdown_a_tunnel_runs_on_until_shutdown_timeout_then_is_closed() {
+    tunnel_through_shutdown(&[], |listen| ws_connect(listen, "/long")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_shutdown_an_http2_tunnel_runs_on_until_shutdown_timeout_then_is_closed() {
+    tunnel_through_shutdown(&[], |listen| async move {
+        let stream = TcpStream::connect(listen).await.unwrap();
+        let (socket, conn) = ws_open_h2(stream, "http", "/long").await.unwrap();
+        // The connection's task lives as long as the test: dropping its handle does not stop it.
+        drop(conn);
+        socket
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_tunnel_outlives_its_connections_client_idle_timeout() {
+    let upstream = WsUpstream::start().await;
+    let proxy = proxy_for(&upstream, 1, 1, &["--client-idle-timeout", "300ms"]).await;
+    let stream = TcpStream::connect(proxy.listen).await.unwrap();
+    let (mut socket, _conn) = ws_open_h2(stream, "http", "/busy").await.unwrap();
+    // Well past the connection's idle timeout and its goodbye's 2 s grace, with the tunnel in use.
+    for n in 0..12 {
+        ws_echo(&mut socket, &format!("tick {n}")).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http2_only_websockets_are_tunnelled_and_an_upstream_that_does_not_switch_is_a_502() {
+    let upstream = WsUpstream::start().await;
+    let proxy = proxy_for(&upstream, 1, 2, &[]).await;
+    let stream = TcpStream::connect(proxy.listen).await.unwrap();
+    let refused = ws_open_h2_as(stream, "http", "/h2c", "h2c")
+        .await
+        .expect_err("h2c is refused");
+    assert!(refused.contains("501"), "{refused}");
+    assert!(
+        upstream.counts.last_upgrade.lock().unwrap().is_none(),
+        "nothing went upstream"
+    );
+    let stream = TcpStream::connect(proxy.listen).await.unwrap();
+    let refused = ws_open_h2(stream, "http", "/ignore")
+        .await
+        .expect_err("no tunnel without a switch");
+    assert!(refused.contains("502"), "{refused}");
+    proxy.wait_until_field(UP, "tunnels_open", 0, T).await;
+    let metrics = parse_metrics(&proxy.metrics().await);
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "floodgate_tunnels_refused_total",
+            &[("upstream", UP), ("reason", "upstream")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric_sum(&metrics, "floodgate_tunnels_opened_total", &[("upstream", UP)]),
+        0.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

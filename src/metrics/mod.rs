@@ -219,12 +219,12 @@ impl Metrics {
         );
         registry.register(
             "floodgate_tunnels_opened",
-            "Tunnels the upstream accepted (answered 101)",
+            "Tunnels the upstream accepted (switched: a 101)",
             tunnels_opened.clone(),
         );
         registry.register(
             "floodgate_tunnels_refused",
-            "Upgrade requests refused by floodgate, by reason: limit (max_tunnels reached) or off (max_tunnels = 0)",
+            "Upgrade requests refused, by reason: limit (max_tunnels reached), off (max_tunnels = 0), or upstream (it did not switch)",
             tunnels_refused.clone(),
         );
         registry.register(
@@ -342,6 +342,7 @@ impl Metrics {
             tunnels_opened: self.tunnels_opened.get_or_create_owned(&labels()),
             tunnels_refused_limit: self.tunnels_refused.get_or_create_owned(&reason("limit")),
             tunnels_refused_off: self.tunnels_refused.get_or_create_owned(&reason("off")),
+            tunnels_refused_upstream: self.tunnels_refused.get_or_create_owned(&reason("upstream")),
             tunnel_bytes_to_upstream: self.tunnel_bytes.get_or_create_owned(&direction("to_upstream")),
             tunnel_bytes_to_client: self.tunnel_bytes.get_or_create_owned(&direction("to_client")),
             endpoints: Arc::new(EndpointFamilies {
@@ -560,10 +561,11 @@ pub struct UpstreamMetrics {
     pub replayed: Counter,
     tunnels: Gauge,
     max_tunnels: Gauge,
-    /// Counted when the tunnel's socket is dialled (see `pool::tunnels`); the upstream may still refuse it.
+    /// Counted when the upstream switches.
     pub tunnels_opened: Counter,
     pub tunnels_refused_limit: Counter,
     pub tunnels_refused_off: Counter,
+    pub tunnels_refused_upstream: Counter,
     pub tunnel_bytes_to_upstream: Counter,
     pub tunnel_bytes_to_client: Counter,
     endpoints: Arc<EndpointFamilies>,

@@ -212,9 +212,8 @@ impl UpstreamPool {
 
     /// The connection over `wire` (plain or TLS); the wire holds `slot` until the connection is closed.
     fn start(self: &Arc<Self>, wire: Arc<Wire>, mut slot: Slot, endpoint: usize) -> Conn {
-        if slot.tunnel {
-            self.metrics.tunnels_opened.inc();
-        } else {
+        // A tunnel is counted when its upstream switches (`proxy::tunnel`).
+        if !slot.tunnel {
             self.metrics.opened.inc();
         }
         let closing = ClosingMark::default();

@@ -32,27 +32,25 @@ impl UpstreamPool {
         if slot.endpoint.is_some() {
             return slot.endpoint;
         }
-        let mut guard = self.lock();
-        let state = &mut *guard;
+        let mut state = self.lock();
         let busy = state.busy();
-        // A tunnel's socket counts among the tunnels, at any endpoint; its health is the connections'.
-        let counts = if slot.tunnel { &state.tunnels } else { &state.slots };
-        let chosen = counts
+        // A tunnel's socket is not among an endpoint's connections (its own cap bounds those): any endpoint may
+        // take it, the healthiest and least busy first.
+        let chosen = state
+            .slots
             .per_endpoint()
             .zip(&state.endpoints)
             .enumerate()
-            .filter(|(at, _)| counts.endpoint_has_room(*at))
+            .filter(|(at, _)| slot.tunnel || state.slots.endpoint_has_room(*at))
             .min_by_key(|(at, ((_, open), health))| {
                 let in_flight = busy.get(*at).copied().unwrap_or(usize::MAX);
                 (state.slots.is_ejected(*at), health.failures, in_flight, *open)
             })
             .map(|(at, _)| at)?;
-        let counts = if slot.tunnel {
-            &mut state.tunnels
-        } else {
-            &mut state.slots
-        };
-        counts.count_at(chosen);
+        if slot.tunnel {
+            return Some(chosen);
+        }
+        state.slots.count_at(chosen);
         slot.endpoint = Some(chosen);
         Some(chosen)
     }

@@ -52,9 +52,15 @@ impl UpstreamPool {
                 closing,
                 tunnel,
             } => {
+                if tunnel {
+                    self.tunnel_count.take_back(closing.as_ref());
+                }
                 let mut state = self.lock();
-                let counts = if tunnel { &mut state.tunnels } else { &mut state.slots };
-                counts.take_back(endpoint, closing.as_ref());
+                if tunnel {
+                    state.tunnels_open = state.tunnels_open.saturating_sub(1);
+                } else {
+                    state.slots.take_back(endpoint, closing.as_ref());
+                }
                 if state.is_empty() {
                     self.emptied.notify_waiters();
                 }

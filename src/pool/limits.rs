@@ -147,7 +147,7 @@ impl UpstreamPool {
             let limits = change(&self.limits());
             let raised = state.slots.set_configured(limits.max_connections);
             // A lowered bound closes no tunnel: it refuses new ones until fewer are open.
-            state.tunnels.set_configured(limits.max_tunnels);
+            self.tunnel_count.set_bound(limits.max_tunnels);
             state.queue.set_policy(limits.queue_policy());
             self.limits.store(Arc::new(limits));
             (raised, state.evict_surplus_idle())

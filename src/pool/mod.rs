@@ -64,8 +64,8 @@ pub enum Refused {
 struct PoolState {
     /// The cap's counts: the only place they change.
     slots: Slots,
-    /// The tunnels' sockets, counted the same way under `max_tunnels` (see `tunnels`).
-    tunnels: Slots,
+    /// This pool's tunnels open now (their bound is the shared [`tunnels::TunnelCount`]'s).
+    tunnels_open: usize,
     /// Per endpoint, in the order of [`UpstreamPool::endpoints`]: its health.
     endpoints: Vec<EndpointState>,
     /// The upstream was removed or replaced: no connection is kept once it comes free.
@@ -110,6 +110,8 @@ pub struct UpstreamPool {
     closer: tokio::sync::mpsc::UnboundedSender<connection::Closing>,
     /// Where idle connections' watches tell of a stir (to the same task); the wires hold weak handles of it.
     stirs: tokio::sync::mpsc::UnboundedSender<std::sync::Weak<wire::Wire>>,
+    /// The tunnels' count under `max_tunnels`, shared with the pool this one replaced (see [`tunnels`]).
+    tunnel_count: Arc<tunnels::TunnelCount>,
 }
 
 impl UpstreamPool {
@@ -133,10 +135,11 @@ impl UpstreamPool {
         tls: Option<UpstreamTls>,
         metrics: UpstreamMetrics,
     ) -> Arc<Self> {
-        Self::with_endpoints_on(name, endpoints, limits, tls, metrics, Spawner::current())
+        Self::with_endpoints_on(name, endpoints, limits, tls, metrics, Spawner::current(), None)
     }
 
-    /// [`Self::with_endpoints`], its tasks run by `spawner` (floodgate's upstream lane).
+    /// [`Self::with_endpoints`], its tasks run by `spawner` (floodgate's upstream lane); `replaces`: the pool of
+    /// the same name a reload retires for this one, whose open tunnels count against this one's bound.
     pub fn with_endpoints_on(
         name: &str,
         endpoints: Vec<(Origin, usize)>,
@@ -144,6 +147,7 @@ impl UpstreamPool {
         tls: Option<UpstreamTls>,
         metrics: UpstreamMetrics,
         spawner: Spawner,
+        replaces: Option<&UpstreamPool>,
     ) -> Arc<Self> {
         let origin = endpoints.first().map_or_else(
             || Origin {
@@ -158,11 +162,16 @@ impl UpstreamPool {
             metrics.endpoint_known(&origin.authority());
         }
         let slots = Slots::new(limits.max_connections, endpoints.iter().map(|(_, cap)| *cap));
-        // An endpoint's own cap bounds its pooled connections; the upstream's tunnels share max_tunnels.
-        let tunnels = Slots::new(limits.max_tunnels, endpoints.iter().map(|_| usize::MAX));
         let authority =
             HeaderValue::from_str(&origin.authority()).unwrap_or_else(|_| HeaderValue::from_static("localhost"));
         let adaptive = adaptive::Adaptive::new(adaptive::Params::of(&limits));
+        let tunnel_count = match replaces {
+            Some(old) => {
+                old.tunnel_count.set_bound(limits.max_tunnels);
+                old.tunnel_count.clone()
+            }
+            None => Arc::new(tunnels::TunnelCount::new(limits.max_tunnels)),
+        };
         let (closer, closings) = tokio::sync::mpsc::unbounded_channel();
         let (stirs, stirred) = tokio::sync::mpsc::unbounded_channel();
         let pool = Arc::new(UpstreamPool {
@@ -170,7 +179,7 @@ impl UpstreamPool {
             authority,
             state: Mutex::new(PoolState {
                 slots,
-                tunnels,
+                tunnels_open: 0,
                 endpoints: endpoint_states,
                 retired: false,
                 leased: 0,
@@ -191,6 +200,7 @@ impl UpstreamPool {
             spawner,
             closer,
             stirs,
+            tunnel_count,
         });
         pool.spawn(connection::close_connections(closings, stirred, Arc::downgrade(&pool)));
         pool.spawn(expire_idle(Arc::downgrade(&pool)));
@@ -235,7 +245,7 @@ impl UpstreamPool {
 impl PoolState {
     /// Retired, with no socket left: no connection and no tunnel.
     fn is_empty(&self) -> bool {
-        self.retired && self.slots.open() == 0 && self.tunnels.open() == 0
+        self.retired && self.slots.open() == 0 && self.tunnels_open == 0
     }
 
     /// Counts `conn` as closing until its slot is back (see [`Slots::start_closing`]). Uncounted, a connection on

@@ -41,7 +41,7 @@ impl UpstreamPool {
                 state.leased,
                 state.retired,
                 endpoints,
-                (state.tunnels.open(), state.tunnels.cap()),
+                (state.tunnels_open, self.tunnel_count.bound()),
             )
         };
         PoolSnapshot {

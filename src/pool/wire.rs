@@ -272,13 +272,7 @@ impl WireState {
     /// Writes some of `bytes`.
     pub(crate) fn poll_write(&mut self, cx: &mut Context<'_>, bytes: &[u8]) -> Poll<io::Result<usize>> {
         match &mut self.transport {
-            Transport::Plain(stream) => loop {
-                ready!(stream.poll_write_ready(cx))?;
-                match stream.try_write(bytes) {
-                    Err(err) if err.kind() == ErrorKind::WouldBlock => {}
-                    done => return Poll::Ready(done),
-                }
-            },
+            Transport::Plain(stream) => net::poll_write_some(stream, cx, bytes),
             Transport::Tls(tls) => Pin::new(&mut **tls).poll_write(cx, bytes),
         }
     }
@@ -287,17 +281,7 @@ impl WireState {
     /// takes `received`, what came behind the `101`, first). Nothing added to `buf`: the upstream closed its side.
     pub(crate) fn poll_read_into(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         match &mut self.transport {
-            Transport::Plain(stream) => loop {
-                ready!(stream.poll_read_ready(cx))?;
-                match net::try_read_slice_drained(stream, buf.initialize_unfilled()) {
-                    Ok(n) => {
-                        buf.advance(n);
-                        return Poll::Ready(Ok(()));
-                    }
-                    Err(err) if err.kind() == ErrorKind::WouldBlock => {}
-                    Err(err) => return Poll::Ready(Err(err)),
-                }
-            },
+            Transport::Plain(stream) => net::poll_read_into(stream, cx, buf),
             Transport::Tls(tls) => Pin::new(&mut **tls).poll_read(cx, buf),
         }
     }

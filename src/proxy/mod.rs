@@ -51,6 +51,8 @@ pub struct Proxy {
     /// Tunnels whose client is on one of hyper's servers, each run in a task of its own; shutdown waits for them
     /// as for the client connections (floodgate's own HTTP/1 server runs a tunnel on its connection's task).
     tunnels: tokio_util::task::TaskTracker,
+    /// Cancelled when `shutdown_timeout` has passed: every tunnel still open ends then, its line written.
+    tunnel_stop: tokio_util::sync::CancellationToken,
 }
 
 impl Proxy {
@@ -77,6 +79,7 @@ impl Proxy {
             started: Instant::now(),
             lane,
             tunnels: tokio_util::task::TaskTracker::new(),
+            tunnel_stop: tokio_util::sync::CancellationToken::new(),
         }
     }
 
@@ -88,6 +91,11 @@ impl Proxy {
     /// The tasks of tunnels whose clients are on hyper's servers.
     pub fn tunnel_tasks(&self) -> &tokio_util::task::TaskTracker {
         &self.tunnels
+    }
+
+    /// Ends every tunnel still open (`shutdown_timeout` has passed).
+    pub fn stop_tunnels(&self) {
+        self.tunnel_stop.cancel();
     }
 
     /// The routes and pools in force.

@@ -97,6 +97,13 @@ impl Proxy {
             Err(_) => return self.answer_error(&pool, ProxyError::Abandoned, access),
         };
         if response.status() != StatusCode::SWITCHING_PROTOCOLS {
+            // Over HTTP/2 a success to CONNECT would itself open the tunnel, with nothing behind it.
+            if version == http::Version::HTTP_2 && response.status().is_success() {
+                pool.metrics.tunnels_refused_upstream.inc();
+                let refused = ProxyError::UpstreamMalformed("a success without switching to a WebSocket");
+                return self.answer_error(&pool, refused, access);
+            }
+            pool.metrics.tunnels_refused_upstream.inc();
             return self.refused_upgrade(&pool, response, conn, access).await;
         }
         let Some((status, headers)) = tunnel::client_answer(response.headers(), version) else {
@@ -106,14 +113,16 @@ impl Proxy {
         let span = tracing::Span::current();
         // The switch is the request's answer, counted now; its access-log line waits for the tunnel's end.
         forward::complete(&pool.metrics.requests, Some(status), None, Outcome::Ok, 0, &span);
-        let tunnel = Tunnel::new(conn, pool, access, span);
+        pool.metrics.tunnels_opened.inc();
+        let tunnel = Tunnel::new(conn, pool, access, self.tunnel_stop.clone(), span);
         let mut response = tunnel::switched_response(status, headers, ResponseBody::full(Bytes::new()));
         match on_upgrade {
             Some(on_upgrade) => {
                 self.tunnels.spawn(async move {
-                    // An error: the client's connection ended before the switch; the tunnel's socket closes.
-                    if let Ok(upgraded) = on_upgrade.await {
-                        tunnel.run(hyper_util::rt::TokioIo::new(upgraded), Bytes::new()).await;
+                    match on_upgrade.await {
+                        Ok(upgraded) => tunnel.run(hyper_util::rt::TokioIo::new(upgraded), Bytes::new()).await,
+                        // The client's connection ended before the switch; the tunnel's socket closes.
+                        Err(_) => tunnel.not_switched(),
                     }
                     drop(hold);
                 });

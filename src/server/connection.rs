@@ -223,7 +223,7 @@ async fn serve_io<I>(
                 let mut request = request.map(ClientBody::Hyper);
                 // An HTTP/1 upgrade ends hyper's connection, not the client's: its tunnel holds its place.
                 if protocol == Protocol::Http1 && request.headers().contains_key(http::header::UPGRADE) {
-                    request.extensions_mut().insert(Hold::new(open.clone()));
+                    Hold::add(&mut request, open.clone());
                 }
                 request
             })

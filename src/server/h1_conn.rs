@@ -87,7 +87,7 @@ where
             Ok(After::Idle) => {}
             // The connection is a tunnel's from here; the request's future is gone, so the tunnel holds only its own.
             Ok(After::Tunnel(tunnel, early)) => {
-                Box::pin(tunnel.run(net::SharedStream::new(stream.clone(), None), early)).await;
+                Box::pin(tunnel.run_on_socket(stream.clone(), early)).await;
                 return Ended::Closed;
             }
             // The caller shuts the socket down, however the connection ended.
@@ -207,9 +207,10 @@ impl Conn<'_> {
             .and_then(|handoff| handoff.take())
         {
             // The 101 says the connection switches: no `connection: close` with it.
-            write_answer(stream, response, &method, version, true, write_stall_limit)
-                .await
-                .map_err(Ended::Error)?;
+            if let Err(err) = write_answer(stream, response, &method, version, true, write_stall_limit).await {
+                tunnel.not_switched();
+                return Err(Ended::Error(err));
+            }
             // What the client sent behind its request is the tunnel's first bytes.
             let early = std::mem::take(&mut Reading::lock(&reading).received).freeze();
             return Ok(After::Tunnel(tunnel, early));

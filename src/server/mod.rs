@@ -169,14 +169,17 @@ impl Floodgate {
         let shutdown_timeout = state.config.load().shutdown_timeout;
         let deadline = tokio::time::Instant::now() + shutdown_timeout;
         // Tunnels run until they end or shutdown_timeout passes, like any client connection.
-        let both = async { tokio::join!(connections.wait(), tunnels.wait()) };
-        let drained = tokio::time::timeout_at(deadline, both).await.is_ok();
+        let both = || async { tokio::join!(connections.wait(), tunnels.wait()) };
+        let drained = tokio::time::timeout_at(deadline, both()).await.is_ok();
         if !drained {
             tracing::warn!(
                 remaining = connections.len() + tunnels.len(),
                 timeout = ?shutdown_timeout,
                 "shutdown_timeout passed with connections still open"
             );
+            // Tunnels end now, each writing its line and handing its socket to be closed; a moment for that.
+            state.proxy.stop_tunnels();
+            let _ = tokio::time::timeout(TUNNELS_STOPPING, both()).await;
         }
         upstreams_done(&state.proxy.all_pools(), deadline).await;
         stop.cancel();
@@ -185,6 +188,9 @@ impl Floodgate {
     }
 }
 
+/// How long tunnels ended at `shutdown_timeout` are given to write their lines and hand their sockets over.
+const TUNNELS_STOPPING: Duration = Duration::from_millis(500);
+
 /// Idle upstream connections close now; connections the upstream is still working on for requests already
 /// answered (a timed-out exchange, an abandoned body being drained) are waited for until `deadline`, so the
 /// upstream is not cut off mid-response by the exit.
@@ -192,7 +198,13 @@ async fn upstreams_done(pools: &[Arc<crate::pool::UpstreamPool>], deadline: toki
     for pool in pools {
         pool.retire();
     }
-    let busy: usize = pools.iter().map(|pool| pool.snapshot().connections_open).sum();
+    let busy: usize = pools
+        .iter()
+        .map(|pool| {
+            let snapshot = pool.snapshot();
+            snapshot.connections_open + snapshot.tunnels_open
+        })
+        .sum();
     if busy == 0 {
         return;
     }

@@ -15,15 +15,20 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
 
 use crate::access::Entry;
 use crate::forward::strip_hop_by_hop;
 use crate::pool::{Conn, UpstreamPool};
 
-/// The protocol an HTTP/2 extended CONNECT names (`:protocol`), when it names one: that is a WebSocket (or other
-/// protocol) over HTTP/2, not a forward-proxy tunnel.
+/// An HTTP/2 extended CONNECT (RFC 8441) for a WebSocket: a WebSocket over HTTP/2, not a forward-proxy tunnel.
 pub fn extended_connect<B>(request: &Request<B>) -> bool {
-    request.method() == Method::CONNECT && request.extensions().get::<hyper::ext::Protocol>().is_some()
+    request.method() == Method::CONNECT
+        && request
+            .extensions()
+            .get::<hyper::ext::Protocol>()
+            .is_some_and(|protocol| protocol.as_str().eq_ignore_ascii_case("websocket"))
 }
 
 /// What `request` asks to switch to, as the `Upgrade` value to send upstream: an HTTP/1.1 request with an
@@ -33,8 +38,12 @@ pub fn extended_connect<B>(request: &Request<B>) -> bool {
 /// upstream behind floodgate's back; such a request is served over HTTP/1.1.
 pub fn asked<B>(request: &Request<B>) -> Option<HeaderValue> {
     if extended_connect(request) {
+        // Only WebSockets: any other protocol (h2c above all) over HTTP/2 is refused with CONNECT itself.
         let protocol = request.extensions().get::<hyper::ext::Protocol>()?;
-        return HeaderValue::from_str(protocol.as_str()).ok();
+        return protocol
+            .as_str()
+            .eq_ignore_ascii_case("websocket")
+            .then(|| HeaderValue::from_static("websocket"));
     }
     if request.version() != Version::HTTP_11 {
         return None;
@@ -110,11 +119,19 @@ pub struct Tunnel {
     idle_timeout: Duration,
     /// How long a client may keep its side open once the upstream has closed its own.
     linger: Duration,
+    /// Cancelled when floodgate's `shutdown_timeout` has passed.
+    stop: CancellationToken,
     span: tracing::Span,
 }
 
 impl Tunnel {
-    pub fn new(conn: Conn, pool: Arc<UpstreamPool>, access: Option<Box<Entry>>, span: tracing::Span) -> Tunnel {
+    pub fn new(
+        conn: Conn,
+        pool: Arc<UpstreamPool>,
+        access: Option<Box<Entry>>,
+        stop: CancellationToken,
+        span: tracing::Span,
+    ) -> Tunnel {
         let (idle_timeout, linger) = {
             let limits = pool.limits();
             (limits.tunnel_idle_timeout, limits.close_timeout)
@@ -125,27 +142,49 @@ impl Tunnel {
             access,
             idle_timeout,
             linger,
+            stop,
             span,
         }
     }
 
     /// Relays bytes between `client` (already switched; `early`: bytes it sent behind its request, to go first)
-    /// and the upstream until both sides have closed, one fails, or nothing moves for `tunnel_idle_timeout`. The
-    /// access-log line is written then.
+    /// and the upstream until both sides have closed, one fails, nothing moves for `tunnel_idle_timeout`, or
+    /// floodgate's `shutdown_timeout` passes. The access-log line is written then.
     pub async fn run<C>(self, client: C, early: Bytes)
     where
         C: AsyncRead + AsyncWrite + Unpin,
     {
+        let relayed = relay::relay(client, early, &self.conn.wire, self.bounds()).await;
+        self.ended(relayed);
+    }
+
+    /// [`Tunnel::run`] for a client on a plain socket of floodgate's own HTTP/1 server, read and written directly.
+    pub async fn run_on_socket(self, client: Arc<TcpStream>, early: Bytes) {
+        let relayed = relay::relay_socket(client, early, &self.conn.wire, self.bounds()).await;
+        self.ended(relayed);
+    }
+
+    /// The client's connection ended before the switch reached it: nothing was relayed.
+    pub fn not_switched(self) {
+        let relayed = relay::Relayed {
+            closed_by: relay::ClosedBy::ClientError,
+            to_upstream: 0,
+            to_client: 0,
+        };
+        self.ended(relayed);
+    }
+
+    fn bounds(&self) -> relay::Bounds<'_> {
         let metrics = &self.pool.metrics;
-        let relayed = relay::relay(
-            client,
-            early,
-            &self.conn.wire,
-            self.idle_timeout,
-            self.linger,
-            (&metrics.tunnel_bytes_to_upstream, &metrics.tunnel_bytes_to_client),
-        )
-        .await;
+        relay::Bounds {
+            idle_timeout: self.idle_timeout,
+            linger: self.linger,
+            stop: &self.stop,
+            counted: (&metrics.tunnel_bytes_to_upstream, &metrics.tunnel_bytes_to_client),
+        }
+    }
+
+    fn ended(self, relayed: relay::Relayed) {
         tracing::debug!(
             parent: &self.span,
             upstream = %self.pool.name,
@@ -180,17 +219,25 @@ impl Handoff {
     }
 }
 
-/// What a client connection on hyper's HTTP/1 server holds while it is open (its place among
-/// `max_client_connections`): put on an upgrade request by the server, and kept by the tunnel's task when hyper
-/// hands the connection over, so that the connection counts until the tunnel ends.
-#[derive(Clone)]
+/// What a client connection on one of hyper's servers holds while a request is at work, kept by a tunnel's task for
+/// the tunnel's life: the connection's place among `max_client_connections` (HTTP/1, whose connection hyper hands
+/// over), and the request's in-flight mark (so that the connection's idle timeout and a drain's goodbye do not cut an
+/// HTTP/2 connection with tunnels on it). Put on an upgrade request by the server and the edge.
+#[derive(Clone, Default)]
 pub struct Hold {
-    _held: Arc<dyn std::any::Any + Send + Sync>,
+    _held: Vec<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl Hold {
-    pub fn new(held: Arc<dyn std::any::Any + Send + Sync>) -> Hold {
-        Hold { _held: held }
+    /// Adds `held` to what `request` holds.
+    pub fn add<B>(request: &mut Request<B>, held: Arc<dyn std::any::Any + Send + Sync>) {
+        let extensions = request.extensions_mut();
+        match extensions.get_mut::<Hold>() {
+            Some(hold) => hold._held.push(held),
+            None => {
+                extensions.insert(Hold { _held: vec![held] });
+            }
+        }
     }
 }
 

@@ -17,6 +17,12 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
+use std::sync::Arc;
+
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::net;
 use crate::pool::wire::Wire;
 
 /// The most read from a side at once, onto the stack.
@@ -39,6 +45,8 @@ pub enum ClosedBy {
     ClientError,
     /// Reading from or writing to the upstream failed.
     UpstreamError,
+    /// floodgate's `shutdown_timeout` passed with the tunnel open.
+    Shutdown,
 }
 
 impl ClosedBy {
@@ -49,6 +57,7 @@ impl ClosedBy {
             ClosedBy::IdleTimeout => "idle_timeout",
             ClosedBy::ClientError => "client_error",
             ClosedBy::UpstreamError => "upstream_error",
+            ClosedBy::Shutdown => "shutdown",
         }
     }
 }
@@ -83,6 +92,24 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Side for Client<C> {
     }
     fn poll_shutdown(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+/// A plain client socket, read and written directly (no copy through `SharedStream`'s scratch).
+struct Socket(Arc<TcpStream>);
+
+impl Side for Socket {
+    fn poll_read(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        net::poll_read_into(&self.0, cx, buf)
+    }
+    fn poll_write(&mut self, cx: &mut Context<'_>, bytes: &[u8]) -> Poll<io::Result<usize>> {
+        net::poll_write_some(&self.0, cx, bytes)
+    }
+    fn poll_flush(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(net::shutdown_write(&self.0))
     }
 }
 
@@ -142,6 +169,9 @@ impl Leg {
         counted: &Counter,
     ) -> Poll<Result<(), Failed>> {
         let mut reads = 0;
+        // Initialised once per poll, not per read: a ReadBuf remembers how much of it is.
+        let mut scratch = [std::mem::MaybeUninit::<u8>::uninit(); READ_BYTES];
+        let mut buf = ReadBuf::uninit(&mut scratch);
         loop {
             if !self.waiting.is_empty() {
                 match to.poll_write(cx, &self.waiting) {
@@ -149,6 +179,7 @@ impl Leg {
                     Poll::Ready(Ok(n)) => {
                         self.waiting.advance(n);
                         self.flush = true;
+                        self.stirred = true;
                         if self.waiting.is_empty() {
                             // A quiet tunnel holds no buffer.
                             self.waiting = BytesMut::new();
@@ -178,8 +209,7 @@ impl Leg {
                 return Poll::Pending;
             }
             reads += 1;
-            let mut scratch = [0u8; READ_BYTES];
-            let mut buf = ReadBuf::new(&mut scratch);
+            buf.clear();
             match from.poll_read(cx, &mut buf) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(_)) => return Poll::Ready(Err(Failed::Read)),
@@ -206,21 +236,39 @@ impl Leg {
     }
 }
 
+/// What ends a tunnel besides its sides, and what its bytes are counted in.
+pub(super) struct Bounds<'a> {
+    /// No byte moved either way for this long.
+    pub idle_timeout: Duration,
+    /// How long a client may keep its side open once the upstream has closed its own.
+    pub linger: Duration,
+    /// floodgate's `shutdown_timeout` has passed.
+    pub stop: &'a CancellationToken,
+    /// The bytes to the upstream and to the client.
+    pub counted: (&'a Counter, &'a Counter),
+}
+
 /// Relays between `client` and the upstream on `wire` (see the module's doc); `early` is what the client sent
 /// behind its request, and the wire may hold what the upstream sent behind its `101`: each goes first.
-/// `counted`: the bytes to the upstream and to the client.
-pub(super) async fn relay<C>(
-    client: C,
-    early: Bytes,
-    wire: &Wire,
-    idle_timeout: Duration,
-    linger: Duration,
-    counted: (&Counter, &Counter),
-) -> Relayed
+pub(super) async fn relay<C>(client: C, early: Bytes, wire: &Wire, bounds: Bounds<'_>) -> Relayed
 where
     C: AsyncRead + AsyncWrite + Unpin,
 {
-    let mut client = Client(client);
+    relay_with(Client(client), early, wire, bounds).await
+}
+
+/// [`relay`] for a client on a plain socket of floodgate's own HTTP/1 server.
+pub(super) async fn relay_socket(client: Arc<TcpStream>, early: Bytes, wire: &Wire, bounds: Bounds<'_>) -> Relayed {
+    relay_with(Socket(client), early, wire, bounds).await
+}
+
+async fn relay_with(mut client: impl Side, early: Bytes, wire: &Wire, bounds: Bounds<'_>) -> Relayed {
+    let Bounds {
+        idle_timeout,
+        linger,
+        stop,
+        counted,
+    } = bounds;
     let mut upstream = Upstream(wire);
     // Taken whole: the buffer the 101 was read into goes with the copy below.
     let behind_101 = std::mem::take(&mut wire.lock().received);
@@ -232,9 +280,14 @@ where
     let idle = tokio::time::sleep(idle_timeout);
     tokio::pin!(idle);
     let mut lingering: Option<Pin<Box<tokio::time::Sleep>>> = None;
+    let stopped = stop.cancelled();
+    tokio::pin!(stopped);
     let closed_by = std::future::poll_fn(|cx| {
         let sent = up.drive(cx, &mut client, &mut upstream, counted.0);
         let received = down.drive(cx, &mut upstream, &mut client, counted.1);
+        if stopped.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(ClosedBy::Shutdown);
+        }
         match (sent, received) {
             (Poll::Ready(Err(Failed::Read)), _) | (_, Poll::Ready(Err(Failed::Write))) => {
                 return Poll::Ready(ClosedBy::ClientError)

@@ -1,6 +1,6 @@
 //! A WebSocket upstream that serves ordinary HTTP/1.1 on the same port, counting its sockets exactly: every
 //! WebSocket echoes what it is sent, `/hold` answers only when released (so requests can be held in flight), and
-//! `/refuse` answers an upgrade `403`, and a WebSocket to `/vanish` is reset (as if its host went away) when its
+//! `/refuse` answers an upgrade `403`, `/ignore` answers it an ordinary `200`, and a WebSocket to `/vanish` is reset (as if its host went away) when its
 //! first bytes come. And a WebSocket client over a plain or TLS stream to the proxy.
 
 use super::*;
@@ -196,6 +196,10 @@ async fn serve(
             String::from_utf8_lossy(&key).into_owned(),
             upgrade.to_str().unwrap_or("").to_string(),
         ));
+        if request.uri().path() == "/ignore" {
+            // An upstream route that knows nothing of WebSockets.
+            return Ok(Response::new(full(b"hello\n")));
+        }
         if request.uri().path() == "/refuse" {
             let mut response = Response::new(full(b"no websockets here\n"));
             *response.status_mut() = StatusCode::FORBIDDEN;
@@ -303,6 +307,19 @@ pub async fn ws_open_h2<S>(
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    ws_open_h2_as(stream, scheme, path, "websocket").await
+}
+
+/// [`ws_open_h2`] naming `protocol` as the `:protocol`.
+pub async fn ws_open_h2_as<S>(
+    stream: S,
+    scheme: &str,
+    path: &str,
+    protocol: &'static str,
+) -> Result<(WsClient<TokioIo<hyper::upgrade::Upgraded>>, JoinHandle<()>), String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let (mut sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
         .handshake::<_, Empty<Bytes>>(TokioIo::new(stream))
         .await
@@ -318,7 +335,7 @@ where
         .unwrap();
     request
         .extensions_mut()
-        .insert(hyper::ext::Protocol::from_static("websocket"));
+        .insert(hyper::ext::Protocol::from_static(protocol));
     sender.ready().await.map_err(|err| format!("h2 ready: {err}"))?;
     let mut response = tokio::time::timeout(CLIENT_TIMEOUT, sender.send_request(request))
         .await
