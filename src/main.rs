@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 mod cli;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use floodgate::config::{Config, Env, LogFormat, Overrides, REDACTED};
 use floodgate::reload::ConfigSource;
 use floodgate::server::Floodgate;
@@ -76,6 +76,16 @@ enum Command {
     /// Validates the configuration (all layers, as the proxy would start with them) and prints it as TOML, secrets
     /// redacted; exits 2 with one line per problem.
     Check,
+    /// Asks the running floodgate that this configuration describes (its `admin` address) whether it is ready:
+    /// exit 0 on a 200 from /readyz, 1 otherwise. For container health checks.
+    Healthcheck(cli::healthcheck::HealthcheckArgs),
+    /// Prints a completion script for SHELL (bash, zsh, fish, elvish, powershell).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Prints the manual page (roff), as `man` reads it: `floodgate man > floodgate.1`.
+    Man,
 }
 
 /// Gives a flood's memory back within about a second of its end (see Cargo.toml and docs/memory.md).
@@ -96,6 +106,29 @@ fn main() -> ExitCode {
             return run_demo(args, cli.layers.overrides);
         }
         Some(Command::Check) => return run_check(cli.layers),
+        Some(Command::Healthcheck(args)) => {
+            // `--admin` says where to ask; otherwise the configuration does.
+            if let Some(admin) = cli.layers.overrides.global.admin {
+                return cli::healthcheck::run(&args, admin);
+            }
+            return match cli.layers.load() {
+                Ok(config) => cli::healthcheck::run(&args, config.admin),
+                Err(code) => code,
+            };
+        }
+        Some(Command::Completions { shell }) => {
+            clap_complete::generate(shell, &mut Cli::command(), "floodgate", &mut std::io::stdout());
+            return ExitCode::SUCCESS;
+        }
+        Some(Command::Man) => {
+            return match clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(err) => {
+                    eprintln!("floodgate: cannot write the manual page: {err}");
+                    ExitCode::from(1)
+                }
+            };
+        }
         None => {}
     }
     // Configuration problems are printed plainly: logging is configured by what is being loaded.

@@ -267,17 +267,29 @@ fn dockerfile_agrees_with_the_repository_and_its_configuration() {
     assert!(uid != "root" && uid != "0", "runs as root: USER {user}");
     assert_eq!(last("STOPSIGNAL"), "SIGTERM");
 
-    // HEALTHCHECK [options] CMD ["tool", ...]: it probes /healthz on the admin port, and the tool it runs is
-    // installed in the runtime image (no shell form: the probe must not depend on /bin/sh).
+    // HEALTHCHECK [options] CMD [...]: floodgate's own healthcheck against /healthz, at the admin address of the
+    // configuration the image runs with (no shell form: the probe must not depend on /bin/sh; no curl needed).
     let healthcheck = last("HEALTHCHECK");
     let (_, probe) = healthcheck.split_once("CMD ").expect("HEALTHCHECK ... CMD");
     let probe = exec_form(probe.trim());
-    let url = format!("http://127.0.0.1:{}/healthz", admin_port(&config));
-    assert!(probe.contains(&url), "HEALTHCHECK does not probe {url}: {probe:?}");
-    let installs = runtime.iter().any(|(k, args)| {
-        k == "RUN" && args.contains("apt-get install") && args.split_whitespace().any(|w| w == probe[0])
-    });
-    assert!(installs, "the runtime stage does not install {}", probe[0]);
+    assert_eq!(
+        probe,
+        [
+            &entrypoint[0],
+            "healthcheck",
+            "--config",
+            config_path,
+            "--path",
+            "/healthz"
+        ],
+        "HEALTHCHECK"
+    );
+    assert!(
+        !runtime
+            .iter()
+            .any(|(k, args)| k == "RUN" && args.contains("apt-get install")),
+        "the runtime stage installs packages it does not need"
+    );
 }
 
 #[test]
@@ -596,4 +608,75 @@ async fn dashboard_queries_only_metrics_floodgate_exports() {
         queries.iter().any(|q| q.contains("floodgate_upstream_max_connections")),
         "no cap line in {queries:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthcheck_exits_0_while_ready_and_1_while_draining_or_gone() {
+    let upstream = Upstream::start().await;
+    let mut proxy = Proxy::for_upstream(&upstream, 1, &["--shutdown-timeout", "5s"]).await;
+    let admin = proxy.admin.to_string();
+    let check = |path: &'static str| {
+        let admin = admin.clone();
+        tokio::task::spawn_blocking(move || {
+            run_to_exit(
+                &["healthcheck", "--admin", &admin, "--path", path],
+                Duration::from_secs(10),
+            )
+        })
+    };
+    let (status, _, stderr) = check("/readyz").await.unwrap();
+    assert!(status.success(), "ready: {stderr}");
+    // Draining, held open by a request at the upstream: alive, not ready.
+    let stalled = tokio::spawn(get(proxy.listen, "/stall"));
+    wait_until_sync("the request at the upstream", Duration::from_secs(5), || {
+        upstream.inflight() == 1
+    })
+    .await;
+    proxy.sigterm();
+    wait_until("readyz 503", Duration::from_secs(5), || async {
+        proxy.admin_get("/readyz").await.status == StatusCode::SERVICE_UNAVAILABLE
+    })
+    .await;
+    let (status, _, stderr) = check("/readyz").await.unwrap();
+    assert_eq!(status.code(), Some(1), "draining: {stderr}");
+    assert!(stderr.contains("503"), "{stderr}");
+    let (status, _, stderr) = check("/healthz").await.unwrap();
+    assert!(status.success(), "alive while draining: {stderr}");
+    upstream.release_stalled();
+    let _ = stalled.await;
+    proxy
+        .wait_exit(Duration::from_secs(10))
+        .await
+        .expect("floodgate exited");
+    let (status, _, stderr) = check("/healthz").await.unwrap();
+    assert_eq!(status.code(), Some(1), "gone: {stderr}");
+    assert!(stderr.starts_with("floodgate healthcheck: "), "{stderr}");
+}
+
+#[test]
+fn completions_and_the_manual_page_are_generated_from_the_command_line() {
+    for (shell, marker) in [
+        ("bash", "_floodgate()"),
+        ("zsh", "#compdef floodgate"),
+        ("fish", "complete -c floodgate"),
+    ] {
+        let (status, stdout, stderr) = run_to_exit(&["completions", shell], Duration::from_secs(10));
+        assert!(status.success(), "{shell}: {stderr}");
+        assert!(stdout.contains(marker), "{shell}: {stdout}");
+        for word in ["check", "demo", "healthcheck", "max-connections", "max-tunnels"] {
+            assert!(stdout.contains(word), "{shell} completion lacks {word}");
+        }
+    }
+    let (status, page, stderr) = run_to_exit(&["man"], Duration::from_secs(10));
+    assert!(status.success(), "{stderr}");
+    assert!(
+        page.starts_with(".ie") || page.contains(".TH floodgate 1"),
+        "{}",
+        &page[..page.len().min(300)]
+    );
+    for word in ["max\\-connections", "healthcheck", "completions"] {
+        assert!(page.contains(word), "the manual page lacks {word}");
+    }
+    let (status, _, stderr) = run_to_exit(&["completions", "tcsh"], Duration::from_secs(10));
+    assert_eq!(status.code(), Some(2), "an unknown shell is a usage error: {stderr}");
 }
