@@ -14,7 +14,7 @@ use std::sync::Arc;
 mod cli;
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
-use floodgate::config::{Config, Env, LogFormat, Overrides, REDACTED};
+use floodgate::config::{AccessLogFormat, AccessLogTarget, Config, Env, LogFormat, Overrides, REDACTED};
 use floodgate::reload::ConfigSource;
 use floodgate::server::Floodgate;
 
@@ -151,6 +151,7 @@ fn main() -> ExitCode {
                 return ExitCode::from(1);
             }
         };
+    let access_log = access_log.map(|writer| (writer, config.access_log_format().unwrap_or(AccessLogFormat::Auto)));
     init_logging(config.log_format, &config.log_level, access_log);
     let runtime = match start_runtime(config.threads) {
         Ok(runtime) => runtime,
@@ -224,10 +225,16 @@ async fn serve(config: Config, source: ConfigSource) -> anyhow::Result<()> {
         );
     }
     tracing::info!(%listen, %admin, max_client_connections = config.max_client_connections, "floodgate started");
-    // The one line scripts and tests wait for.
-    let mut stdout = std::io::stdout();
-    let _ = writeln!(stdout, "floodgate ready listen={listen} admin={admin}");
-    let _ = stdout.flush();
+    // The one line scripts and tests wait for: on stdout, unless the access log writes there, whose format it would
+    // break.
+    let ready = format!("floodgate ready listen={listen} admin={admin}");
+    if config.access_log_target() == AccessLogTarget::Stdout {
+        eprintln!("{ready}");
+    } else {
+        let mut stdout = std::io::stdout();
+        let _ = writeln!(stdout, "{ready}");
+        let _ = stdout.flush();
+    }
     floodgate.run(shutdown).await?;
     tracing::info!("floodgate stopped");
     Ok(())
@@ -391,7 +398,40 @@ fn open_access_log(config: &Config) -> Result<Option<Box<dyn Write + Send>>, Exi
 /// non-blocking writer, lossy): a destination that cannot keep up loses lines instead of stalling requests. The
 /// ordinary log stays synchronous on stderr: it is rare (shedding warnings are rate-limited), and its last lines
 /// before an exit must not be lost.
-fn init_logging(format: LogFormat, level: &str, access: Option<tracing_appender::non_blocking::NonBlocking>) {
+/// Writes an event's message alone, for access lines in the Combined Log Format.
+struct MessageOnly;
+
+impl<S, N> tracing_subscriber::fmt::FormatEvent<S, N> for MessageOnly
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        _: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        struct Message<'a, 'w>(&'a mut tracing_subscriber::fmt::format::Writer<'w>, std::fmt::Result);
+        impl tracing::field::Visit for Message<'_, '_> {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.1 = write!(self.0, "{value:?}");
+                }
+            }
+        }
+        let mut message = Message(&mut writer, Ok(()));
+        event.record(&mut message);
+        message.1?;
+        writeln!(writer)
+    }
+}
+
+fn init_logging(
+    format: LogFormat,
+    level: &str,
+    access: Option<(tracing_appender::non_blocking::NonBlocking, AccessLogFormat)>,
+) {
     use std::io::IsTerminal;
     use tracing_subscriber::filter::filter_fn;
     use tracing_subscriber::layer::SubscriberExt;
@@ -437,16 +477,18 @@ fn init_logging(format: LogFormat, level: &str, access: Option<tracing_appender:
     };
     layers.push(log.with_filter(filter).boxed());
 
-    if let Some(writer) = access {
-        let access = match format {
-            LogFormat::Human => fmt::layer().with_writer(writer).with_ansi(false).boxed(),
-            LogFormat::Json => fmt::layer()
+    if let Some((writer, access_format)) = access {
+        let access = match access_format {
+            AccessLogFormat::Auto | AccessLogFormat::Human => fmt::layer().with_writer(writer).with_ansi(false).boxed(),
+            AccessLogFormat::Json => fmt::layer()
                 .json()
                 .flatten_event(true)
                 .with_current_span(false)
                 .with_span_list(false)
                 .with_writer(writer)
                 .boxed(),
+            // The line is the event's message, and nothing else: web-log tools read it as it is.
+            AccessLogFormat::Combined => fmt::layer().event_format(MessageOnly).with_writer(writer).boxed(),
         };
         let only_access = filter_fn(|metadata| metadata.target() == floodgate::access::TARGET);
         layers.push(access.with_filter(only_access).boxed());

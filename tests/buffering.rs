@@ -462,10 +462,10 @@ async fn buffered_responses_are_counted_once_with_their_bytes_and_an_upstream_cu
         .iter()
         .map(|line| {
             (
-                line["path"].as_str().unwrap_or_default().to_string(),
-                line["status"].as_u64().unwrap_or_default(),
-                line["bytes"].as_u64().unwrap_or(u64::MAX),
-                line["outcome"].as_str().unwrap_or_default().to_string(),
+                line["url.path"].as_str().unwrap_or_default().to_string(),
+                line["http.response.status_code"].as_u64().unwrap_or_default(),
+                line["http.response.body.size"].as_u64().unwrap_or(u64::MAX),
+                line["floodgate.outcome"].as_str().unwrap_or_default().to_string(),
             )
         })
         .collect();

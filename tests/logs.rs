@@ -149,28 +149,44 @@ async fn the_access_log_has_a_line_for_a_served_and_for_a_shed_request() {
     )
     .await;
 
-    let served = get(proxy.listen, "/hello?secret=1").await;
+    let mut conn = H1Conn::connect(proxy.listen).await;
+    let request = http::Request::get("/hello?q=a%20b&page=2")
+        .header("user-agent", "access-test/1.0")
+        .header("host", "app.example")
+        .body(body_empty())
+        .unwrap();
+    let served = collect(conn.send(request).await.unwrap()).await.unwrap();
     assert_eq!(served.status, StatusCode::OK);
     let lines = proxy.access_lines(1).await;
     let line = &lines[0];
     assert_eq!(line["target"], "floodgate::access", "{line}");
     assert!(line["timestamp"].is_string(), "{line}");
+    // OpenTelemetry's semantic-convention names.
+    assert_eq!(line["client.address"], "127.0.0.1", "{line}");
+    assert!(line["client.port"].as_u64().is_some_and(|port| port > 0), "{line}");
+    assert_eq!(line["http.request.method"], "GET", "{line}");
+    assert_eq!(line["url.path"], "/hello", "{line}");
+    assert_eq!(line["url.query"], "q=a%20b&page=2", "{line}");
+    assert_eq!(line["server.address"], "app.example", "{line}");
+    assert_eq!(line["user_agent.original"], "access-test/1.0", "{line}");
+    assert_eq!(line["network.protocol.version"], "1.1", "{line}");
     assert!(
-        line["client"].as_str().is_some_and(|c| c.starts_with("127.0.0.1:")),
+        line["http.request.header.x-request-id"]
+            .as_str()
+            .is_some_and(|id| !id.is_empty()),
         "{line}"
     );
-    assert_eq!(line["method"], "GET", "{line}");
-    // The path without its query, which may carry secrets.
-    assert_eq!(line["path"], "/hello", "{line}");
-    assert_eq!(line["status"], 200, "{line}");
-    assert_eq!(line["upstream"], "default", "{line}");
-    assert_eq!(line["outcome"], "ok", "{line}");
-    assert_eq!(line["bytes"], served.body.len() as u64, "{line}");
+    assert_eq!(line["http.response.status_code"], 200, "{line}");
+    assert_eq!(line["floodgate.upstream"], "default", "{line}");
+    assert_eq!(line["floodgate.outcome"], "ok", "{line}");
+    assert_eq!(line["http.response.body.size"], served.body.len() as u64, "{line}");
     let micros = |key: &str| line[key].as_u64().unwrap_or_else(|| panic!("{key} missing: {line}"));
     assert!(
-        micros("total_us") >= micros("upstream_us") + micros("queue_us"),
+        micros("http.server.request.duration_us")
+            >= micros("floodgate.upstream.duration_us") + micros("floodgate.queue.duration_us"),
         "{line}"
     );
+    assert!(line.get("floodgate.tunnel.closed_by").is_none(), "{line}");
 
     // The only slot held, no queue: the next request is shed, and its line says why.
     let addr = proxy.listen;
@@ -183,18 +199,19 @@ async fn the_access_log_has_a_line_for_a_served_and_for_a_shed_request() {
     assert_eq!(shed.status, StatusCode::SERVICE_UNAVAILABLE);
     let lines = proxy.access_lines(2).await;
     let line = &lines[1];
-    assert_eq!(line["path"], "/shed-me", "{line}");
-    assert_eq!(line["status"], 503, "{line}");
-    assert_eq!(line["upstream"], "default", "{line}");
-    assert_eq!(line["outcome"], "shed_queue_full", "{line}");
-    assert_eq!(line["bytes"], shed.body.len() as u64, "{line}");
-    assert_eq!(line["upstream_us"], 0, "never admitted: {line}");
+    assert_eq!(line["url.path"], "/shed-me", "{line}");
+    assert!(line.get("url.query").is_none(), "{line}");
+    assert_eq!(line["http.response.status_code"], 503, "{line}");
+    assert_eq!(line["floodgate.upstream"], "default", "{line}");
+    assert_eq!(line["floodgate.outcome"], "shed_queue_full", "{line}");
+    assert_eq!(line["http.response.body.size"], shed.body.len() as u64, "{line}");
+    assert_eq!(line["floodgate.upstream.duration_us"], 0, "never admitted: {line}");
 
     upstream.release_stalled();
     assert_eq!(stalled.await.unwrap().status, StatusCode::OK);
     let lines = proxy.access_lines(3).await;
-    assert_eq!(lines[2]["path"], "/stall", "{}", lines[2]);
-    assert_eq!(lines[2]["outcome"], "ok", "{}", lines[2]);
+    assert_eq!(lines[2]["url.path"], "/stall", "{}", lines[2]);
+    assert_eq!(lines[2]["floodgate.outcome"], "ok", "{}", lines[2]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -221,16 +238,16 @@ async fn the_human_access_log_goes_to_a_file_one_readable_line_per_request() {
     for (line, path) in lines.iter().zip(["/one", "/two"]) {
         for field in [
             "floodgate::access:",
-            "client=127.0.0.1:",
-            "method=GET",
-            &format!("path={path}"),
-            "status=200",
-            "upstream=\"default\"",
-            "queue_us=",
-            "upstream_us=",
-            "total_us=",
-            "bytes=",
-            "outcome=\"ok\"",
+            "client.address=127.0.0.1",
+            "http.request.method=GET",
+            &format!("url.path={path}"),
+            "http.response.status_code=200",
+            "floodgate.upstream=\"default\"",
+            "floodgate.queue.duration_us=",
+            "floodgate.upstream.duration_us=",
+            "http.server.request.duration_us=",
+            "http.response.body.size=",
+            "floodgate.outcome=\"ok\"",
         ] {
             assert!(line.contains(field), "{field} missing from {line}");
         }
@@ -270,4 +287,52 @@ async fn the_access_log_is_off_by_default() {
     assert!(!output.contains("floodgate::access"), "{output}");
     assert!(!output.contains("/quiet"), "{output}");
     assert!(!output.contains("[stdout]"), "{output}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_combined_access_log_is_what_web_log_tools_read_and_the_ready_line_stays_off_its_stdout() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start_with_env(
+        &["--upstream", &upstream.url()],
+        &[
+            ("FLOODGATE__ACCESS_LOG", "stdout"),
+            ("FLOODGATE__ACCESS_LOG_FORMAT", "combined"),
+        ],
+    )
+    .await;
+    let mut conn = H1Conn::connect(proxy.listen).await;
+    let request = http::Request::get("/page?q=1")
+        .header("user-agent", "Mozilla/5.0 (X11) \"quoted\"")
+        .header("referer", "https://example.com/from")
+        .body(body_empty())
+        .unwrap();
+    let served = collect(conn.send(request).await.unwrap()).await.unwrap();
+    assert_eq!(served.status, StatusCode::OK);
+    let read = || -> Vec<String> {
+        proxy
+            .output()
+            .lines()
+            .filter_map(|line| line.strip_prefix("[stdout] "))
+            .map(str::to_string)
+            .collect()
+    };
+    wait_until_sync("the access line", Duration::from_secs(5), || !read().is_empty()).await;
+    // stdout carries the access log alone (the ready line went to stderr), one line per request.
+    let stdout = read();
+    assert_eq!(stdout.len(), 1, "{stdout:?}");
+    let line = &stdout[0];
+    // host ident user [time] "request line" status bytes "referer" "user agent"
+    let (head, rest) = line.split_once(" [").expect("a [time]");
+    assert_eq!(head, "127.0.0.1 - -", "{line}");
+    let (time, rest) = rest.split_once("] ").expect("the time's end");
+    assert_eq!(time.len(), "10/Oct/2000:13:55:36 +0000".len(), "{time}");
+    assert!(
+        time.ends_with(" +0000") && time.as_bytes()[2] == b'/' && time.as_bytes()[6] == b'/',
+        "{time}"
+    );
+    let expected = format!(
+        "\"GET /page?q=1 HTTP/1.1\" 200 {} \"https://example.com/from\" \"Mozilla/5.0 (X11) \\\"quoted\\\"\"",
+        served.body.len()
+    );
+    assert_eq!(rest, expected, "{line}");
 }

@@ -47,9 +47,9 @@ async fn a_request_without_an_id_gets_one_that_the_upstream_the_client_and_the_a
     assert_ne!(second.header(ID), Some(id), "two requests, one ID");
 
     let lines = proxy.access_lines(2).await;
-    assert_eq!(lines[0]["request_id"], id, "{}", lines[0]);
+    assert_eq!(lines[0]["http.request.header.x-request-id"], id, "{}", lines[0]);
     assert_eq!(
-        lines[1]["request_id"],
+        lines[1]["http.request.header.x-request-id"],
         second.header(ID).unwrap_or_default(),
         "{}",
         lines[1]

@@ -205,12 +205,18 @@ async fn an_idle_tunnel_is_closed_after_tunnel_idle_timeout_and_says_so_in_the_a
     wait_until_sync("the upstream's socket closed", T, || upstream.sockets() == 0).await;
     let lines = proxy.access_lines(1).await;
     let line = &lines[0];
-    assert_eq!(line["status"], 101, "{line}");
-    assert_eq!(line["path"], "/quiet", "{line}");
-    assert_eq!(line["closed_by"], "idle_timeout", "{line}");
-    assert!(line["bytes"].as_u64().is_some_and(|bytes| bytes > 0), "{line}");
+    assert_eq!(line["http.response.status_code"], 101, "{line}");
+    assert_eq!(line["url.path"], "/quiet", "{line}");
+    assert_eq!(line["floodgate.outcome"], "tunnel", "{line}");
+    assert_eq!(line["floodgate.tunnel.closed_by"], "idle_timeout", "{line}");
     assert!(
-        line["bytes_to_upstream"].as_u64().is_some_and(|bytes| bytes > 0),
+        line["http.response.body.size"].as_u64().is_some_and(|bytes| bytes > 0),
+        "{line}"
+    );
+    assert!(
+        line["floodgate.tunnel.bytes_to_upstream"]
+            .as_u64()
+            .is_some_and(|bytes| bytes > 0),
         "{line}"
     );
 }
@@ -428,7 +434,7 @@ where
     let exit = proxy.wait_exit(T).await.expect("floodgate exited");
     assert!(exit.success(), "{exit:?}");
     let lines = proxy.access_lines(1).await;
-    assert_eq!(lines[0]["closed_by"], "shutdown", "{}", lines[0]);
+    assert_eq!(lines[0]["floodgate.tunnel.closed_by"], "shutdown", "{}", lines[0]);
     wait_until_sync("the upstream's socket closed", T, || upstream.sockets() == 0).await;
 }
 

@@ -67,6 +67,8 @@ pub struct Config {
     pub log_level: String,
     /// `off`, `stdout`, `stderr` or a file path (appended to); see [`Config::access_log_target`].
     pub access_log: String,
+    /// How access-log lines are written: `auto` (as `log_format`), `json`, `human` or `combined`.
+    pub access_log_format: AccessLogFormat,
     /// PEM certificate chain (leaf first) the client listener presents; with `tls_key`, the listener speaks TLS
     /// only, and ALPN (`h2`, `http/1.1`) picks the protocol. Paths are not secrets; the key file is never shown.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -113,6 +115,33 @@ impl Config {
     }
 }
 
+/// How access-log lines are written: as `log_format` says (`auto`), one JSON object each with OpenTelemetry's
+/// semantic-convention names (`json`), those fields as readable `key=value` pairs (`human`), or the Combined Log
+/// Format web log tools read (`combined`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum AccessLogFormat {
+    #[default]
+    Auto,
+    Json,
+    Human,
+    Combined,
+}
+
+impl Config {
+    /// The access log's format, `auto` resolved; `None` when the access log is off.
+    pub fn access_log_format(&self) -> Option<AccessLogFormat> {
+        if self.access_log_target() == AccessLogTarget::Off {
+            return None;
+        }
+        Some(match (self.access_log_format, self.log_format) {
+            (AccessLogFormat::Auto, LogFormat::Json) => AccessLogFormat::Json,
+            (AccessLogFormat::Auto, LogFormat::Human) => AccessLogFormat::Human,
+            (format, _) => format,
+        })
+    }
+}
+
 /// How log lines are written: `human` (one readable line each) or `json` (one JSON object per line).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -151,6 +180,7 @@ impl Default for Config {
             http1_server: Http1Server::Floodgate,
             log_level: "info".to_string(),
             access_log: "off".to_string(),
+            access_log_format: AccessLogFormat::Auto,
             tls_cert: None,
             tls_key: None,
             admin_token: None,

@@ -40,8 +40,8 @@ pub struct Proxy {
     trusted_proxies: ArcSwap<Vec<ipnet::IpNet>>,
     /// Pools a reload retired, kept for `/status` and shutdown until they have drained.
     draining: Mutex<Vec<Arc<UpstreamPool>>>,
-    /// Whether requests write an access-log line.
-    access_log: bool,
+    /// Whether requests write an access-log line, and in which style.
+    access_log: Option<crate::access::Style>,
     /// The bound on body bytes held in memory, shared by every request.
     buffers: Arc<BufferBudget>,
     shed_warned_at: AtomicU64,
@@ -74,7 +74,7 @@ impl Proxy {
             metrics,
             trusted_proxies: ArcSwap::from_pointee(trusted_proxies),
             draining: Mutex::default(),
-            access_log: false,
+            access_log: None,
             shed_warned_at: AtomicU64::new(0),
             started: Instant::now(),
             lane,
@@ -141,8 +141,8 @@ impl Proxy {
         pools
     }
 
-    pub fn with_access_log(mut self, on: bool) -> Self {
-        self.access_log = on;
+    pub fn with_access_log(mut self, style: Option<crate::access::Style>) -> Self {
+        self.access_log = style;
         self
     }
 

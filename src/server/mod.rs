@@ -76,7 +76,10 @@ impl Floodgate {
             lane.start_thread().map_err(StartError::Lane)?;
         }
         let router = Plan::starting(&config, &metrics, &lane)?;
-        let access_log = config.access_log_target() != crate::config::AccessLogTarget::Off;
+        let access_log = config.access_log_format().map(|format| match format {
+            crate::config::AccessLogFormat::Combined => crate::access::Style::Combined,
+            _ => crate::access::Style::Fields,
+        });
         let proxy = Proxy::new(router, metrics, config.trusted_proxies.clone(), lane).with_access_log(access_log);
         proxy.buffers().set_limit(config.max_buffered_bytes);
         // Validation read these files already; reading them again here keeps a file changed in between from

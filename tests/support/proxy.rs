@@ -152,30 +152,52 @@ impl Proxy {
             .map_err(|e| format!("spawning {}: {e}", floodgate_bin()))?;
         let output = Arc::new(Mutex::new(String::new()));
 
-        let mut stderr = child.stderr.take().unwrap();
+        // The ready line comes on stdout, or on stderr when the access log writes to stdout.
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<String>();
+        let ready_tx = Arc::new(Mutex::new(Some(ready_tx)));
+        let is_ready = {
+            let ready_tx = ready_tx.clone();
+            move |line: &str| {
+                if !line.starts_with("floodgate ready") {
+                    return false;
+                }
+                match ready_tx.lock().unwrap().take() {
+                    Some(tx) => {
+                        let _ = tx.send(line.to_string());
+                        true
+                    }
+                    None => false,
+                }
+            }
+        };
+
+        let stderr = child.stderr.take().unwrap();
         let err_buf = output.clone();
+        let stderr_ready = is_ready.clone();
         let stderr_reader = std::thread::spawn(move || {
-            let mut chunk = [0u8; 8192];
+            let mut reader = BufReader::new(stderr);
+            let mut line = Vec::new();
             loop {
-                match stderr.read(&mut chunk) {
+                line.clear();
+                match reader.read_until(b'\n', &mut line) {
                     Ok(0) | Err(_) => break,
-                    Ok(n) => append_capped(&err_buf, &String::from_utf8_lossy(&chunk[..n])),
+                    Ok(_) => {
+                        let text = String::from_utf8_lossy(&line);
+                        if !stderr_ready(text.trim_end()) {
+                            append_capped(&err_buf, &text);
+                        }
+                    }
                 }
             }
         });
 
         let stdout = child.stdout.take().unwrap();
         let out_buf = output.clone();
-        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<String>();
         let stdout_reader = std::thread::spawn(move || {
-            let mut ready_tx = Some(ready_tx);
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
-                if line.starts_with("floodgate ready") {
-                    if let Some(tx) = ready_tx.take() {
-                        let _ = tx.send(line);
-                        continue;
-                    }
+                if is_ready(&line) {
+                    continue;
                 }
                 append_capped(&out_buf, &format!("[stdout] {line}\n"));
             }
