@@ -235,6 +235,8 @@ async fn serve(config: Config, source: ConfigSource) -> anyhow::Result<()> {
         let _ = writeln!(stdout, "{ready}");
         let _ = stdout.flush();
     }
+    let status = format!("serving listen={listen} admin={admin}");
+    notify_systemd(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status(&status)]);
     floodgate.run(shutdown).await?;
     tracing::info!("floodgate stopped");
     Ok(())
@@ -253,7 +255,12 @@ fn reload_on_hangup(reloader: floodgate::server::Reloader) {
     tokio::spawn(async move {
         while hangups.recv().await.is_some() {
             tracing::info!("SIGHUP: reloading the configuration");
+            // systemd (Type=notify-reload, or ExecReload's caller) learns when the reload starts and ends.
+            let mut reloading = vec![sd_notify::NotifyState::Reloading];
+            reloading.extend(sd_notify::NotifyState::monotonic_usec_now().ok());
+            notify_systemd(&reloading);
             let _ = reloader.reload().await;
+            notify_systemd(&[sd_notify::NotifyState::Ready]);
         }
     });
 }
@@ -280,6 +287,18 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
             }
         }
         tracing::info!("shutdown signal received");
+        notify_systemd(&[sd_notify::NotifyState::Stopping]);
+    }
+}
+
+/// Tells systemd (when it started floodgate with `Type=notify`: `NOTIFY_SOCKET` is set) how the service stands;
+/// without it, nothing is sent.
+fn notify_systemd(states: &[sd_notify::NotifyState<'_>]) {
+    if std::env::var_os("NOTIFY_SOCKET").is_none() {
+        return;
+    }
+    if let Err(err) = sd_notify::notify(states) {
+        tracing::warn!(error = %err, "cannot notify systemd");
     }
 }
 

@@ -680,3 +680,217 @@ fn completions_and_the_manual_page_are_generated_from_the_command_line() {
     let (status, _, stderr) = run_to_exit(&["completions", "tcsh"], Duration::from_secs(10));
     assert_eq!(status.code(), Some(2), "an unknown shell is a usage error: {stderr}");
 }
+
+/// `KEY=value` lines of one `[section]` of a systemd unit file, in order (keys may repeat).
+fn unit_section(text: &str, section: &str) -> Vec<(String, String)> {
+    let mut inside = false;
+    let mut entries = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if line.starts_with('[') {
+            inside = line == format!("[{section}]");
+            continue;
+        }
+        if !inside || line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (key, value) = line.split_once('=').unwrap_or_else(|| panic!("not KEY=value: {line}"));
+        entries.push((key.to_string(), value.to_string()));
+    }
+    entries
+}
+
+#[test]
+fn the_deb_and_its_systemd_unit_agree_with_the_binary_and_its_configuration() {
+    let manifest: toml::Table = read(&repo().join("Cargo.toml")).parse().unwrap();
+    let deb = &manifest["package"]["metadata"]["deb"];
+    let script = read(&repo().join("packaging/deb.sh"));
+    // Every asset is in the repository or made by the script that builds the package.
+    let mut installed = Vec::new();
+    for asset in deb["assets"].as_array().unwrap() {
+        let asset = asset.as_array().unwrap();
+        let (source, destination) = (asset[0].as_str().unwrap(), asset[1].as_str().unwrap());
+        if let Some(made) = source.strip_prefix("target/") {
+            let name = made.rsplit('/').next().unwrap();
+            let stem = name.split('.').next().unwrap();
+            assert!(
+                script.contains(stem) && (made.starts_with("release/") || made.starts_with("packaging/")),
+                "{source} is not made by packaging/deb.sh"
+            );
+        } else {
+            assert!(repo().join(source).exists(), "{source} is not in the repository");
+        }
+        let destination = if destination.ends_with('/') {
+            format!("/{destination}{}", source.rsplit('/').next().unwrap())
+        } else {
+            format!("/{destination}")
+        };
+        installed.push(destination);
+    }
+    for path in [
+        "/usr/bin/floodgate",
+        "/etc/floodgate/floodgate.toml",
+        "/usr/share/man/man1/floodgate.1.gz",
+        "/usr/share/bash-completion/completions/floodgate",
+    ] {
+        assert!(
+            installed.iter().any(|p| p == path),
+            "the package does not install {path}: {installed:?}"
+        );
+    }
+    let conf_files: Vec<&str> = deb["conf-files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        conf_files,
+        ["/etc/floodgate/floodgate.toml"],
+        "the configuration survives upgrades"
+    );
+    let units = &deb["systemd-units"];
+    assert_eq!(units["unit-scripts"].as_str(), Some("packaging/"));
+
+    let unit = read(&repo().join("packaging/floodgate.service"));
+    let service = unit_section(&unit, "Service");
+    let value = |key: &str| {
+        service
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+            .unwrap_or_else(|| panic!("no {key} in [Service]"))
+    };
+    assert_eq!(value("Type"), "notify", "floodgate tells systemd when it is ready");
+    assert_eq!(
+        value("ExecStart"),
+        "/usr/bin/floodgate --config /etc/floodgate/floodgate.toml"
+    );
+    assert_eq!(value("ExecReload"), "/bin/kill -HUP $MAINPID");
+    assert_eq!(value("KillSignal"), "SIGTERM");
+    // The drain must finish before systemd kills what is left.
+    let config = checked_config(&repo().join("config/floodgate.toml"));
+    let stop: u64 = value("TimeoutStopSec").parse().unwrap();
+    assert!(
+        Duration::from_secs(stop) > shutdown_timeout(&config),
+        "TimeoutStopSec {stop}"
+    );
+    for (key, expected) in [
+        ("NoNewPrivileges", "yes"),
+        ("ProtectSystem", "strict"),
+        ("ProtectHome", "yes"),
+        ("PrivateTmp", "yes"),
+        ("DynamicUser", "yes"),
+        ("CapabilityBoundingSet", ""),
+    ] {
+        assert_eq!(value(key), expected, "{key}");
+    }
+    let install = unit_section(&unit, "Install");
+    assert!(install.iter().any(|(k, v)| k == "WantedBy" && v == "multi-user.target"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn floodgate_tells_systemd_when_it_is_ready_reloading_and_stopping() {
+    let dir = pki::TempDir::new();
+    let path = dir.0.join("notify.sock");
+    let socket = tokio::net::UnixDatagram::bind(&path).unwrap();
+    let upstream = Upstream::start().await;
+    let notify = path.display().to_string();
+    let mut proxy = Proxy::start_with_env(&["--upstream", &upstream.url()], &[("NOTIFY_SOCKET", &notify)]).await;
+    let receive = || async {
+        let mut message = vec![0u8; 1024];
+        let n = tokio::time::timeout(Duration::from_secs(10), socket.recv(&mut message))
+            .await
+            .expect("no notification within 10 s")
+            .unwrap();
+        String::from_utf8_lossy(&message[..n]).into_owned()
+    };
+    let ready = receive().await;
+    assert!(ready.lines().any(|line| line == "READY=1"), "{ready}");
+    assert!(
+        ready.contains(&format!("STATUS=serving listen={}", proxy.listen)),
+        "{ready}"
+    );
+    proxy.sighup();
+    let reloading = receive().await;
+    assert!(reloading.lines().any(|line| line == "RELOADING=1"), "{reloading}");
+    assert!(
+        reloading.lines().any(|line| line.starts_with("MONOTONIC_USEC=")),
+        "{reloading}"
+    );
+    assert_eq!(receive().await.trim(), "READY=1");
+    proxy.sigterm();
+    assert_eq!(receive().await.trim(), "STOPPING=1");
+    assert!(proxy
+        .wait_exit(Duration::from_secs(10))
+        .await
+        .expect("exited")
+        .success());
+}
+
+/// A `major.minor[.patch]` version as numbers, for comparing.
+fn version_of(text: &str) -> (u64, u64, u64) {
+    let mut parts = text.split('.').map(|part| part.parse::<u64>().unwrap_or(0));
+    (
+        parts.next().unwrap_or(0),
+        parts.next().unwrap_or(0),
+        parts.next().unwrap_or(0),
+    )
+}
+
+#[test]
+fn rust_version_is_at_least_what_every_dependency_it_builds_declares() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    let output = std::process::Command::new(cargo)
+        .args(["metadata", "--format-version", "1", "--locked", "--offline"])
+        .current_dir(repo())
+        .output()
+        .expect("cargo metadata");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let packages: std::collections::HashMap<&str, &serde_json::Value> = metadata["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|package| (package["id"].as_str().unwrap(), package))
+        .collect();
+    let nodes: std::collections::HashMap<&str, &serde_json::Value> = metadata["resolve"]["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|node| (node["id"].as_str().unwrap(), node))
+        .collect();
+    let root = metadata["resolve"]["root"].as_str().unwrap();
+    let ours = version_of(
+        packages[root]["rust_version"]
+            .as_str()
+            .expect("a rust-version in Cargo.toml"),
+    );
+    // What a build of floodgate compiles: normal and build dependencies, not the tests' own.
+    let (mut seen, mut stack) = (BTreeSet::new(), vec![root]);
+    while let Some(id) = stack.pop() {
+        if !seen.insert(id) {
+            continue;
+        }
+        for dep in nodes[id]["deps"].as_array().unwrap() {
+            let built = dep["dep_kinds"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|kind| kind["kind"].is_null() || kind["kind"] == "build");
+            if built {
+                stack.push(dep["pkg"].as_str().unwrap());
+            }
+        }
+    }
+    for id in seen {
+        let package = packages[id];
+        if let Some(needed) = package["rust_version"].as_str() {
+            assert!(
+                version_of(needed) <= ours,
+                "{} {} needs Rust {needed}, above floodgate's rust-version",
+                package["name"],
+                package["version"]
+            );
+        }
+    }
+}
