@@ -24,7 +24,7 @@ pub enum Chaos {
 impl Chaos {
     /// `patient_percent` of the clients are patient; the rest vanish at a random point, in equal shares.
     pub fn pick(rng: &mut u64, patient_percent: u64) -> Chaos {
-        let reset = next_random(rng) % 2 == 0;
+        let reset = next_random(rng).is_multiple_of(2);
         if next_random(rng) % 100 < patient_percent {
             return Chaos::Patient;
         }

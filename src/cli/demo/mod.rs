@@ -212,7 +212,7 @@ fn format_wall(d: Duration) -> String {
 fn format_duration_short(d: Duration) -> String {
     if d.subsec_nanos() == 0 {
         format!("{}s", d.as_secs())
-    } else if d.subsec_nanos() % 1_000_000 == 0 {
+    } else if d.subsec_nanos().is_multiple_of(1_000_000) {
         format!("{}ms", d.as_millis())
     } else {
         format!("{}us", d.as_micros())
