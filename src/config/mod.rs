@@ -60,6 +60,9 @@ pub struct Config {
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
     pub trusted_proxies: Vec<IpNet>,
+    /// Whether a connection may start with a PROXY protocol header (v1 or v2) carrying its client's address, taken
+    /// from peers in `trusted_proxies` only.
+    pub proxy_protocol: bool,
     pub log_format: LogFormat,
     /// Which server reads plain-TCP HTTP/1 clients: hyper's, or floodgate's own (`docs/data-path.md`).
     pub http1_server: Http1Server,
@@ -176,6 +179,7 @@ impl Default for Config {
             max_concurrent_streams: 512,
             shutdown_timeout: Duration::from_secs(30),
             trusted_proxies: Vec::new(),
+            proxy_protocol: false,
             log_format: LogFormat::Human,
             http1_server: Http1Server::Floodgate,
             log_level: "info".to_string(),

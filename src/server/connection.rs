@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::h2_frames::FrameWatch;
-use super::{h1_conn, OpenClient};
+use super::{h1_conn, proxy_header, OpenClient};
 use crate::activity::{ClientActivity, Expired};
 use crate::body::ClientBody;
 use crate::config::tls::ALPN_H2;
@@ -84,6 +84,23 @@ pub(super) async fn serve(
     tracker: TaskTracker,
 ) {
     let _ = stream.set_nodelay(true);
+    // Behind an L4 load balancer the client's address comes first, in a PROXY header (see `proxy_header`).
+    let peer = if config.proxy_protocol {
+        let trusted = proxy.is_trusted(peer.ip());
+        match tokio::time::timeout(config.first_byte_timeout, proxy_header::read(&stream, peer, trusted)).await {
+            Ok(Ok(client)) => client.unwrap_or(peer),
+            Ok(Err(refused)) => {
+                tracing::debug!(%peer, error = %refused, "connection closed at its PROXY header");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(%peer, "no PROXY header or request within first_byte_timeout; closing");
+                return;
+            }
+        }
+    } else {
+        peer
+    };
     let stream = Arc::new(stream);
     // TLS wraps the SharedStream rather than the socket, so the write-stall limit and the read observer below
     // see the bytes actually moving on the wire, encrypted or not.

@@ -8,6 +8,7 @@
 mod connection;
 mod h1_conn;
 mod h2_frames;
+mod proxy_header;
 
 use std::future::Future;
 use std::net::SocketAddr;
