@@ -132,6 +132,7 @@ fn main() -> ExitCode {
         None => {}
     }
     // Configuration problems are printed plainly: logging is configured by what is being loaded.
+    let file = cli.layers.config.clone();
     let source = cli.layers.into_source();
     let config = match load(&source) {
         Ok(config) => config,
@@ -166,7 +167,7 @@ fn main() -> ExitCode {
     if let Err(err) = tikv_jemalloc_ctl::background_thread::write(true) {
         tracing::warn!(error = %err, "the allocator's purging thread did not start; freed memory goes back later");
     }
-    match runtime.block_on(serve(config, source)) {
+    match runtime.block_on(serve(config, source, file)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("floodgate: {err:#}");
@@ -203,10 +204,14 @@ fn run_check(args: LayerArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-async fn serve(config: Config, source: ConfigSource) -> anyhow::Result<()> {
+async fn serve(config: Config, source: ConfigSource, file: Option<PathBuf>) -> anyhow::Result<()> {
+    let watch = config.config_watch_interval;
     let floodgate = Floodgate::bind(config).await?.reload_from(source);
     // Both signal handlers are in place before the ready line: a signal sent on seeing it is never missed.
     reload_on_hangup(floodgate.reloader());
+    if let Some(file) = file.filter(|_| !watch.is_zero()) {
+        reload_on_change(floodgate.reloader(), file, watch);
+    }
     let shutdown = shutdown_signal();
     let (listen, admin) = (floodgate.listen_addr(), floodgate.admin_addr());
     let config = floodgate.config();
@@ -255,12 +260,53 @@ fn reload_on_hangup(reloader: floodgate::server::Reloader) {
     tokio::spawn(async move {
         while hangups.recv().await.is_some() {
             tracing::info!("SIGHUP: reloading the configuration");
-            // systemd (Type=notify-reload, or ExecReload's caller) learns when the reload starts and ends.
-            let mut reloading = vec![sd_notify::NotifyState::Reloading];
-            reloading.extend(sd_notify::NotifyState::monotonic_usec_now().ok());
-            notify_systemd(&reloading);
-            let _ = reloader.reload().await;
-            notify_systemd(&[sd_notify::NotifyState::Ready]);
+            reload(&reloader).await;
+        }
+    });
+}
+
+/// Reloads the configuration, telling systemd (Type=notify-reload, or ExecReload's caller) when the reload
+/// starts and ends. The reload logs what it changed or why it refused.
+async fn reload(reloader: &floodgate::server::Reloader) {
+    let mut reloading = vec![sd_notify::NotifyState::Reloading];
+    reloading.extend(sd_notify::NotifyState::monotonic_usec_now().ok());
+    notify_systemd(&reloading);
+    let _ = reloader.reload().await;
+    notify_systemd(&[sd_notify::NotifyState::Ready]);
+}
+
+/// Looks at the configuration file every `interval` and reloads, as on SIGHUP, once a change has stayed for one
+/// more look: a Kubernetes ConfigMap is swapped in whole, but an editor may write a file twice. Reading the file's
+/// bytes through its path follows the symbolic links a ConfigMap volume swaps.
+fn reload_on_change(reloader: floodgate::server::Reloader, file: PathBuf, interval: std::time::Duration) {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let fingerprint = |file: &std::path::Path| {
+        std::fs::read(file).ok().map(|bytes| {
+            let mut hasher = DefaultHasher::new();
+            bytes.hash(&mut hasher);
+            hasher.finish()
+        })
+    };
+    tokio::spawn(async move {
+        let mut loaded = fingerprint(&file);
+        let mut seen = loaded;
+        let mut ticks = tokio::time::interval(interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            let now = fingerprint(&file);
+            // A file that cannot be read (mid-swap, say) is looked at again next time.
+            if now.is_none() || now == loaded {
+                seen = now.or(seen);
+                continue;
+            }
+            if now != seen {
+                seen = now;
+                continue;
+            }
+            loaded = now;
+            tracing::info!(file = %file.display(), "the configuration file changed: reloading it");
+            reload(&reloader).await;
         }
     });
 }

@@ -454,3 +454,51 @@ async fn a_storm_of_cap_changes_and_reloads_under_load_loses_no_request_and_sett
     assert_eq!(a["in_use"], 0);
     assert_eq!(a["queue_depth"], 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watched_configuration_file_is_reloaded_when_it_changes_as_a_configmap_swap_changes_it() {
+    let upstream = Upstream::start().await;
+    let watched = |cap: usize| {
+        format!(
+            "config_watch_interval = \"100ms\"\n{}",
+            one_upstream(&upstream.url(), cap)
+        )
+    };
+    // A ConfigMap volume: the file is a symbolic link into a directory the kubelet replaces by swapping a link.
+    let dir = std::env::temp_dir().join(format!("floodgate-watch-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("v1")).unwrap();
+    std::fs::write(dir.join("v1/floodgate.toml"), watched(2)).unwrap();
+    std::os::unix::fs::symlink("v1", dir.join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/floodgate.toml", dir.join("floodgate.toml")).unwrap();
+    let path = dir.join("floodgate.toml").display().to_string();
+    let proxy = Proxy::start(&["--config", &path]).await;
+    assert_eq!(proxy.upstream_field("a", "max_connections").await, 2);
+
+    // An edit in place.
+    std::fs::write(dir.join("v1/floodgate.toml"), watched(5)).unwrap();
+    proxy.wait_until_field("a", "max_connections", 5, WAIT).await;
+
+    // The kubelet's way: a new directory, and one rename of the link that points at it.
+    std::fs::create_dir_all(dir.join("v2")).unwrap();
+    std::fs::write(dir.join("v2/floodgate.toml"), watched(7)).unwrap();
+    std::os::unix::fs::symlink("v2", dir.join("..data_tmp")).unwrap();
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+    proxy.wait_until_field("a", "max_connections", 7, WAIT).await;
+
+    // An invalid file is refused, and the running configuration stays.
+    std::fs::write(dir.join("v2/floodgate.toml"), "max_client_connections = \"many\"\n").unwrap();
+    wait_until("the refusal", WAIT, || async {
+        proxy.output().contains("reload refused")
+    })
+    .await;
+    assert_eq!(proxy.upstream_field("a", "max_connections").await, 7);
+    assert_eq!(get(proxy.listen, "/").await.status, StatusCode::OK);
+    let samples = parse_metrics(&proxy.metrics().await);
+    assert_eq!(
+        metric_sum(&samples, "floodgate_reloads_total", &[("result", "applied")]),
+        2.0
+    );
+    drop(proxy);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -894,3 +894,124 @@ fn rust_version_is_at_least_what_every_dependency_it_builds_declares() {
         }
     }
 }
+
+/// Pod Security Standards, "restricted" profile (Kubernetes' own list of its checks): what `pod` (a pod spec) breaks.
+fn restricted_violations(pod: &Yaml) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut check = |ok: bool, what: String| {
+        if !ok {
+            found.push(what);
+        }
+    };
+    for host in ["hostNetwork", "hostPID", "hostIPC"] {
+        check(pod[host].as_bool() != Some(true), format!("{host}"));
+    }
+    let pod_context = &pod["securityContext"];
+    let pod_non_root = pod_context["runAsNonRoot"].as_bool() == Some(true);
+    let pod_seccomp = pod_context["seccompProfile"]["type"].as_str();
+    let allowed_volumes = [
+        "configMap",
+        "csi",
+        "downwardAPI",
+        "emptyDir",
+        "ephemeral",
+        "persistentVolumeClaim",
+        "projected",
+        "secret",
+    ];
+    for volume in pod["volumes"].as_sequence().map(Vec::as_slice).unwrap_or_default() {
+        let kinds: Vec<&str> = volume
+            .as_mapping()
+            .unwrap()
+            .keys()
+            .filter_map(|key| key.as_str())
+            .filter(|key| *key != "name")
+            .collect();
+        check(
+            kinds.iter().all(|kind| allowed_volumes.contains(kind)),
+            format!("volume kinds {kinds:?}"),
+        );
+    }
+    let containers = pod["containers"].as_sequence().map(Vec::as_slice).unwrap_or_default();
+    let init = pod["initContainers"]
+        .as_sequence()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    for container in containers.iter().chain(init) {
+        let name = container["name"].as_str().unwrap_or("?");
+        let context = &container["securityContext"];
+        check(
+            context["privileged"].as_bool() != Some(true),
+            format!("{name}: privileged"),
+        );
+        check(
+            context["allowPrivilegeEscalation"].as_bool() == Some(false),
+            format!("{name}: allowPrivilegeEscalation is not false"),
+        );
+        let non_root = context["runAsNonRoot"].as_bool().unwrap_or(pod_non_root);
+        check(non_root, format!("{name}: runAsNonRoot"));
+        check(context["runAsUser"].as_u64() != Some(0), format!("{name}: runAsUser 0"));
+        let seccomp = context["seccompProfile"]["type"].as_str().or(pod_seccomp);
+        check(
+            matches!(seccomp, Some("RuntimeDefault" | "Localhost")),
+            format!("{name}: seccompProfile {seccomp:?}"),
+        );
+        let drops: Vec<&str> = context["capabilities"]["drop"]
+            .as_sequence()
+            .map(|drop| drop.iter().filter_map(Yaml::as_str).collect())
+            .unwrap_or_default();
+        check(drops.contains(&"ALL"), format!("{name}: capabilities.drop lacks ALL"));
+        let adds: Vec<&str> = context["capabilities"]["add"]
+            .as_sequence()
+            .map(|add| add.iter().filter_map(Yaml::as_str).collect())
+            .unwrap_or_default();
+        check(
+            adds.iter().all(|add| *add == "NET_BIND_SERVICE"),
+            format!("{name}: capabilities.add {adds:?}"),
+        );
+        for port in container["ports"].as_sequence().map(Vec::as_slice).unwrap_or_default() {
+            check(
+                port["hostPort"].as_u64().is_none_or(|p| p == 0),
+                format!("{name}: hostPort"),
+            );
+        }
+    }
+    found
+}
+
+#[test]
+fn kubernetes_manifests_pass_pod_security_restricted_and_a_disruption_budget_keeps_replicas_up() {
+    let dir = docker_dir().join("k8s");
+    let deployment = yaml(&dir.join("deployment.yaml"));
+    let pod = &deployment["spec"]["template"]["spec"];
+    let violations = restricted_violations(pod);
+    assert!(
+        violations.is_empty(),
+        "Pod Security \"restricted\" refuses: {violations:?}"
+    );
+    // The check itself refuses what it must.
+    let mut loose = pod.clone();
+    loose["securityContext"] = serde_yaml_ng::from_str("{}").unwrap();
+    assert!(
+        !restricted_violations(&loose).is_empty(),
+        "the check passes a pod without seccomp or runAsNonRoot"
+    );
+
+    let budget = yaml(&dir.join("pdb.yaml"));
+    assert_eq!(budget["kind"], "PodDisruptionBudget");
+    assert_eq!(
+        budget["spec"]["selector"]["matchLabels"], deployment["spec"]["selector"]["matchLabels"],
+        "the budget covers the Deployment's pods"
+    );
+    let replicas = deployment["spec"]["replicas"].as_u64().unwrap();
+    let unavailable = budget["spec"]["maxUnavailable"].as_u64().unwrap();
+    assert!(
+        unavailable >= 1 && unavailable < replicas,
+        "maxUnavailable {unavailable} of {replicas}"
+    );
+
+    // A ConfigMap change is reloaded without a signal.
+    let config = checked_config(k8s_config().path());
+    let interval = config["config_watch_interval"].as_str().unwrap();
+    assert!(interval != "0s", "the sidecar does not watch its configuration");
+}

@@ -60,6 +60,10 @@ pub struct Config {
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
     pub trusted_proxies: Vec<IpNet>,
+    /// How often the `--config` file is looked at for changes, which are then reloaded as on SIGHUP (a Kubernetes
+    /// ConfigMap's update, say); 0: never.
+    #[serde(with = "humantime_serde")]
+    pub config_watch_interval: Duration,
     /// Whether a connection may start with a PROXY protocol header (v1 or v2) carrying its client's address, taken
     /// from peers in `trusted_proxies` only.
     pub proxy_protocol: bool,
@@ -180,6 +184,7 @@ impl Default for Config {
             shutdown_timeout: Duration::from_secs(30),
             trusted_proxies: Vec::new(),
             proxy_protocol: false,
+            config_watch_interval: Duration::ZERO,
             log_format: LogFormat::Human,
             http1_server: Http1Server::Floodgate,
             log_level: "info".to_string(),
