@@ -904,7 +904,7 @@ fn restricted_violations(pod: &Yaml) -> Vec<String> {
         }
     };
     for host in ["hostNetwork", "hostPID", "hostIPC"] {
-        check(pod[host].as_bool() != Some(true), format!("{host}"));
+        check(pod[host].as_bool() != Some(true), host.to_string());
     }
     let pod_context = &pod["securityContext"];
     let pod_non_root = pod_context["runAsNonRoot"].as_bool() == Some(true);
