@@ -206,6 +206,35 @@ fn dockerfile_agrees_with_the_repository_and_its_configuration() {
         .filter(|&i| instructions[i].0 == "FROM")
         .collect();
     assert!(stages.len() >= 2, "expected a multi-stage build");
+    // Base images by their full names (no registry alias needed), the builder on floodgate's rust-version.
+    let manifest: toml::Table = read(&repo().join("Cargo.toml")).parse().unwrap();
+    let rust_version = manifest["package"]["rust-version"].as_str().unwrap();
+    for &stage in &stages {
+        let image = instructions[stage].1.split_whitespace().next().unwrap();
+        assert!(
+            image.starts_with("docker.io/library/"),
+            "FROM {image}: not fully qualified"
+        );
+        assert!(
+            !image.ends_with(":latest") && image.contains(':'),
+            "FROM {image}: a floating tag"
+        );
+    }
+    let builder = instructions[stages[0]].1.split_whitespace().next().unwrap();
+    assert!(
+        builder.starts_with(&format!("docker.io/library/rust:{rust_version}-")),
+        "the builder {builder} is not on rust-version {rust_version}"
+    );
+    // Everything cargo builds floodgate from is in the image's context.
+    for needed in ["Cargo.toml", "Cargo.lock", "build.rs", "src"] {
+        assert!(
+            instructions.iter().any(|(k, args)| k == "COPY"
+                && args
+                    .split_whitespace()
+                    .any(|word| word == needed || word.trim_end_matches('/') == needed)),
+            "the build does not COPY {needed}"
+        );
+    }
     let runtime = &instructions[*stages.last().unwrap()..];
 
     // Every COPY from the build context names something that exists and that .dockerignore lets through.
