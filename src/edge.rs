@@ -126,6 +126,8 @@ impl Service<Request<ClientBody>> for ProxyService {
         // Routed first so the span is made with its fields (each later record costs about as much as making
         // it); the fields are read only when the span is on.
         let routed = self.proxy.route(&request);
+        let arrived = std::time::Instant::now();
+        let route_metrics = routed.as_ref().ok().map(|(_, picked)| picked.metrics.clone());
         let (route, upstream) = match &routed {
             Ok((pool, picked)) => (Some(display(&picked.label)), Some(display(&pool.name))),
             Err(_) => (None, None),
@@ -151,7 +153,7 @@ impl Service<Request<ClientBody>> for ProxyService {
                         place.insert(id);
                     }
                 }
-                Ok(answered.map(|body| body.tracked(in_flight)))
+                Ok(answered.map(|body| body.tracked(in_flight).served(route_metrics, arrived)))
             }
             .instrument(span),
         )

@@ -24,6 +24,8 @@ pub struct Picked {
     pub label: Arc<str>,
     /// The priority class of the route's requests.
     pub priority: u8,
+    /// Its requests' time and bytes as their clients see them.
+    pub metrics: crate::metrics::RouteMetrics,
 }
 
 /// The routes, most specific first: host and prefix, then host, then the longest prefix, then catch-alls; and
@@ -52,6 +54,7 @@ impl Router {
                     }
                 });
                 let label = format!("{}{}", host.as_deref().unwrap_or("*"), prefix.as_deref().unwrap_or(""));
+                let metrics = pool.metrics.route(&label);
                 Route {
                     host,
                     prefix,
@@ -59,6 +62,7 @@ impl Router {
                     picked: Picked {
                         label: Arc::from(label),
                         priority,
+                        metrics,
                     },
                 }
             })

@@ -358,3 +358,50 @@ async fn metrics_come_as_openmetrics_to_a_scraper_that_asks_and_as_prometheus_te
         assert_eq!(parse_metrics(&text).len(), parse_metrics(&open.text()).len());
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_route_counts_its_requests_time_and_bytes_as_the_client_sees_them() {
+    let upstream = Upstream::start().await;
+    let config = TempConfig::new(&format!(
+        "[upstreams.api]\nurl = \"{}\"\n\n[[routes]]\npath_prefix = \"/api\"\nupstream = \"api\"\n\n\
+         [[routes]]\nupstream = \"api\"\n",
+        upstream.url()
+    ));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let mut sent_back = 0;
+    for _ in 0..3 {
+        let answer = get(proxy.listen, "/api/x").await;
+        assert_eq!(answer.status, StatusCode::OK);
+        sent_back += answer.body.len() as u64;
+    }
+    let mut conn = H1Conn::connect(proxy.listen).await;
+    let posted = conn
+        .try_request(http::Method::POST, "/api/upload", body_full(vec![7u8; 2048]))
+        .await
+        .unwrap();
+    assert_eq!(posted.status, StatusCode::OK);
+    sent_back += posted.body.len() as u64;
+    assert_eq!(get(proxy.listen, "/other").await.status, StatusCode::OK);
+    proxy.wait_in_use_zero("api", Duration::from_secs(5)).await;
+    let api = [("upstream", "api"), ("route", "*/api")];
+    wait_until("the answers counted", Duration::from_secs(5), || async {
+        metric_sum(
+            &parse_metrics(&proxy.metrics().await),
+            "floodgate_request_duration_seconds_count",
+            &api,
+        ) == 4.0
+    })
+    .await;
+    let samples = parse_metrics(&proxy.metrics().await);
+    assert_eq!(
+        metric_sum(&samples, "floodgate_response_bytes_total", &api),
+        sent_back as f64
+    );
+    assert_eq!(metric_sum(&samples, "floodgate_request_bytes_total", &api), 2048.0);
+    let other = [("upstream", "api"), ("route", "*")];
+    assert_eq!(
+        metric_sum(&samples, "floodgate_request_duration_seconds_count", &other),
+        1.0
+    );
+    assert!(metric_sum(&samples, "floodgate_request_duration_seconds_sum", &api) > 0.0);
+}

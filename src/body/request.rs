@@ -24,6 +24,8 @@ pub struct RequestBody {
     timer: IdleTimer,
     /// How far the body has gone (see [`UploadProgress`]); only requests that have a body pay for it.
     upload: Option<UploadProgress>,
+    /// Where the bytes handed upstream are counted (the route's `floodgate_request_bytes_total`).
+    counted: Option<prometheus_client::metrics::counter::Counter>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +41,18 @@ impl RequestBody {
             chunked: false,
             timer: IdleTimer::new(idle_timeout),
             upload,
+            counted: None,
+        }
+    }
+
+    /// Counts the body's bytes in `counter` as they are handed upstream.
+    pub fn counted_in(&mut self, counter: prometheus_client::metrics::counter::Counter) {
+        self.counted = Some(counter);
+    }
+
+    fn count(&self, frame: &Frame<Bytes>) {
+        if let (Some(counter), Some(data)) = (&self.counted, frame.data_ref()) {
+            counter.inc_by(data.len() as u64);
         }
     }
 
@@ -49,6 +63,7 @@ impl RequestBody {
             chunked: false,
             timer: IdleTimer::new(Duration::from_secs(1)),
             upload: None,
+            counted: None,
         }
     }
 
@@ -121,6 +136,7 @@ impl Body for RequestBody {
                     upload.polled(false, sent);
                 }
                 this.timer.progressed();
+                this.count(&frame);
                 return Poll::Ready(Some(Ok(frame)));
             }
             this.buffered = None;
@@ -143,6 +159,7 @@ impl Body for RequestBody {
         match polled {
             Poll::Ready(Some(Ok(frame))) => {
                 this.timer.progressed();
+                this.count(&frame);
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(err))) => Poll::Ready(Some(Err(err.into()))),

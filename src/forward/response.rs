@@ -28,6 +28,23 @@ pub struct ResponseBody {
     kind: Kind,
     /// Ends the request's in-flight period on its client connection when the answer is done with.
     _in_flight: Option<InFlight>,
+    /// The route's time and bytes as the client sees them, counted as the body goes and when it is done with.
+    served: Option<Served>,
+}
+
+/// A request's answer on its way to the client: when the request arrived, and the body bytes sent so far. Dropped
+/// with the answer (its last byte written, or the client gone), it observes the request's duration.
+struct Served {
+    metrics: crate::metrics::RouteMetrics,
+    arrived: std::time::Instant,
+    bytes: u64,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.metrics.duration.observe(self.arrived.elapsed().as_secs_f64());
+        self.metrics.response_bytes.inc_by(self.bytes);
+    }
 }
 
 // As for `RelayHandle`: a local answer is rare, and the upstream's body is not worth an allocation to shrink it.
@@ -42,6 +59,7 @@ impl ResponseBody {
         ResponseBody {
             kind: Kind::Upstream(body),
             _in_flight: None,
+            served: None,
         }
     }
 
@@ -50,6 +68,7 @@ impl ResponseBody {
         ResponseBody {
             kind: Kind::Local((!bytes.is_empty()).then_some(bytes)),
             _in_flight: None,
+            served: None,
         }
     }
 
@@ -57,11 +76,23 @@ impl ResponseBody {
         ResponseBody {
             kind: Kind::Local(Some(Bytes::from_static(text.as_bytes()))),
             _in_flight: None,
+            served: None,
         }
     }
 
     pub fn tracked(mut self, in_flight: Option<InFlight>) -> Self {
         self._in_flight = in_flight;
+        self
+    }
+
+    /// Counts the answer's bytes and, once it is done with, the request's time since `arrived` in its route's
+    /// metrics.
+    pub fn served(mut self, metrics: Option<crate::metrics::RouteMetrics>, arrived: std::time::Instant) -> Self {
+        self.served = metrics.map(|metrics| Served {
+            metrics,
+            arrived,
+            bytes: 0,
+        });
         self
     }
 }
@@ -71,10 +102,15 @@ impl Body for ResponseBody {
     type Error = BoxError;
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match &mut self.kind {
+        let this = &mut *self;
+        let polled = match &mut this.kind {
             Kind::Upstream(body) => Pin::new(body).poll_frame(cx),
             Kind::Local(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+        };
+        if let (Some(served), Poll::Ready(Some(Ok(frame)))) = (this.served.as_mut(), &polled) {
+            served.bytes += frame.data_ref().map_or(0, |data| data.len() as u64);
         }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {

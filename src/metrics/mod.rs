@@ -69,6 +69,10 @@ pub struct Metrics {
     tunnels_opened: Family<Labels, Counter>,
     tunnels_refused: Family<Labels, Counter>,
     tunnel_bytes: Family<Labels, Counter>,
+    /// Per upstream and route, as the client sees it: its request's time and bytes both ways.
+    request_duration: Family<Labels, Histogram, fn() -> Histogram>,
+    request_bytes: Family<Labels, Counter>,
+    response_bytes: Family<Labels, Counter>,
     /// Kept per upstream name, as the families keep their metrics, so asking twice gives the same counts.
     queue_wait_buckets: Mutex<BTreeMap<String, Arc<BucketCounts>>>,
     pub client_connections: Gauge,
@@ -112,6 +116,10 @@ impl Metrics {
         let tunnels_opened = Family::<Labels, Counter>::default();
         let tunnels_refused = Family::<Labels, Counter>::default();
         let tunnel_bytes = Family::<Labels, Counter>::default();
+        let request_duration =
+            Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram as _);
+        let request_bytes = Family::<Labels, Counter>::default();
+        let response_bytes = Family::<Labels, Counter>::default();
         let client_connections = Gauge::default();
         let buffered_bytes = Gauge::default();
         let buffer_fallbacks = Counter::default();
@@ -208,6 +216,21 @@ impl Metrics {
             reloads.clone(),
         );
         registry.register(
+            "floodgate_request_duration_seconds",
+            "Time from a request's arrival to the end of its answer to the client, by upstream and route",
+            request_duration.clone(),
+        );
+        registry.register(
+            "floodgate_request_bytes",
+            "Request body bytes received from clients and sent upstream, by upstream and route",
+            request_bytes.clone(),
+        );
+        registry.register(
+            "floodgate_response_bytes",
+            "Response body bytes sent to clients, by upstream and route",
+            response_bytes.clone(),
+        );
+        registry.register(
             "floodgate_tunnels",
             "Tunnels (WebSockets and other upgrades) open to the upstream, each on a socket of its own",
             tunnels.clone(),
@@ -288,6 +311,9 @@ impl Metrics {
             tunnels_opened,
             tunnels_refused,
             tunnel_bytes,
+            request_duration,
+            request_bytes,
+            response_bytes,
             queue_wait_buckets: Mutex::default(),
             client_connections,
             buffered_bytes,
@@ -345,6 +371,12 @@ impl Metrics {
             tunnels_refused_upstream: self.tunnels_refused.get_or_create_owned(&reason("upstream")),
             tunnel_bytes_to_upstream: self.tunnel_bytes.get_or_create_owned(&direction("to_upstream")),
             tunnel_bytes_to_client: self.tunnel_bytes.get_or_create_owned(&direction("to_client")),
+            routes: Arc::new(RouteFamilies {
+                upstream: name.to_string(),
+                duration: self.request_duration.clone(),
+                request_bytes: self.request_bytes.clone(),
+                response_bytes: self.response_bytes.clone(),
+            }),
             endpoints: Arc::new(EndpointFamilies {
                 upstream: name.to_string(),
                 connections: self.endpoint_connections.clone(),
@@ -568,7 +600,24 @@ pub struct UpstreamMetrics {
     pub tunnels_refused_upstream: Counter,
     pub tunnel_bytes_to_upstream: Counter,
     pub tunnel_bytes_to_client: Counter,
+    routes: Arc<RouteFamilies>,
     endpoints: Arc<EndpointFamilies>,
+}
+
+/// The per-route families, resolved once per route when the routes are built (never on a request's path).
+struct RouteFamilies {
+    upstream: String,
+    duration: Family<Labels, Histogram, fn() -> Histogram>,
+    request_bytes: Family<Labels, Counter>,
+    response_bytes: Family<Labels, Counter>,
+}
+
+/// One route's handles: a request's time and bytes as its client sees them.
+#[derive(Clone, Debug)]
+pub struct RouteMetrics {
+    pub duration: Histogram,
+    pub request_bytes: Counter,
+    pub response_bytes: Counter,
 }
 
 /// The per-endpoint families, resolved at scrape time or on an ejection (never on a request's path).
@@ -643,6 +692,16 @@ impl UpstreamMetrics {
                 .ejected
                 .get_or_create(&labels)
                 .set(i64::from(endpoint.ejected));
+        }
+    }
+
+    /// The handles of the route labelled `route` (see `route::Picked`), made when the routes are built.
+    pub fn route(&self, route: &str) -> RouteMetrics {
+        let labels = vec![("upstream", self.routes.upstream.clone()), ("route", route.to_string())];
+        RouteMetrics {
+            duration: self.routes.duration.get_or_create_owned(&labels),
+            request_bytes: self.routes.request_bytes.get_or_create_owned(&labels),
+            response_bytes: self.routes.response_bytes.get_or_create_owned(&labels),
         }
     }
 

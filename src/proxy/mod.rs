@@ -194,6 +194,11 @@ impl Proxy {
         if let Some(entry) = access.as_mut() {
             entry.routed(&pool.name);
         }
+        if body_unread {
+            upstream_request
+                .body_mut()
+                .counted_in(picked.metrics.request_bytes.clone());
+        }
         // Everything this request takes from its upstream's settings, read once; the head is all it needs.
         let (buffer_limit, request_timeout, queue_timeout, client_deadline, place) = {
             let limits = pool.limits();
