@@ -91,7 +91,7 @@ impl Plan {
                 key: format!("routes[{index}].upstream"),
                 message: format!("unknown upstream `{}`", route.upstream),
             })?;
-            routes.push((route.host.clone(), route.path_prefix.clone(), pool, route.priority));
+            routes.push((route.clone(), pool));
         }
         let retire = running
             .map(|router| {

@@ -2,12 +2,17 @@
 //!
 //! Owns the matching rules: Host compared case-insensitively with any port and a trailing dot ignored
 //! (`:authority` for HTTP/2), path prefixes matched on segment boundaries, the most specific route first, and the
-//! upstreams those routes lead to. A reload replaces the whole router at once, so a request sees either the old
-//! routes and pools or the new ones. It never changes the request: paths are forwarded as they came.
+//! upstreams those routes lead to, with what each route sets for its requests ([`RouteSettings`]: timeouts, a
+//! prefix to strip, header fields to set or remove). A reload replaces the whole router at once, so a request sees
+//! either the old routes and pools or the new ones. It never changes the request: `proxy` applies the settings.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
+use http::{HeaderName, HeaderValue, Uri};
+
+use crate::config::RouteConfig;
 use crate::pool::UpstreamPool;
 
 struct Route {
@@ -26,6 +31,85 @@ pub struct Picked {
     pub priority: u8,
     /// Its requests' time and bytes as their clients see them.
     pub metrics: crate::metrics::RouteMetrics,
+    /// What the route sets for its requests.
+    pub settings: Arc<RouteSettings>,
+}
+
+/// What a route sets for its requests, beside or instead of its upstream's settings; read from a checked
+/// configuration.
+#[derive(Debug, Default)]
+pub struct RouteSettings {
+    pub request_timeout: Option<Duration>,
+    pub body_idle_timeout: Option<Duration>,
+    /// The path prefix to take off the path forwarded upstream.
+    pub strip_prefix: Option<String>,
+    pub set_request: Vec<(HeaderName, HeaderValue)>,
+    pub remove_request: Vec<HeaderName>,
+    pub set_response: Vec<(HeaderName, HeaderValue)>,
+    pub remove_response: Vec<HeaderName>,
+}
+
+impl RouteSettings {
+    fn of(route: &RouteConfig, prefix: Option<&str>) -> RouteSettings {
+        RouteSettings {
+            request_timeout: route.request_timeout,
+            body_idle_timeout: route.body_idle_timeout,
+            strip_prefix: prefix
+                .filter(|prefix| route.strip_prefix && *prefix != "/")
+                .map(str::to_string),
+            // Checked with the configuration; a field that could not be read would have refused it.
+            set_request: RouteConfig::fields_to_set(&route.set_request_headers).unwrap_or_default(),
+            remove_request: RouteConfig::fields_to_remove(&route.remove_request_headers).unwrap_or_default(),
+            set_response: RouteConfig::fields_to_set(&route.set_response_headers).unwrap_or_default(),
+            remove_response: RouteConfig::fields_to_remove(&route.remove_response_headers).unwrap_or_default(),
+        }
+    }
+
+    /// Whether the route changes nothing of a request's head or answer: the common case, left alone.
+    pub fn edits_nothing(&self) -> bool {
+        self.strip_prefix.is_none()
+            && self.set_request.is_empty()
+            && self.remove_request.is_empty()
+            && self.set_response.is_empty()
+            && self.remove_response.is_empty()
+    }
+
+    /// The request as the route sends it upstream: its prefix stripped, its fields set and removed.
+    pub fn edit_request(&self, uri: &mut Uri, headers: &mut http::HeaderMap) {
+        if let Some(prefix) = &self.strip_prefix {
+            if let Some(stripped) = strip(uri, prefix) {
+                *uri = stripped;
+            }
+        }
+        for name in &self.remove_request {
+            headers.remove(name);
+        }
+        for (name, value) in &self.set_request {
+            headers.insert(name.clone(), value.clone());
+        }
+    }
+
+    /// The upstream's answer as the route passes it on.
+    pub fn edit_response(&self, headers: &mut http::HeaderMap) {
+        for name in &self.remove_response {
+            headers.remove(name);
+        }
+        for (name, value) in &self.set_response {
+            headers.insert(name.clone(), value.clone());
+        }
+    }
+}
+
+/// `uri` (origin form) without `prefix`, which it starts with on a segment boundary: `/api/x?q` → `/x?q`,
+/// `/api` → `/`.
+fn strip(uri: &Uri, prefix: &str) -> Option<Uri> {
+    let rest = uri.path().strip_prefix(prefix)?;
+    let path = if rest.is_empty() { "/" } else { rest };
+    let target = match uri.query() {
+        Some(query) => format!("{path}?{query}"),
+        None => path.to_string(),
+    };
+    target.parse().ok()
 }
 
 /// The routes, most specific first: host and prefix, then host, then the longest prefix, then catch-alls; and
@@ -38,14 +122,18 @@ pub struct Router {
 impl Router {
     /// Each route is its host, its path prefix, its upstream's pool and its priority class.
     pub fn new(
-        routes: impl IntoIterator<Item = (Option<String>, Option<String>, Arc<UpstreamPool>, u8)>,
+        routes: impl IntoIterator<Item = (RouteConfig, Arc<UpstreamPool>)>,
         pools: BTreeMap<String, Arc<UpstreamPool>>,
     ) -> Router {
         let mut routes: Vec<Route> = routes
             .into_iter()
-            .map(|(host, prefix, pool, priority)| {
-                let host = host.map(|h| without_root_dot(strip_port(&h)).to_ascii_lowercase());
-                let prefix = prefix.map(|p| {
+            .map(|(route, pool)| {
+                let priority = route.priority;
+                let host = route
+                    .host
+                    .as_ref()
+                    .map(|h| without_root_dot(strip_port(h)).to_ascii_lowercase());
+                let prefix = route.path_prefix.as_ref().map(|p| {
                     let trimmed = p.trim_end_matches('/');
                     if trimmed.is_empty() {
                         "/".to_string()
@@ -55,6 +143,7 @@ impl Router {
                 });
                 let label = format!("{}{}", host.as_deref().unwrap_or("*"), prefix.as_deref().unwrap_or(""));
                 let metrics = pool.metrics.route(&label);
+                let settings = Arc::new(RouteSettings::of(&route, prefix.as_deref()));
                 Route {
                     host,
                     prefix,
@@ -63,6 +152,7 @@ impl Router {
                         label: Arc::from(label),
                         priority,
                         metrics,
+                        settings,
                     },
                 }
             })

@@ -631,3 +631,111 @@ async fn pipelined_requests_are_answered_in_order_on_one_connection() {
         "one upstream connection carried them one after another"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_set_their_own_timeouts_strip_their_prefix_and_edit_header_fields_on_one_upstream() {
+    let upstream = Upstream::start().await;
+    let config = TempConfig::new(&format!(
+        r#"
+[upstreams.app]
+url = "{}"
+request_timeout = "10s"
+body_idle_timeout = "10s"
+
+[[routes]]
+path_prefix = "/quick"
+upstream = "app"
+request_timeout = "200ms"
+
+[[routes]]
+path_prefix = "/api"
+upstream = "app"
+strip_prefix = true
+set_request_headers = {{ "x-route" = "api", "x-client-said" = "overridden" }}
+remove_request_headers = ["x-secret"]
+set_response_headers = {{ "cache-control" = "no-store" }}
+remove_response_headers = ["x-powered-by"]
+
+[[routes]]
+upstream = "app"
+"#,
+        upstream.url()
+    ));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    // The route's timeout, not the upstream's 10 s.
+    let started = std::time::Instant::now();
+    assert_eq!(
+        get(proxy.listen, "/quick/delay/2000").await.status,
+        StatusCode::GATEWAY_TIMEOUT
+    );
+    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    // The upstream's own on another route of the same upstream.
+    assert_eq!(get(proxy.listen, "/delay/300").await.status, StatusCode::OK);
+
+    let mut conn = H1Conn::connect(proxy.listen).await;
+    let request = http::Request::get("/api/orders/7?full=1")
+        .header("x-secret", "s3cr3t")
+        .header("x-client-said", "hello")
+        .body(body_empty())
+        .unwrap();
+    let answer = collect(conn.send(request).await.unwrap()).await.unwrap();
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(answer.header("cache-control"), Some("no-store"));
+    let seen = upstream
+        .recorded()
+        .into_iter()
+        .find(|r| r.path() == "/orders/7")
+        .expect("the stripped path");
+    assert_eq!(seen.uri, "/orders/7?full=1");
+    assert_eq!(seen.header("x-route"), Some("api"));
+    assert_eq!(seen.header_all("x-client-said"), vec!["overridden"]);
+    assert_eq!(seen.header("x-secret"), None);
+    // The prefix alone goes as the root.
+    assert_eq!(get(proxy.listen, "/api").await.status, StatusCode::OK);
+    assert!(
+        upstream.recorded().iter().any(|r| r.uri == "/"),
+        "{:?}",
+        upstream.recorded()
+    );
+    // Other routes are left as they came.
+    let mut conn = H1Conn::connect(proxy.listen).await;
+    let request = http::Request::get("/plain")
+        .header("x-secret", "kept")
+        .body(body_empty())
+        .unwrap();
+    let answer = collect(conn.send(request).await.unwrap()).await.unwrap();
+    assert_eq!(answer.header("cache-control"), None);
+    let seen = upstream.recorded().into_iter().find(|r| r.path() == "/plain").unwrap();
+    assert_eq!(seen.header("x-secret"), Some("kept"));
+    assert_eq!(seen.header("x-route"), None);
+}
+
+#[test]
+fn bad_route_settings_stop_start_up_naming_the_key() {
+    for (settings, key) in [
+        ("strip_prefix = true", "routes[0].strip_prefix"),
+        ("request_timeout = \"0s\"", "routes[0].request_timeout"),
+        (
+            "set_request_headers = { \"bad name\" = \"x\" }",
+            "routes[0].set_request_headers",
+        ),
+        (
+            "set_response_headers = { \"content-length\" = \"5\" }",
+            "routes[0].set_response_headers",
+        ),
+        (
+            "remove_request_headers = [\"host\"]",
+            "routes[0].remove_request_headers",
+        ),
+    ] {
+        let config = TempConfig::new(&format!(
+            "[upstreams.app]\nurl = \"http://127.0.0.1:9\"\n\n[[routes]]\nupstream = \"app\"\n{settings}\n"
+        ));
+        let (status, _, stderr) = run_to_exit(&["check", "--config", &config.path_str()], Duration::from_secs(10));
+        assert_eq!(status.code(), Some(2), "{settings}: {stderr}");
+        assert!(
+            stderr.contains(&format!("invalid configuration: {key}")),
+            "{settings}: {stderr}"
+        );
+    }
+}

@@ -599,3 +599,38 @@ async fn a_burst_of_upgrades_and_requests_never_takes_the_upstream_past_the_sum(
     );
     assert!(upstream.in_flight_peak() <= max_connections);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_with_its_own_body_idle_timeout_carries_events_its_upstreams_would_cut() {
+    let upstream = WsUpstream::start().await;
+    let config = TempConfig::new(&format!(
+        "[upstreams.{UP}]\nurl = \"{}\"\nbody_idle_timeout = \"200ms\"\n\n\
+         [[routes]]\npath_prefix = \"/events\"\nupstream = \"{UP}\"\nbody_idle_timeout = \"5s\"\n",
+        upstream.url()
+    ));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let mut conn = H1Conn::connect(proxy.listen).await;
+    let response = conn
+        .send(http::Request::get("/events").body(body_empty()).unwrap())
+        .await
+        .unwrap();
+    let mut body = response.into_body();
+    let events = upstream
+        .counts
+        .events
+        .lock()
+        .unwrap()
+        .take()
+        .expect("the stream started");
+    for n in 0..3 {
+        // Each gap well past the upstream's 200 ms, within the route's 5 s.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        events.send(Bytes::from(format!("data: {n}\n\n"))).unwrap();
+        let frame = tokio::time::timeout(T, http_body_util::BodyExt::frame(&mut body))
+            .await
+            .expect("the event did not come")
+            .expect("the stream was cut")
+            .unwrap();
+        assert_eq!(frame.into_data().unwrap(), Bytes::from(format!("data: {n}\n\n")));
+    }
+}

@@ -45,6 +45,11 @@ impl RequestBody {
         }
     }
 
+    /// A route's own `body_idle_timeout`, instead of its upstream's.
+    pub fn set_idle_timeout(&mut self, timeout: Duration) {
+        self.timer = IdleTimer::new(timeout);
+    }
+
     /// Counts the body's bytes in `counter` as they are handed upstream.
     pub fn counted_in(&mut self, counter: prometheus_client::metrics::counter::Counter) {
         self.counted = Some(counter);

@@ -216,7 +216,7 @@ pub struct TlsCertificateConfig {
 }
 
 /// Picks an upstream by Host and/or path prefix; neither means catch-all.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouteConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -228,10 +228,78 @@ pub struct RouteConfig {
     /// `priority_header` gives another.
     #[serde(default, skip_serializing_if = "is_zero", deserialize_with = "integer::deserialize")]
     pub priority: u8,
+    /// This route's `request_timeout`, instead of its upstream's.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "humantime_serde")]
+    pub request_timeout: Option<Duration>,
+    /// This route's `body_idle_timeout` (both bodies), instead of its upstream's: a stream of server-sent events
+    /// whose events come further apart, say.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "humantime_serde")]
+    pub body_idle_timeout: Option<Duration>,
+    /// Forwards the path without this route's `path_prefix` (`/api/orders` as `/orders`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub strip_prefix: bool,
+    /// Request header fields set (replacing any the client sent) on the way upstream.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub set_request_headers: BTreeMap<String, String>,
+    /// Request header fields removed on the way upstream.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remove_request_headers: Vec<String>,
+    /// Response header fields set on the upstream's answers.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub set_response_headers: BTreeMap<String, String>,
+    /// Response header fields removed from the upstream's answers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remove_response_headers: Vec<String>,
+}
+
+/// Header fields a route may not set or remove: they frame the message or the connection, which floodgate owns.
+const FRAMING_FIELDS: [&str; 9] = [
+    "connection",
+    "content-length",
+    "host",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+impl RouteConfig {
+    /// `set_*_headers` as fields to set; the problem, naming the field, if one is not a header name and value
+    /// floodgate may set.
+    pub fn fields_to_set(set: &BTreeMap<String, String>) -> Result<Vec<(http::HeaderName, http::HeaderValue)>, String> {
+        set.iter()
+            .map(|(name, value)| {
+                let name = Self::field_name(name)?;
+                let value =
+                    http::HeaderValue::from_str(value).map_err(|_| format!("{name}: not a valid header value"))?;
+                Ok((name, value))
+            })
+            .collect()
+    }
+
+    /// `remove_*_headers` as field names; the problem, naming the field, if one is not a name floodgate may remove.
+    pub fn fields_to_remove(names: &[String]) -> Result<Vec<http::HeaderName>, String> {
+        names.iter().map(|name| Self::field_name(name)).collect()
+    }
+
+    fn field_name(name: &str) -> Result<http::HeaderName, String> {
+        let parsed =
+            http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("{name:?}: not a header name"))?;
+        if FRAMING_FIELDS.contains(&parsed.as_str()) {
+            return Err(format!("{parsed}: floodgate frames the message itself"));
+        }
+        Ok(parsed)
+    }
 }
 
 fn is_zero(value: &u8) -> bool {
     *value == 0
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 /// The name the quick `--upstream` case gives its one upstream.

@@ -155,6 +155,7 @@ impl Config {
                     path_prefix: None,
                     upstream: DEFAULT_UPSTREAM.to_string(),
                     priority: 0,
+                    ..RouteConfig::default()
                 });
             }
             self.upstreams.retain(|name, _| name == DEFAULT_UPSTREAM);

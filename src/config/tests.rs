@@ -42,6 +42,7 @@ fn defaults_with_app(url: &str) -> Config {
         path_prefix: None,
         upstream: "app".to_string(),
         priority: 0,
+        ..RouteConfig::default()
     });
     config
 }
@@ -356,6 +357,7 @@ fn the_effective_toml_loads_back_to_itself() {
         path_prefix: Some("/x".to_string()),
         upstream: "api".to_string(),
         priority: 3,
+        ..RouteConfig::default()
     });
     let text = config.to_redacted_toml().unwrap();
     let again = Config::load_toml(&text, "effective", &Overrides::default()).unwrap();

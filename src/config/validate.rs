@@ -173,6 +173,33 @@ impl Config {
                     problems.push(format!("routes[{index}].path_prefix"), "must start with /");
                 }
             }
+            if route.strip_prefix && route.path_prefix.as_deref().is_none_or(|prefix| prefix == "/") {
+                problems.push(format!("routes[{index}].strip_prefix"), "needs a path_prefix to strip");
+            }
+            for (field, value) in [
+                ("request_timeout", route.request_timeout),
+                ("body_idle_timeout", route.body_idle_timeout),
+            ] {
+                if let Some(value) = value {
+                    problems.duration(&format!("routes[{index}].{field}"), value, false);
+                }
+            }
+            for (field, set) in [
+                ("set_request_headers", &route.set_request_headers),
+                ("set_response_headers", &route.set_response_headers),
+            ] {
+                if let Err(problem) = RouteConfig::fields_to_set(set) {
+                    problems.push(format!("routes[{index}].{field}"), problem);
+                }
+            }
+            for (field, names) in [
+                ("remove_request_headers", &route.remove_request_headers),
+                ("remove_response_headers", &route.remove_response_headers),
+            ] {
+                if let Err(problem) = RouteConfig::fields_to_remove(names) {
+                    problems.push(format!("routes[{index}].{field}"), problem);
+                }
+            }
         }
         // Without an upstream there is nothing a route could name; that problem is already reported.
         if self.routes.is_empty() && !self.upstreams.is_empty() {

@@ -404,8 +404,14 @@ pub struct UpstreamBody {
 
 impl UpstreamBody {
     /// `watch`: also cut the exchange off when the client stops taking the body (HTTP/2 streams).
-    pub fn new(inner: UpstreamIncoming, lease: Lease, completion: Completion, watch: bool) -> Self {
-        let idle_timeout = lease.pool().limits().body_idle_timeout;
+    /// `idle_timeout`: the route's or upstream's `body_idle_timeout`.
+    pub fn new(
+        inner: UpstreamIncoming,
+        lease: Lease,
+        completion: Completion,
+        watch: bool,
+        idle_timeout: Duration,
+    ) -> Self {
         Self::relaying(Source::Upstream(inner), Some(lease), completion, watch, idle_timeout)
     }
 

@@ -18,6 +18,7 @@ use crate::buffer::{self, BufferBudget, ReadError};
 use crate::error::{ProxyError, ShedAdvice};
 use crate::metrics::OutcomeCounters;
 use crate::pool::Lease;
+use crate::route::RouteSettings;
 
 use super::{
     check_transfer_coding, keeps_alive, strip_hop_by_hop, BoxError, Completion, UpstreamBody, UpstreamIncoming,
@@ -225,6 +226,7 @@ pub(super) fn content_length(headers: &HeaderMap) -> ContentLength {
 /// first, at the upstream's speed, and the lease given back before the client is sent anything: a slow client
 /// then holds memory, never a slot. Any other body streams, holding the lease until its last byte. A failure while
 /// buffering is answered by the caller (nothing has reached the client yet), with the access entry handed back.
+#[allow(clippy::too_many_arguments)]
 pub async fn to_client(
     response: Response<UpstreamIncoming>,
     mut lease: Lease,
@@ -232,6 +234,7 @@ pub async fn to_client(
     access: Option<Box<Entry>>,
     watch: bool,
     budget: &Arc<BufferBudget>,
+    route: &RouteSettings,
     span: &tracing::Span,
 ) -> Result<Response<ResponseBody>, (ProxyError, Option<Box<Entry>>)> {
     let (mut parts, mut body) = response.into_parts();
@@ -244,10 +247,14 @@ pub async fn to_client(
         lease.forbid_reuse();
     }
     strip_hop_by_hop(&mut parts.headers);
+    route.edit_response(&mut parts.headers);
     parts.version = Version::HTTP_11;
     let completion = Completion::new(counters, parts.status, access, span.clone());
     let limits = lease.pool().limits();
-    let (limit, idle_timeout) = (limits.buffer_response_bytes, limits.body_idle_timeout);
+    let (limit, idle_timeout) = (
+        limits.buffer_response_bytes,
+        route.body_idle_timeout.unwrap_or(limits.body_idle_timeout),
+    );
     drop(limits);
     // An empty body (HEAD, 204, 304) ends the exchange as soon as the answer is sent; unknown lengths may be
     // streams of events, which must not wait for a buffer to fill.
@@ -267,7 +274,7 @@ pub async fn to_client(
             Ok(Some(Ok(frame))) => Some(frame),
             Ok(None) | Err(_) => None,
         };
-        let streamed = UpstreamBody::new(body, lease, completion, watch).starting_with(first);
+        let streamed = UpstreamBody::new(body, lease, completion, watch, idle_timeout).starting_with(first);
         return Ok(Response::from_parts(parts, ResponseBody::upstream(streamed)));
     };
     // One byte past the length: the read then ends at the body's end, never at the limit.

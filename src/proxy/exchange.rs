@@ -22,6 +22,7 @@ use crate::forward::{self, RequestBody, ResponseBody, UpstreamIncoming};
 use crate::metrics::OutcomeCounters;
 use crate::net;
 use crate::pool::{Admitted, Lease, Refused, UpstreamPool};
+use crate::route::RouteSettings;
 
 /// A failure carries the access-log entry back, so that its answer's line is written where it is counted.
 pub(super) type Answer = Result<Response<ResponseBody>, (ProxyError, Option<Box<Entry>>)>;
@@ -33,15 +34,16 @@ pub(super) async fn exchange(
     access: Option<Box<Entry>>,
     watch_body: bool,
     buffers: Arc<BufferBudget>,
+    route: &RouteSettings,
     span: &tracing::Span,
 ) -> Answer {
     let pool = lease.pool().clone();
-    let (response, lease) = match send(&pool, lease, request).await {
+    let (response, lease) = match send(&pool, lease, request, route.request_timeout).await {
         Ok(sent) => sent,
         Err(err) => return Err((err, access)),
     };
     let counters = pool.metrics.requests.clone();
-    forward::to_client(response, lease, counters, access, watch_body, &buffers, span).await
+    forward::to_client(response, lease, counters, access, watch_body, &buffers, route, span).await
 }
 
 /// An admitted request on its way to the upstream side: the rest of its path runs there, in a task of its own.
@@ -60,6 +62,8 @@ pub(super) struct AdmittedExchange {
     pub(super) access: Option<Box<Entry>>,
     pub(super) watch_body: bool,
     pub(super) buffers: Arc<BufferBudget>,
+    /// What the request's route sets (its timeouts, the answer's fields).
+    pub(super) route: Arc<RouteSettings>,
     /// The request's span. The lane's tasks do not enter it (an enter and exit on every poll cost more than the
     /// rest of the span); what is counted here is recorded on it, and the client's answer keeps it open.
     pub(super) span: tracing::Span,
@@ -83,6 +87,7 @@ impl AdmittedExchange {
             mut access,
             watch_body,
             buffers,
+            route,
             span,
         } = self;
         let lease = match admitted {
@@ -130,7 +135,7 @@ impl AdmittedExchange {
         if let Some(entry) = access.as_mut() {
             entry.admitted();
         }
-        let answered = exchange(lease, request, access, watch_body, buffers, &span).await;
+        let answered = exchange(lease, request, access, watch_body, buffers, &route, &span).await;
         if let Err(Err((_, access))) = answer.send(answered) {
             forward::complete(&pool.metrics.requests, None, access, Outcome::ClientAbort, 0, &span);
         }
@@ -160,6 +165,7 @@ pub(super) async fn send(
     pool: &Arc<UpstreamPool>,
     mut lease: Lease,
     mut request: Request<RequestBody>,
+    request_timeout: Option<std::time::Duration>,
 ) -> Result<(Response<UpstreamIncoming>, Lease), ProxyError> {
     // The head is kept (an allocation) only where a replay can happen: on a reused connection.
     let mut replay = if lease.reused() { replayable(&request) } else { None };
@@ -167,7 +173,8 @@ pub(super) async fn send(
     // practice; it only guarantees termination.
     let (max_connections, eject_after, limit) = {
         let limits = pool.limits();
-        (limits.max_connections, limits.eject_after, limits.request_timeout)
+        let timeout = request_timeout.unwrap_or(limits.request_timeout);
+        (limits.max_connections, limits.eject_after, timeout)
     };
     let mut attempts_left = max_connections.saturating_add(2);
     // A failed dial is retried only with other endpoints to go to, and a dead endpoint is chosen at most until

@@ -199,6 +199,15 @@ impl Proxy {
                 .body_mut()
                 .counted_in(picked.metrics.request_bytes.clone());
         }
+        let route = picked.settings.clone();
+        if !route.edits_nothing() {
+            let (mut parts, body) = upstream_request.into_parts();
+            route.edit_request(&mut parts.uri, &mut parts.headers);
+            upstream_request = Request::from_parts(parts, body);
+        }
+        if let Some(idle) = route.body_idle_timeout {
+            upstream_request.body_mut().set_idle_timeout(idle);
+        }
         // Everything this request takes from its upstream's settings, read once; the head is all it needs.
         let (buffer_limit, request_timeout, queue_timeout, client_deadline, place) = {
             let limits = pool.limits();
@@ -208,7 +217,7 @@ impl Proxy {
             let place = place(&limits, &picked, headers, &client, &self.trusted_proxies.load());
             (
                 limits.buffer_request_bytes,
-                limits.request_timeout,
+                route.request_timeout.unwrap_or(limits.request_timeout),
                 limits.queue_timeout,
                 client_deadline,
                 place,
@@ -270,6 +279,7 @@ impl Proxy {
             // An HTTP/2 client can stop a stream without blocking its socket; its body gets a watchdog.
             watch_body: !is_http1,
             buffers: self.buffers.clone(),
+            route,
             span: tracing::Span::current(),
         };
         let (answer, answered) = oneshot::channel();

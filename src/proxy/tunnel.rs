@@ -54,8 +54,8 @@ impl Proxy {
         upgrade: HeaderValue,
     ) -> Response<ResponseBody> {
         let mut access = Entry::start(self.access_log, client.peer, &request);
-        let pool = match routed {
-            Ok((pool, _)) => pool,
+        let (pool, picked) = match routed {
+            Ok(routed) => routed,
             Err(err) => return self.refuse(err, access),
         };
         if let Some(entry) = access.as_mut() {
@@ -74,10 +74,13 @@ impl Proxy {
         // takes the tunnel from the answer instead (see `Handoff`).
         let on_upgrade = request.extensions_mut().remove::<hyper::upgrade::OnUpgrade>();
         let hold = request.extensions_mut().remove::<tunnel::Hold>();
-        let mut upstream_request = match forward::to_upstream(request, &client, &pool) {
+        let upstream_request = match forward::to_upstream(request, &client, &pool) {
             Ok(upstream_request) => upstream_request,
             Err(err) => return self.answer_error(&pool, err, access),
         };
+        let (mut parts, body) = upstream_request.into_parts();
+        picked.settings.edit_request(&mut parts.uri, &mut parts.headers);
+        let mut upstream_request = Request::from_parts(parts, body);
         tunnel::upstream_head(&mut upstream_request, upgrade);
         // A tunnel may last hours: one beyond the bound is refused now rather than queued.
         let Some(slot) = pool.tunnel_slot() else {
