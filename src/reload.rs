@@ -237,6 +237,11 @@ fn apply(state: &State, loaded: Loaded) -> Result<Reloaded, ReloadError> {
     for (pool, limits, tls) in plan.reconfigure {
         pool.reconfigure(limits, tls);
     }
+    // Pools with `replicas` count them (a new pool starts from its predecessor's count meanwhile).
+    for pool in plan.router.pools().values() {
+        let counting = pool.clone();
+        pool.spawn(async move { counting.count_replicas().await });
+    }
     state
         .proxy
         .replace_router(plan.router, config.trusted_proxies.clone(), plan.retire);

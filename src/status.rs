@@ -36,6 +36,10 @@ pub struct PoolSnapshot {
     /// Tunnels (WebSockets) open now, each on a socket of its own beside `connections_open`, and their bound.
     pub tunnels_open: usize,
     pub max_tunnels: usize,
+    /// With `replicas`: floodgate's replicas counted (0: not yet), whose share of the totals `max_connections` and
+    /// `max_tunnels` are here.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<usize>,
     /// Removed or replaced by a reload, finishing what it had admitted.
     pub draining: bool,
     pub endpoints: Vec<EndpointSnapshot>,

@@ -502,3 +502,63 @@ async fn a_watched_configuration_file_is_reloaded_when_it_changes_as_a_configmap
     drop(proxy);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_the_upstreams_total_cap_and_follow_a_changing_count() {
+    let upstream = Upstream::start().await;
+    let dir = std::env::temp_dir().join(format!("floodgate-replicas-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let count_file = dir.join("replicas");
+    // Two replicas listed, one line each (as a headless Service's addresses would be).
+    std::fs::write(&count_file, "10.0.0.1\n10.0.0.2\n").unwrap();
+    let config = TempConfig::new(&format!(
+        r#"
+[upstreams.a]
+url = "{}"
+max_connections = 6
+max_queue = 1000
+queue_timeout = "30s"
+replicas = {{ file = {:?}, interval = "100ms" }}
+
+[[routes]]
+upstream = "a"
+"#,
+        upstream.url(),
+        count_file.display().to_string()
+    ));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    // Counted before the first request: this replica's share of 6 over 2.
+    assert_eq!(proxy.upstream_field("a", "max_connections").await, 3);
+    assert_eq!(proxy.upstream_field("a", "replicas").await, 2);
+    // Under load, the upstream sees this replica's share and no more.
+    let load = Load::start(proxy.listen, 12, "/delay/20");
+    load.serve_more(40).await;
+    assert!(
+        upstream.peak_connections() <= 3,
+        "{} connections",
+        upstream.peak_connections()
+    );
+
+    // A scale-up: a lowered share closes nothing busy and opens nothing above it.
+    std::fs::write(&count_file, "3\n").unwrap();
+    proxy.wait_until_field("a", "max_connections", 2, WAIT).await;
+    let settled = upstream.peak_connections();
+    // The surplus connection closes once its exchange is done.
+    wait_until_sync("down to the new share", WAIT, || upstream.connections() <= 2).await;
+    upstream.reset_peak_connections();
+    load.serve_more(40).await;
+    assert!(
+        upstream.peak_connections() <= 2,
+        "{} connections after the share fell (before: {settled})",
+        upstream.peak_connections()
+    );
+
+    // A scale-down raises it, and a count that cannot be read keeps the last.
+    std::fs::write(&count_file, "1\n").unwrap();
+    proxy.wait_until_field("a", "max_connections", 6, WAIT).await;
+    std::fs::remove_file(&count_file).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(proxy.upstream_field("a", "max_connections").await, 6);
+    load.finish_without_failures().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1044,3 +1044,54 @@ fn kubernetes_manifests_pass_pod_security_restricted_and_a_disruption_budget_kee
     let interval = config["config_watch_interval"].as_str().unwrap();
     assert!(interval != "0s", "the sidecar does not watch its configuration");
 }
+
+#[test]
+fn the_gateway_example_splits_one_cap_between_autoscaled_replicas_counted_by_a_headless_service() {
+    let dir = docker_dir().join("k8s-gateway");
+    let configmap = yaml(&dir.join("configmap.yaml"));
+    let text = str_of(&configmap["data"]["floodgate.toml"], "floodgate.toml");
+    let file = TempConfig::new(text);
+    let config = checked_config(file.path());
+    let upstream = config["upstreams"]["app"].as_table().unwrap();
+    let dns = upstream["replicas"]["dns"].as_str().expect("replicas counted by DNS");
+    let deployment = yaml(&dir.join("deployment.yaml"));
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert!(
+        restricted_violations(pod).is_empty(),
+        "{:?}",
+        restricted_violations(pod)
+    );
+    let selector = &deployment["spec"]["selector"]["matchLabels"];
+    let services = yaml_documents(&dir.join("service.yaml"));
+    let peers = services
+        .iter()
+        .find(|service| service["spec"]["clusterIP"] == "None")
+        .expect("a headless Service");
+    let peers_name = str_of(&peers["metadata"]["name"], "name");
+    assert!(
+        dns == peers_name || dns.starts_with(&format!("{peers_name}.")),
+        "replicas.dns {dns} is not the headless Service {peers_name}"
+    );
+    assert_eq!(
+        &peers["spec"]["selector"], selector,
+        "the headless Service lists the gateway's pods"
+    );
+    assert_eq!(
+        peers["spec"]["publishNotReadyAddresses"], true,
+        "a starting replica is counted at once"
+    );
+    let hpa = yaml(&dir.join("hpa.yaml"));
+    assert_eq!(hpa["spec"]["scaleTargetRef"]["name"], deployment["metadata"]["name"]);
+    let budget = yaml(&dir.join("pdb.yaml"));
+    assert_eq!(&budget["spec"]["selector"]["matchLabels"], selector);
+    // The config is the ConfigMap's, mounted where the args point.
+    let floodgate = container(pod, "floodgate");
+    let args: Vec<&str> = seq_of(&floodgate["args"], "args")
+        .iter()
+        .map(|a| str_of(a, "arg"))
+        .collect();
+    assert_eq!(args, ["--config", "/etc/floodgate/floodgate.toml"]);
+    assert!(seq_of(&pod["volumes"], "volumes")
+        .iter()
+        .any(|volume| volume["configMap"]["name"] == configmap["metadata"]["name"]));
+}

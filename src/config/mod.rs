@@ -30,7 +30,9 @@ pub use env::{env_var, Env, ENV_PREFIX, ENV_SEPARATOR};
 pub use errors::{ConfigError, ConfigErrors};
 pub use overrides::{GlobalOverrides, Overrides, UpstreamOverrides};
 pub use secret::{Secret, REDACTED};
-pub use upstream::{AdaptiveLimit, EndpointConfig, FairKey, Origin, Scheme, UpstreamConfig, MAX_PRIORITY};
+pub use upstream::{
+    AdaptiveLimit, EndpointConfig, FairKey, Origin, ReplicaSource, Scheme, UpstreamConfig, MAX_PRIORITY,
+};
 use validate::{config_problem, hides, one_line, value_problems, without_refused};
 pub use validate::{is_addressable_name, LARGEST_RUNTIME_COUNT, MAX_THREADS};
 

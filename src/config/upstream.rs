@@ -162,6 +162,30 @@ pub struct UpstreamConfig {
     /// A tunnel with no byte either way for this long is closed.
     #[serde(with = "humantime_serde")]
     pub tunnel_idle_timeout: Duration,
+    /// Declares `max_connections` (and `max_tunnels`) as the upstream's total across floodgate's replicas, each
+    /// taking its share from a live count of them (see [`ReplicaSource`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<ReplicaSource>,
+}
+
+/// Where a replica counts floodgate's replicas: the addresses a DNS name resolves to (a headless Service of
+/// floodgate's pods), or a file holding the count (or one line per replica).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicaSource {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<PathBuf>,
+    /// How often the count is read again.
+    #[serde(default = "ReplicaSource::default_interval", with = "humantime_serde")]
+    pub interval: Duration,
+}
+
+impl ReplicaSource {
+    fn default_interval() -> Duration {
+        Duration::from_secs(5)
+    }
 }
 
 impl Default for UpstreamConfig {
@@ -205,6 +229,7 @@ impl Default for UpstreamConfig {
             adaptive_probe_interval: Duration::from_secs(30),
             max_tunnels: 0,
             tunnel_idle_timeout: Duration::from_secs(300),
+            replicas: None,
             tls_ca: None,
             tls_client_cert: None,
             tls_client_key: None,

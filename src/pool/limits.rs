@@ -145,9 +145,14 @@ impl UpstreamPool {
         let (raised, surplus_idle) = {
             let mut state = self.lock();
             let limits = change(&self.limits());
-            let raised = state.slots.set_configured(limits.max_connections);
+            // With `replicas`, the caps are the upstream's totals and this replica takes its share.
+            let replicas = self.replicas();
+            let raised = state
+                .slots
+                .set_configured(super::replicas::share(limits.max_connections, replicas));
             // A lowered bound closes no tunnel: it refuses new ones until fewer are open.
-            self.tunnel_count.set_bound(limits.max_tunnels);
+            self.tunnel_count
+                .set_bound(super::replicas::share(limits.max_tunnels, replicas));
             state.queue.set_policy(limits.queue_policy());
             self.limits.store(Arc::new(limits));
             (raised, state.evict_surplus_idle())

@@ -15,6 +15,7 @@ mod health;
 mod idle;
 mod lease;
 mod limits;
+mod replicas;
 mod slot;
 mod slots;
 mod snapshot;
@@ -112,6 +113,10 @@ pub struct UpstreamPool {
     stirs: tokio::sync::mpsc::UnboundedSender<std::sync::Weak<wire::Wire>>,
     /// The tunnels' count under `max_tunnels`, shared with the pool this one replaced (see [`tunnels`]).
     tunnel_count: Arc<tunnels::TunnelCount>,
+    /// floodgate's replicas this one shares the upstream's caps with (1 without `replicas`; see [`replicas`]).
+    replicas: AtomicUsize,
+    /// A task reads the replica count.
+    replica_watch: std::sync::atomic::AtomicBool,
 }
 
 impl UpstreamPool {
@@ -161,16 +166,22 @@ impl UpstreamPool {
         for (origin, _) in &endpoints {
             metrics.endpoint_known(&origin.authority());
         }
-        let slots = Slots::new(limits.max_connections, endpoints.iter().map(|(_, cap)| *cap));
+        // A pool that replaces one of the same name starts from its replica count.
+        let replicas = replaces.map_or(1, UpstreamPool::replicas);
+        let slots = Slots::new(
+            replicas::share(limits.max_connections, replicas),
+            endpoints.iter().map(|(_, cap)| *cap),
+        );
         let authority =
             HeaderValue::from_str(&origin.authority()).unwrap_or_else(|_| HeaderValue::from_static("localhost"));
         let adaptive = adaptive::Adaptive::new(adaptive::Params::of(&limits));
+        let max_tunnels = replicas::share(limits.max_tunnels, replicas);
         let tunnel_count = match replaces {
             Some(old) => {
-                old.tunnel_count.set_bound(limits.max_tunnels);
+                old.tunnel_count.set_bound(max_tunnels);
                 old.tunnel_count.clone()
             }
-            None => Arc::new(tunnels::TunnelCount::new(limits.max_tunnels)),
+            None => Arc::new(tunnels::TunnelCount::new(max_tunnels)),
         };
         let (closer, closings) = tokio::sync::mpsc::unbounded_channel();
         let (stirs, stirred) = tokio::sync::mpsc::unbounded_channel();
@@ -201,6 +212,8 @@ impl UpstreamPool {
             closer,
             stirs,
             tunnel_count,
+            replicas: AtomicUsize::new(replicas),
+            replica_watch: std::sync::atomic::AtomicBool::new(false),
         });
         pool.spawn(connection::close_connections(closings, stirred, Arc::downgrade(&pool)));
         pool.spawn(expire_idle(Arc::downgrade(&pool)));

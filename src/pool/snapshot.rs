@@ -60,6 +60,7 @@ impl UpstreamPool {
             requests_total: self.requests_total.load(Ordering::Relaxed),
             tunnels_open: tunnels.0,
             max_tunnels: tunnels.1,
+            replicas: self.limits().replicas.is_some().then(|| self.replicas()),
             draining,
             endpoints,
         }

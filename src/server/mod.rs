@@ -77,6 +77,11 @@ impl Floodgate {
             lane.start_thread().map_err(StartError::Lane)?;
         }
         let router = Plan::starting(&config, &metrics, &lane)?;
+        // With `replicas`, a pool's share comes from the first count, read before anything is served: a replica
+        // never starts with the whole total (see pool::replicas).
+        for pool in router.pools().values() {
+            let _ = tokio::time::timeout(REPLICA_COUNT_AT_START, pool.count_replicas()).await;
+        }
         let access_log = config.access_log_format().map(|format| match format {
             crate::config::AccessLogFormat::Combined => crate::access::Style::Combined,
             _ => crate::access::Style::Fields,
@@ -191,6 +196,10 @@ impl Floodgate {
         Ok(())
     }
 }
+
+/// How long start-up waits for an upstream's first replica count (a DNS answer, say) before it goes on with the last
+/// one it has (none: a share of the whole).
+const REPLICA_COUNT_AT_START: Duration = Duration::from_secs(5);
 
 /// How long tunnels ended at `shutdown_timeout` are given to write their lines and hand their sockets over.
 const TUNNELS_STOPPING: Duration = Duration::from_millis(500);
