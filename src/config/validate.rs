@@ -121,10 +121,10 @@ impl Config {
             if let Some(replicas) = &upstream.replicas {
                 match (&replicas.dns, &replicas.file) {
                     (Some(_), None) | (None, Some(_)) => {}
-                    _ => problems.push(&key("replicas"), "needs one of dns and file"),
+                    _ => problems.push(key("replicas"), "needs one of dns and file"),
                 }
                 if replicas.dns.as_deref().is_some_and(|name| name.trim().is_empty()) {
-                    problems.push(&key("replicas.dns"), "must be a DNS name");
+                    problems.push(key("replicas.dns"), "must be a DNS name");
                 }
                 problems.duration(&key("replicas.interval"), replicas.interval, false);
             }
