@@ -128,6 +128,26 @@ impl Service<Request<ClientBody>> for ProxyService {
         let routed = self.proxy.route(&request);
         let arrived = std::time::Instant::now();
         let route_metrics = routed.as_ref().ok().map(|(_, picked)| picked.metrics.clone());
+        let traced = self.proxy.tracing().map(|tracing| {
+            let route = routed
+                .as_ref()
+                .ok()
+                .map(|(pool, picked)| (pool.name.clone(), picked.label.clone()));
+            let name = match &route {
+                Some((_, label)) => format!("{} {label}", request.method()),
+                None => request.method().to_string(),
+            };
+            let mut attributes = vec![
+                opentelemetry::KeyValue::new("http.request.method", request.method().to_string()),
+                opentelemetry::KeyValue::new("url.path", request.uri().path().to_string()),
+                opentelemetry::KeyValue::new("client.address", self.client.peer.ip().to_string()),
+            ];
+            if let Some((upstream, label)) = route {
+                attributes.push(opentelemetry::KeyValue::new("http.route", label.to_string()));
+                attributes.push(opentelemetry::KeyValue::new("floodgate.upstream", upstream.to_string()));
+            }
+            tracing.request(name, request.headers_mut(), attributes)
+        });
         let (route, upstream) = match &routed {
             Ok((pool, picked)) => (Some(display(&picked.label)), Some(display(&pool.name))),
             Err(_) => (None, None),
@@ -153,7 +173,10 @@ impl Service<Request<ClientBody>> for ProxyService {
                         place.insert(id);
                     }
                 }
-                Ok(answered.map(|body| body.tracked(in_flight).served(route_metrics, arrived)))
+                if let Some(span) = &traced {
+                    span.set_status(answered.status());
+                }
+                Ok(answered.map(|body| body.tracked(in_flight).served(route_metrics, arrived).traced(traced)))
             }
             .instrument(span),
         )

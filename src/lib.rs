@@ -54,5 +54,6 @@ pub(crate) mod route;
 pub mod server;
 pub(crate) mod state;
 pub(crate) mod status;
+pub(crate) mod trace;
 pub(crate) mod tunnel;
 pub mod upstream_lane;

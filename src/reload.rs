@@ -273,7 +273,9 @@ fn keep_restart_only(running: &Config, new: &mut Config, needs_restart: &mut Vec
         access_log,
         access_log_format,
         proxy_protocol,
-        config_watch_interval
+        config_watch_interval,
+        otlp_endpoint,
+        otlp_service_name
     );
     // A listener is TLS or plain for its life; its certificates can change, its kind cannot.
     let tls_on = |config: &Config| config.tls_cert.is_some() || !config.tls_certificates.is_empty();

@@ -62,6 +62,11 @@ pub struct Config {
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
     pub trusted_proxies: Vec<IpNet>,
+    /// Where each request's span is exported (an OTLP/HTTP traces URL, `http://collector:4318/v1/traces`); empty:
+    /// no traces, and trace headers pass through untouched.
+    pub otlp_endpoint: String,
+    /// The `service.name` floodgate's spans carry.
+    pub otlp_service_name: String,
     /// How often the `--config` file is looked at for changes, which are then reloaded as on SIGHUP (a Kubernetes
     /// ConfigMap's update, say); 0: never.
     #[serde(with = "humantime_serde")]
@@ -187,6 +192,8 @@ impl Default for Config {
             trusted_proxies: Vec::new(),
             proxy_protocol: false,
             config_watch_interval: Duration::ZERO,
+            otlp_endpoint: String::new(),
+            otlp_service_name: "floodgate".to_string(),
             log_format: LogFormat::Human,
             http1_server: Http1Server::Floodgate,
             log_level: "info".to_string(),

@@ -62,6 +62,21 @@ impl Config {
                 format!("must be at most {}", tokio::sync::Semaphore::MAX_PERMITS),
             );
         }
+        if !self.otlp_endpoint.is_empty() {
+            match self.otlp_endpoint.parse::<http::Uri>() {
+                Ok(uri) if uri.scheme_str() == Some("http") && uri.host().is_some() => {}
+                Ok(uri) if uri.scheme_str() == Some("https") => {
+                    problems.push("otlp_endpoint", "https is not supported: send to a collector over http")
+                }
+                _ => problems.push(
+                    "otlp_endpoint",
+                    "must be an http:// URL such as http://collector:4318/v1/traces",
+                ),
+            }
+        }
+        if self.otlp_service_name.trim().is_empty() {
+            problems.push("otlp_service_name", "must not be empty");
+        }
         for (key, value, zero_allowed) in [
             ("first_byte_timeout", self.first_byte_timeout, false),
             ("header_read_timeout", self.header_read_timeout, false),

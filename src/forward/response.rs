@@ -31,6 +31,8 @@ pub struct ResponseBody {
     _in_flight: Option<InFlight>,
     /// The route's time and bytes as the client sees them, counted as the body goes and when it is done with.
     served: Option<Served>,
+    /// The request's span (with `otlp_endpoint`), ended with the answer.
+    _traced: Option<crate::trace::RequestSpan>,
 }
 
 /// A request's answer on its way to the client: when the request arrived, and the body bytes sent so far. Dropped
@@ -61,6 +63,7 @@ impl ResponseBody {
             kind: Kind::Upstream(body),
             _in_flight: None,
             served: None,
+            _traced: None,
         }
     }
 
@@ -70,6 +73,7 @@ impl ResponseBody {
             kind: Kind::Local((!bytes.is_empty()).then_some(bytes)),
             _in_flight: None,
             served: None,
+            _traced: None,
         }
     }
 
@@ -78,11 +82,18 @@ impl ResponseBody {
             kind: Kind::Local(Some(Bytes::from_static(text.as_bytes()))),
             _in_flight: None,
             served: None,
+            _traced: None,
         }
     }
 
     pub fn tracked(mut self, in_flight: Option<InFlight>) -> Self {
         self._in_flight = in_flight;
+        self
+    }
+
+    /// Ends `span` with the answer.
+    pub(crate) fn traced(mut self, span: Option<crate::trace::RequestSpan>) -> Self {
+        self._traced = span;
         self
     }
 

@@ -53,6 +53,8 @@ pub struct Proxy {
     tunnels: tokio_util::task::TaskTracker,
     /// Cancelled when `shutdown_timeout` has passed: every tunnel still open ends then, its line written.
     tunnel_stop: tokio_util::sync::CancellationToken,
+    /// With `otlp_endpoint`: each request's span, exported.
+    tracing: Option<Arc<crate::trace::Tracing>>,
 }
 
 impl Proxy {
@@ -80,6 +82,7 @@ impl Proxy {
             lane,
             tunnels: tokio_util::task::TaskTracker::new(),
             tunnel_stop: tokio_util::sync::CancellationToken::new(),
+            tracing: None,
         }
     }
 
@@ -139,6 +142,16 @@ impl Proxy {
         let mut pools: Vec<_> = self.router().pools().values().cloned().collect();
         pools.extend(self.draining());
         pools
+    }
+
+    pub(crate) fn with_tracing(mut self, tracing: Option<Arc<crate::trace::Tracing>>) -> Self {
+        self.tracing = tracing;
+        self
+    }
+
+    /// The tracer, when traces are exported.
+    pub(crate) fn tracing(&self) -> Option<&crate::trace::Tracing> {
+        self.tracing.as_deref()
     }
 
     pub fn with_access_log(mut self, style: Option<crate::access::Style>) -> Self {

@@ -46,6 +46,8 @@ pub enum StartError {
     Config(#[from] crate::config::ConfigError),
     #[error("cannot start the upstream lane's thread")]
     Lane(#[source] std::io::Error),
+    #[error("cannot start exporting traces to otlp_endpoint: {0}")]
+    Tracing(String),
 }
 
 /// A bound, not yet running floodgate.
@@ -86,7 +88,15 @@ impl Floodgate {
             crate::config::AccessLogFormat::Combined => crate::access::Style::Combined,
             _ => crate::access::Style::Fields,
         });
-        let proxy = Proxy::new(router, metrics, config.trusted_proxies.clone(), lane).with_access_log(access_log);
+        let tracing = match config.otlp_endpoint.as_str() {
+            "" => None,
+            endpoint => {
+                Some(crate::trace::Tracing::start(endpoint, &config.otlp_service_name).map_err(StartError::Tracing)?)
+            }
+        };
+        let proxy = Proxy::new(router, metrics, config.trusted_proxies.clone(), lane)
+            .with_access_log(access_log)
+            .with_tracing(tracing);
         proxy.buffers().set_limit(config.max_buffered_bytes);
         // Validation read these files already; reading them again here keeps a file changed in between from
         // slipping through, and this is the copy the listener serves.

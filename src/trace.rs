@@ -1,0 +1,107 @@
+//! Traces: with `otlp_endpoint` set, each request gets a span of floodgate's own (from its arrival to the end of its
+//! answer), a child of the trace context its client sent (`traceparent`/`tracestate`, W3C Trace Context), and the
+//! request goes upstream carrying that span as its parent, so a trace shows the time spent in floodgate between the
+//! client's span and the upstream's. Spans are exported over OTLP/HTTP (protobuf) in batches by the OpenTelemetry
+//! SDK's own thread. Off (the default), a request pays one `None` and its trace headers pass through untouched.
+
+use std::sync::Arc;
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
+use opentelemetry::trace::{SpanKind, TraceContextExt, Tracer as _, TracerProvider as _};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
+use opentelemetry_sdk::Resource;
+
+/// The tracer and exporter of a process that exports traces.
+pub struct Tracing {
+    provider: SdkTracerProvider,
+    tracer: SdkTracer,
+    propagator: TraceContextPropagator,
+}
+
+impl Tracing {
+    /// Exports to `endpoint` (an OTLP/HTTP traces URL, `http://collector:4318/v1/traces`) as `service_name`.
+    pub fn start(endpoint: &str, service_name: &str) -> Result<Arc<Tracing>, String> {
+        use opentelemetry_otlp::WithExportConfig;
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_endpoint(endpoint)
+            .build()
+            .map_err(|err| err.to_string())?;
+        let provider = SdkTracerProvider::builder()
+            .with_batch_exporter(exporter)
+            .with_resource(Resource::builder().with_service_name(service_name.to_string()).build())
+            .build();
+        let tracer = provider.tracer("floodgate");
+        Ok(Arc::new(Tracing {
+            provider,
+            tracer,
+            propagator: TraceContextPropagator::new(),
+        }))
+    }
+
+    /// Starts the span of a request with `headers` (`name`: its method and route), a child of the context they
+    /// carry, and puts that span in their trace context for the upstream to see as its parent.
+    pub fn request(&self, name: String, headers: &mut HeaderMap, attributes: Vec<KeyValue>) -> RequestSpan {
+        let parent = self.propagator.extract(&Headers(headers));
+        let span = self
+            .tracer
+            .span_builder(name)
+            .with_kind(SpanKind::Server)
+            .with_attributes(attributes)
+            .start_with_context(&self.tracer, &parent);
+        let context = parent.with_span(span);
+        self.propagator.inject_context(&context, &mut HeadersMut(headers));
+        RequestSpan(context)
+    }
+}
+
+impl Drop for Tracing {
+    fn drop(&mut self) {
+        // The spans still in the batch go out before the process ends.
+        let _ = self.provider.shutdown();
+    }
+}
+
+/// A request's span, ended when it is dropped (with its answer).
+pub struct RequestSpan(Context);
+
+impl RequestSpan {
+    pub fn set_status(&self, status: http::StatusCode) {
+        let span = self.0.span();
+        span.set_attribute(KeyValue::new("http.response.status_code", i64::from(status.as_u16())));
+        if status.is_server_error() {
+            span.set_status(opentelemetry::trace::Status::error(status.as_str().to_string()));
+        }
+    }
+}
+
+impl Drop for RequestSpan {
+    fn drop(&mut self) {
+        self.0.span().end();
+    }
+}
+
+struct Headers<'a>(&'a HeaderMap);
+
+impl Extractor for Headers<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|value| value.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(HeaderName::as_str).collect()
+    }
+}
+
+struct HeadersMut<'a>(&'a mut HeaderMap);
+
+impl Injector for HeadersMut<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        if let (Ok(name), Ok(value)) = (HeaderName::from_bytes(key.as_bytes()), HeaderValue::from_str(&value)) {
+            self.0.insert(name, value);
+        }
+    }
+}
