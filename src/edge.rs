@@ -146,7 +146,9 @@ impl Service<Request<ClientBody>> for ProxyService {
                 attributes.push(opentelemetry::KeyValue::new("http.route", label.to_string()));
                 attributes.push(opentelemetry::KeyValue::new("floodgate.upstream", upstream.to_string()));
             }
-            tracing.request(name, request.headers_mut(), attributes)
+            let span = tracing.request(name, request.headers_mut(), attributes);
+            request.extensions_mut().insert(span.marks());
+            span
         });
         let (route, upstream) = match &routed {
             Ok((pool, picked)) => (Some(display(&picked.label)), Some(display(&pool.name))),

@@ -58,6 +58,32 @@ impl Tracing {
     }
 }
 
+/// A request's span, as the exchange on the upstream side marks its steps on it (a request extension).
+#[derive(Clone)]
+pub struct Marks(Context);
+
+impl Marks {
+    /// The request left the queue after `waited`: the rest of the span is the exchange with the upstream.
+    pub fn admitted(&self, waited: std::time::Duration) {
+        let waited = i64::try_from(waited.as_micros()).unwrap_or(i64::MAX);
+        self.0
+            .span()
+            .add_event("admitted", vec![KeyValue::new("floodgate.queue.duration_us", waited)]);
+    }
+
+    /// The upstream's answer head came.
+    pub fn answered(&self) {
+        self.0.span().add_event("upstream answered", Vec::new());
+    }
+}
+
+impl RequestSpan {
+    /// The marks the exchange makes on this span.
+    pub fn marks(&self) -> Marks {
+        Marks(self.0.clone())
+    }
+}
+
 impl Drop for Tracing {
     fn drop(&mut self) {
         // The spans still in the batch go out before the process ends.

@@ -114,6 +114,14 @@ async fn floodgates_span_is_exported_as_the_childs_of_the_clients_and_the_parent
         "{:?}",
         span.attributes
     );
+    // The queue wait and the exchange, marked on it.
+    let events: Vec<&str> = span.events.iter().map(|event| event.name.as_str()).collect();
+    assert_eq!(events, ["admitted", "upstream answered"], "{:?}", span.events);
+    assert!(span.events[0]
+        .attributes
+        .iter()
+        .any(|kv| kv.key == "floodgate.queue.duration_us"));
+    assert!(span.events[0].time_unix_nano <= span.events[1].time_unix_nano);
 
     // The upstream's parent is floodgate's span, in the same trace, with the client's trace state.
     let seen = upstream.recorded().into_iter().find(|r| r.path() == "/traced").unwrap();

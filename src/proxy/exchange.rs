@@ -67,6 +67,9 @@ pub(super) struct AdmittedExchange {
     /// The request's span. The lane's tasks do not enter it (an enter and exit on every poll cost more than the
     /// rest of the span); what is counted here is recorded on it, and the client's answer keeps it open.
     pub(super) span: tracing::Span,
+    /// The request's exported span, with `otlp_endpoint`: marked when the request leaves the queue and when the
+    /// upstream answers.
+    pub(super) marks: Option<crate::trace::Marks>,
 }
 
 impl AdmittedExchange {
@@ -89,6 +92,7 @@ impl AdmittedExchange {
             buffers,
             route,
             span,
+            marks,
         } = self;
         let lease = match admitted {
             Admitted::Now(lease) => lease,
@@ -135,7 +139,13 @@ impl AdmittedExchange {
         if let Some(entry) = access.as_mut() {
             entry.admitted();
         }
+        if let Some(marks) = &marks {
+            marks.admitted(arrived.elapsed());
+        }
         let answered = exchange(lease, request, access, watch_body, buffers, &route, &span).await;
+        if let (Some(marks), Ok(_)) = (&marks, &answered) {
+            marks.answered();
+        }
         if let Err(Err((_, access))) = answer.send(answered) {
             forward::complete(&pool.metrics.requests, None, access, Outcome::ClientAbort, 0, &span);
         }

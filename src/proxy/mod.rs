@@ -191,6 +191,7 @@ impl Proxy {
         }
         // A client's own deadline runs from when its request arrived, body reading included.
         let received = tokio::time::Instant::now();
+        let marks = request.extensions().get::<crate::trace::Marks>().cloned();
         let mut body_unread = !request.body().is_end_stream();
         let is_http1 = request.version() <= Version::HTTP_11;
         // The client asked to hear from us before it sends the body: that answer waits for admission.
@@ -294,6 +295,7 @@ impl Proxy {
             buffers: self.buffers.clone(),
             route,
             span: tracing::Span::current(),
+            marks,
         };
         let (answer, answered) = oneshot::channel();
         self.lane.spawn(admitted.run(answer));
