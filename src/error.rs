@@ -117,22 +117,8 @@ impl Outcome {
         Outcome::Internal,
     ];
 
-    /// The outcomes of requests routed to an upstream, and of those refused before routing: the counters
-    /// `/metrics` shows at 0 from the start.
-    pub const UPSTREAM: [Outcome; 12] = [
-        Outcome::Ok,
-        Outcome::ShedQueueFull,
-        Outcome::ShedQueueTimeout,
-        Outcome::ShedOverload,
-        Outcome::ShedDeadline,
-        Outcome::ShedQuota,
-        Outcome::ShedTunnelLimit,
-        Outcome::UpstreamError,
-        Outcome::UpstreamTimeout,
-        Outcome::ClientAbort,
-        Outcome::ClientTimeout,
-        Outcome::NotImplemented,
-    ];
+    /// The outcomes of requests refused before routing (and of a panic): the counters without an `upstream` label
+    /// `/metrics` shows at 0 from the start; every other outcome is an upstream's.
     pub const CLIENT_SIDE: [Outcome; 6] = [
         Outcome::BadRequest,
         Outcome::HeaderTooLarge,
@@ -141,6 +127,15 @@ impl Outcome {
         Outcome::NoRoute,
         Outcome::Internal,
     ];
+
+    /// Whether a request routed to an upstream can end so: every outcome but those only refusals before routing
+    /// (and a panic) have; the counters `/metrics` shows at 0 for each upstream.
+    pub fn of_upstreams(self) -> bool {
+        !matches!(
+            self,
+            Outcome::BadRequest | Outcome::HeaderTooLarge | Outcome::NoRoute | Outcome::Internal
+        )
+    }
 
     /// The status floodgate answers with for this outcome (a success, for `ok`): one grouping for both.
     pub fn status(self) -> StatusCode {

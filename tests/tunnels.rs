@@ -103,13 +103,7 @@ async fn a_tunnel_beyond_max_tunnels_is_answered_503_with_retry_after_and_the_ne
     let proxy = proxy_for(&upstream, 1, 2, &[]).await;
     let mut first = ws_connect(proxy.listen, "/a").await;
     let mut second = ws_connect(proxy.listen, "/b").await;
-    let refused =
-        tokio_tungstenite::client_async("ws://client.test/c", TcpStream::connect(proxy.listen).await.unwrap())
-            .await
-            .expect_err("a third tunnel is refused");
-    let tokio_tungstenite::tungstenite::Error::Http(response) = refused else {
-        panic!("refused with {refused:?}");
-    };
+    let response = ws_refused(proxy.listen, "/c").await;
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(response.headers().contains_key("retry-after"), "{response:?}");
     assert_eq!(response.headers()["x-floodgate-shed-reason"], "tunnel_limit");
@@ -225,15 +219,7 @@ async fn an_idle_tunnel_is_closed_after_tunnel_idle_timeout_and_says_so_in_the_a
 async fn an_upgrade_the_upstream_refuses_is_answered_with_its_refusal_and_the_socket_closed() {
     let upstream = WsUpstream::start().await;
     let proxy = proxy_for(&upstream, 1, 1, &[]).await;
-    let refused = tokio_tungstenite::client_async(
-        "ws://client.test/refuse",
-        TcpStream::connect(proxy.listen).await.unwrap(),
-    )
-    .await
-    .expect_err("the upstream refuses");
-    let tokio_tungstenite::tungstenite::Error::Http(response) = refused else {
-        panic!("refused with {refused:?}");
-    };
+    let response = ws_refused(proxy.listen, "/refuse").await;
     assert_eq!(response.status(), StatusCode::FORBIDDEN);
     assert_eq!(response.body().as_deref(), Some(&b"no websockets here\n"[..]));
     wait_until_sync("the upstream's socket closed", T, || upstream.sockets() == 0).await;
@@ -294,8 +280,7 @@ where
     let (key, upgrade) = upstream.counts.last_upgrade.lock().unwrap().clone().unwrap();
     assert_eq!(upgrade, "websocket");
     assert_eq!(key.len(), 24, "a Sec-WebSocket-Key of 16 bytes: {key:?}");
-    socket.close(None).await.unwrap();
-    while let Some(Ok(_)) = tokio::time::timeout(T, socket.next()).await.unwrap() {}
+    ws_close(socket).await;
     wait_until_sync("the upstream's socket closed", T, || upstream.sockets() == 0).await;
     proxy.wait_until_field(UP, "tunnels_open", 0, T).await;
 }
@@ -339,8 +324,7 @@ async fn websockets_over_tls_with_http11_and_with_h2_by_alpn() {
         1.0,
         "the tunnel's client connection still counts"
     );
-    socket.close(None).await.unwrap();
-    while let Some(Ok(_)) = tokio::time::timeout(T, socket.next()).await.unwrap() {}
+    ws_close(&mut socket).await;
     drop(socket);
     proxy.wait_until_field(UP, "tunnels_open", 0, T).await;
     let tls = connect(b"h2").await;
@@ -369,18 +353,9 @@ async fn a_reload_that_replaces_the_upstream_lets_its_tunnels_run_until_they_end
     let mut after = ws_connect(proxy.listen, "/after").await;
     ws_echo(&mut after, "to the new upstream").await;
     assert_eq!((old.websockets(), new.websockets()), (1, 1));
-    let refused = tokio_tungstenite::client_async(
-        "ws://client.test/third",
-        TcpStream::connect(proxy.listen).await.unwrap(),
-    )
-    .await
-    .expect_err("the bound counts the retired upstream's tunnel too");
-    let tokio_tungstenite::tungstenite::Error::Http(response) = refused else {
-        panic!("refused with {refused:?}");
-    };
+    let response = ws_refused(proxy.listen, "/third").await;
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
-    before.close(None).await.unwrap();
-    while let Some(Ok(_)) = tokio::time::timeout(T, before.next()).await.unwrap() {}
+    ws_close(&mut before).await;
     drop(before);
     wait_until_sync("the old upstream's socket closed", T, || old.sockets() == 0).await;
     wait_until("the retired upstream gone from /status", T, || async {

@@ -285,7 +285,7 @@ impl Metrics {
         );
         registry.register_collector(Box::new(process::ProcessCollector::new()));
         let client_side = Arc::new(OutcomeCounters::new(requests.clone(), None));
-        client_side.prime(&Outcome::CLIENT_SIDE);
+        client_side.prime(Outcome::CLIENT_SIDE);
         Metrics {
             registry,
             requests,
@@ -332,7 +332,7 @@ impl Metrics {
         UpstreamMetrics {
             requests: {
                 let requests = OutcomeCounters::new(self.requests.clone(), Some(name.to_string()));
-                requests.prime(&Outcome::UPSTREAM);
+                requests.prime(Outcome::ALL.into_iter().filter(|outcome| outcome.of_upstreams()));
                 Arc::new(requests)
             },
             inflight: self.inflight.get_or_create_owned(&labels()),
@@ -472,8 +472,8 @@ impl OutcomeCounters {
 
     /// Makes the counter of each of `outcomes`, with its usual status class, present at 0: an alert on
     /// `increase()` then sees the first such request too. Other combinations appear when they happen.
-    fn prime(&self, outcomes: &[Outcome]) {
-        for &outcome in outcomes {
+    fn prime(&self, outcomes: impl IntoIterator<Item = Outcome>) {
+        for outcome in outcomes {
             self.cell(outcome, Some(outcome.status()));
         }
     }

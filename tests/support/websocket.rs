@@ -276,6 +276,29 @@ where
     Ok(socket)
 }
 
+/// An upgrade to `path` through the proxy at `addr` that is refused: the answer it got instead of a `101`.
+pub async fn ws_refused(addr: SocketAddr, path: &str) -> Response<Option<Vec<u8>>> {
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let url = format!("ws://client.test{path}");
+    match tokio_tungstenite::client_async(url, stream).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => *response,
+        Err(other) => panic!("the upgrade to {path} failed otherwise: {other}"),
+        Ok(_) => panic!("the upgrade to {path} was not refused"),
+    }
+}
+
+/// Closes `socket` with the close handshake and reads it to its end.
+pub async fn ws_close<S>(socket: &mut WsClient<S>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    socket.close(None).await.unwrap();
+    while let Some(Ok(_)) = tokio::time::timeout(Duration::from_secs(10), socket.next())
+        .await
+        .expect("the close was not answered within 10 s")
+    {}
+}
+
 /// Opens a WebSocket to `path` through the proxy at `addr`.
 pub async fn ws_connect(addr: SocketAddr, path: &str) -> WsClient<TcpStream> {
     let stream = TcpStream::connect(addr).await.unwrap();
