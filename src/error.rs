@@ -117,16 +117,19 @@ impl Outcome {
         Outcome::Internal,
     ];
 
-    /// The outcomes of requests refused before routing (and of a panic): the counters without an `upstream` label
-    /// `/metrics` shows at 0 from the start; every other outcome is an upstream's.
-    pub const CLIENT_SIDE: [Outcome; 6] = [
-        Outcome::BadRequest,
-        Outcome::HeaderTooLarge,
-        Outcome::ClientTimeout,
-        Outcome::NotImplemented,
-        Outcome::NoRoute,
-        Outcome::Internal,
-    ];
+    /// Whether a request refused before routing (or a panic) can end so: the counters without an `upstream` label
+    /// `/metrics` shows at 0 from the start.
+    pub fn of_client_side(self) -> bool {
+        matches!(
+            self,
+            Outcome::BadRequest
+                | Outcome::HeaderTooLarge
+                | Outcome::ClientTimeout
+                | Outcome::NotImplemented
+                | Outcome::NoRoute
+                | Outcome::Internal
+        )
+    }
 
     /// Whether a request routed to an upstream can end so: every outcome but those only refusals before routing
     /// (and a panic) have; the counters `/metrics` shows at 0 for each upstream.

@@ -18,6 +18,14 @@ use tokio_tungstenite::tungstenite::Message;
 const UP: &str = "default";
 const T: Duration = Duration::from_secs(10);
 
+/// The upstream's tunnel socket closed and the proxy's count back to 0, a new tunnel to `path` opens and echoes.
+async fn the_slot_comes_back(proxy: &Proxy, upstream: &WsUpstream, path: &str, text: &str) {
+    wait_until_sync("the upstream's socket closed", T, || upstream.sockets() == 0).await;
+    proxy.wait_until_field(UP, "tunnels_open", 0, T).await;
+    let mut socket = ws_connect(proxy.listen, path).await;
+    ws_echo(&mut socket, text).await;
+}
+
 async fn proxy_for(upstream: &WsUpstream, max_connections: usize, max_tunnels: usize, extra: &[&str]) -> Proxy {
     let mut args = vec![
         "--upstream".to_string(),
@@ -168,10 +176,7 @@ async fn a_vanished_client_gives_its_tunnel_slot_back_once_the_socket_is_closed_
         .set_linger(Some(Duration::ZERO))
         .unwrap();
     drop(stream);
-    wait_until_sync("the upstream's socket closed", T, || upstream.sockets() == 0).await;
-    proxy.wait_until_field(UP, "tunnels_open", 0, T).await;
-    let mut next = ws_connect(proxy.listen, "/next").await;
-    ws_echo(&mut next, "the slot came back").await;
+    the_slot_comes_back(&proxy, &upstream, "/next", "the slot came back").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -222,10 +227,7 @@ async fn an_upgrade_the_upstream_refuses_is_answered_with_its_refusal_and_the_so
     let response = ws_refused(proxy.listen, "/refuse").await;
     assert_eq!(response.status(), StatusCode::FORBIDDEN);
     assert_eq!(response.body().as_deref(), Some(&b"no websockets here\n"[..]));
-    wait_until_sync("the upstream's socket closed", T, || upstream.sockets() == 0).await;
-    proxy.wait_until_field(UP, "tunnels_open", 0, T).await;
-    let mut socket = ws_connect(proxy.listen, "/fine").await;
-    ws_echo(&mut socket, "the bound is free again").await;
+    the_slot_comes_back(&proxy, &upstream, "/fine", "the bound is free again").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -285,7 +285,7 @@ impl Metrics {
         );
         registry.register_collector(Box::new(process::ProcessCollector::new()));
         let client_side = Arc::new(OutcomeCounters::new(requests.clone(), None));
-        client_side.prime(Outcome::CLIENT_SIDE);
+        client_side.prime(Outcome::ALL.into_iter().filter(|outcome| outcome.of_client_side()));
         Metrics {
             registry,
             requests,
