@@ -489,13 +489,7 @@ async fn server_sent_events_reach_the_client_one_by_one_for_longer_than_body_idl
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.headers()["content-type"], "text/event-stream");
     let mut body = response.into_body();
-    let events = upstream
-        .counts
-        .events
-        .lock()
-        .unwrap()
-        .take()
-        .expect("the stream started");
+    let events = upstream.take_events();
     // Lockstep: each event is sent only once the one before reached the client, so a proxy that held any back
     // (to fill a buffer, or to batch) would stall here. The gaps add up to well past body_idle_timeout.
     for n in 0..6 {
@@ -592,13 +586,7 @@ async fn a_route_with_its_own_body_idle_timeout_carries_events_its_upstreams_wou
         .await
         .unwrap();
     let mut body = response.into_body();
-    let events = upstream
-        .counts
-        .events
-        .lock()
-        .unwrap()
-        .take()
-        .expect("the stream started");
+    let events = upstream.take_events();
     for n in 0..3 {
         // Each gap well past the upstream's 200 ms, within the route's 5 s.
         tokio::time::sleep(Duration::from_millis(500)).await;

@@ -153,6 +153,11 @@ impl WsUpstream {
         self.release.send_replace(true);
     }
 
+    /// Where the events of the `/events` stream now open are sent from; dropping it ends the stream.
+    pub fn take_events(&self) -> tokio::sync::mpsc::UnboundedSender<Bytes> {
+        self.counts.events.lock().unwrap().take().expect("the stream started")
+    }
+
     pub fn sockets(&self) -> usize {
         self.counts.sockets.load(Ordering::SeqCst)
     }
