@@ -353,3 +353,39 @@ fn listen_and_admin_on_one_port_are_refused_by_check_as_start_up_would_fail() {
     );
     assert_eq!(status.code(), Some(0), "{stderr}");
 }
+
+#[test]
+fn check_reports_parse_and_semantic_problems_in_one_pass_one_line_each() {
+    let config = TempConfig::new(
+        r#"
+listen = "not an address"
+max_client_connections = "many"
+
+[upstreams.api]
+url = "http://127.0.0.1:9000"
+max_connections = 0
+queue_timeout = "forever"
+
+[[routes]]
+upstream = "nope"
+"#,
+    );
+    let (status, _, stderr) = run_to_exit(&["check", "--config", &config.path_str()], Duration::from_secs(10));
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|line| !line.trim().is_empty()).collect();
+    for key in [
+        "listen",
+        "max_client_connections",
+        "upstreams.api.queue_timeout",
+        "upstreams.api.max_connections",
+        "routes[0].upstream",
+    ] {
+        let prefix = format!("floodgate: invalid configuration: {key}: ");
+        assert_eq!(
+            lines.iter().filter(|line| line.starts_with(&prefix)).count(),
+            1,
+            "{key} not named once:\n{stderr}"
+        );
+    }
+    assert_eq!(lines.len(), 5, "{stderr}");
+}
