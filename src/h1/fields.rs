@@ -48,6 +48,28 @@ pub(super) fn field(line: &httparse::Header<'_>) -> Result<(HeaderName, HeaderVa
     Ok((name, value))
 }
 
+/// One header line as a name and a value that shares `value`'s bytes; the error names which was invalid.
+pub(super) fn shared_field(name: &[u8], value: bytes::Bytes) -> Result<(HeaderName, HeaderValue), &'static str> {
+    let name = HeaderName::from_bytes(name).map_err(|_| "invalid header name")?;
+    let value = HeaderValue::from_maybe_shared(value).map_err(|_| "invalid header value")?;
+    Ok((name, value))
+}
+
+/// Where the slices httparse hands out lie in the bytes it read, as ranges: kept while the bytes are split off.
+pub(super) struct Offsets(usize);
+
+impl Offsets {
+    pub(super) fn of(bytes: &[u8]) -> Offsets {
+        Offsets(bytes.as_ptr() as usize)
+    }
+
+    /// `part`, a slice of the bytes `self` was made of, as a range of them.
+    pub(super) fn range(&self, part: &[u8]) -> std::ops::Range<usize> {
+        let start = (part.as_ptr() as usize).saturating_sub(self.0);
+        start..start + part.len()
+    }
+}
+
 /// How long a head httparse found complete is; `None` while it is incomplete and `received` (all the bytes read
 /// for it) is still below `max_head_bytes`.
 pub(super) fn head_len(

@@ -8,7 +8,7 @@
 //! is `forward::keeps_alive`'s answer, the relay's own (it reads a `close` even in a `Connection` line with a
 //! non-ASCII byte, which hyper passes over).
 
-use bytes::Bytes;
+use bytes::BytesMut;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Request, Uri, Version};
 
@@ -42,30 +42,57 @@ pub(crate) enum BodyFraming {
 }
 
 /// Reads the head at the start of `received`: `Ok(None)` while it is incomplete (and smaller than
-/// `max_head_bytes`), else the head and how many bytes of `received` it took.
+/// `max_head_bytes`), else the head and how many bytes of `received` it took. The head's fields are copies; see
+/// [`take`] for a head whose fields share the bytes they were read from (the fuzz targets and tests use this one).
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) fn parse(received: &[u8], max_head_bytes: usize) -> Result<Option<(RequestHead, usize)>, HeadError> {
-    let mut lines = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut request = httparse::Request::new(&mut lines);
-    let parsed = request.parse(received);
-    let Some(head_len) = fields::head_len(parsed, received.len(), max_head_bytes)? else {
-        return Ok(None);
+    let mut buffer = BytesMut::from(received);
+    let head = take(&mut buffer, max_head_bytes)?;
+    Ok(head.map(|head| (head, received.len() - buffer.len())))
+}
+
+/// [`parse`], the head split off the front of `received` once it is complete: its target and field values are
+/// slices of those bytes (no allocation or copy per value), and what follows the head stays in `received`.
+pub(crate) fn take(received: &mut BytesMut, max_head_bytes: usize) -> Result<Option<RequestHead>, HeadError> {
+    // First where everything is, while httparse borrows the bytes; then the head is split off and read from.
+    let (head_len, method, target, minor, lines) = {
+        let mut lines = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut request = httparse::Request::new(&mut lines);
+        let parsed = request.parse(received);
+        let Some(head_len) = fields::head_len(parsed, received.len(), max_head_bytes)? else {
+            return Ok(None);
+        };
+        // A complete parse fills all three.
+        let (Some(method), Some(target), Some(minor)) = (request.method, request.path, request.version) else {
+            return Err(HeadError::Malformed("incomplete request line"));
+        };
+        let at = fields::Offsets::of(received);
+        let lines: Vec<_> = request
+            .headers
+            .iter()
+            .map(|line| (at.range(line.name.as_bytes()), at.range(line.value)))
+            .collect();
+        (
+            head_len,
+            at.range(method.as_bytes()),
+            at.range(target.as_bytes()),
+            minor,
+            lines,
+        )
     };
-    // A complete parse fills all three.
-    let (Some(method), Some(target), Some(minor)) = (request.method, request.path, request.version) else {
-        return Err(HeadError::Malformed("incomplete request line"));
-    };
+    let head = received.split_to(head_len).freeze();
+    let text = |range: std::ops::Range<usize>| head.get(range).unwrap_or_default();
     if target.len() > MAX_TARGET_BYTES {
         return Err(HeadError::TargetTooLong);
     }
-    let method = Method::from_bytes(method.as_bytes()).map_err(|_| HeadError::Malformed("invalid method"))?;
-    let uri = Uri::from_maybe_shared(Bytes::copy_from_slice(target.as_bytes()))
-        .map_err(|_| HeadError::Malformed("invalid request target"))?;
+    let method = Method::from_bytes(text(method)).map_err(|_| HeadError::Malformed("invalid method"))?;
+    let uri = Uri::from_maybe_shared(head.slice(target)).map_err(|_| HeadError::Malformed("invalid request target"))?;
     let version = fields::version(minor);
     let mut meaning = Meaning::new(version, method == Method::CONNECT);
     // Room for what the proxy adds (Host, X-Forwarded-*, a request ID): growing a map rehashes it.
-    let mut headers = HeaderMap::with_capacity(request.headers.len() + ADDED_FIELDS);
-    for line in request.headers.iter() {
-        let (name, value) = fields::field(line).map_err(HeadError::Malformed)?;
+    let mut headers = HeaderMap::with_capacity(lines.len() + ADDED_FIELDS);
+    for (name, value) in lines {
+        let (name, value) = fields::shared_field(text(name), head.slice(value)).map_err(HeadError::Malformed)?;
         if meaning.read(&name, &value, &mut headers)? {
             headers.append(name, value);
         }
@@ -81,14 +108,13 @@ pub(crate) fn parse(received: &[u8], max_head_bytes: usize) -> Result<Option<(Re
     let (parts, ()) = request.into_parts();
     // A message framed both ways was an attempt to confuse some hop: nothing more is read after it.
     let framed_twice = meaning.coded.is_some() && meaning.length_seen;
-    let head = RequestHead {
+    Ok(Some(RequestHead {
         keep_alive: keeps_alive(version, &parts.headers) && !framed_twice,
         parts,
         body,
         expects_continue: meaning.expects_continue,
         wants_upgrade: meaning.wants_upgrade,
-    };
-    Ok(Some((head, head_len)))
+    }))
 }
 
 /// What the framing and expectation headers say, read line by line in order.

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
 use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
 use http_body::Body;
@@ -145,11 +145,8 @@ impl Conn<'_> {
         let head_timer = tokio::time::sleep_until(head_until);
         tokio::pin!(head_timer);
         let head = loop {
-            match request_head::parse(&received, config.max_header_bytes) {
-                Ok(Some((head, len))) => {
-                    received.advance(len);
-                    break head;
-                }
+            match request_head::take(&mut received, config.max_header_bytes) {
+                Ok(Some(head)) => break head,
                 Ok(None) => {}
                 Err(refused) => {
                     count_refused(metrics, refused);
