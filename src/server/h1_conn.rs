@@ -86,7 +86,8 @@ where
             }
             Ok(After::Idle) => {}
             // The connection is a tunnel's from here; the request's future is gone, so the tunnel holds only its own.
-            Ok(After::Tunnel(tunnel, early)) => {
+            Ok(After::Tunnel(switched)) => {
+                let (tunnel, early) = *switched;
                 Box::pin(tunnel.run_on_socket(stream.clone(), early)).await;
                 return Ended::Closed;
             }
@@ -116,7 +117,8 @@ enum After {
     /// Nothing yet: the connection idles.
     Idle,
     /// The upstream switched protocols: the connection is the tunnel's, with what the client sent behind its request.
-    Tunnel(Tunnel, Bytes),
+    /// Boxed: what is held across an idle wait is every connection's cost.
+    Tunnel(Box<(Tunnel, Bytes)>),
 }
 
 /// What serving one request on the connection reads.
@@ -210,7 +212,7 @@ impl Conn<'_> {
             }
             // What the client sent behind its request is the tunnel's first bytes.
             let early = std::mem::take(&mut Reading::lock(&reading).received).freeze();
-            return Ok(After::Tunnel(tunnel, early));
+            return Ok(After::Tunnel(Box::new((tunnel, early))));
         }
         let keep_alive = head.keep_alive && !head.wants_upgrade && !shutdown.is_cancelled();
         let closes = write_answer(stream, response, &method, version, keep_alive, write_stall_limit)
