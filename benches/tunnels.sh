@@ -29,27 +29,16 @@ binary=${binary:-$target/release/floodgate}
 ulimit -n "$(ulimit -Hn)"
 ((3 * tunnels + 500 <= $(ulimit -n))) || { echo "tunnels: $tunnels tunnels need more file descriptors than $(ulimit -n)" >&2; exit 2; }
 
+# Process bookkeeping (pids, cleanup on exit), free_port, wait_line, wait_port, children and status_kb.
+source "$repo/benches/e2e/lib.sh"
 work=$(mktemp -d)
-pids=()
-cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
-wait_for() { # FILE PATTERN
-  for _ in $(seq 1 300); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
-  echo "tunnels: no '$2' in $1" >&2; cat "$1" >&2; exit 1
-}
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+trap 'rc=$?; rm -rf "$work"; (exit $rc); cleanup' EXIT
 # RSS in KiB of a process and its children (nginx's master and worker).
-rss_kib() {
-  local total=0 pid
-  for pid in "$1" $(pgrep -P "$1" || true); do
-    total=$((total + $(awk '/^VmRSS/ { print $2 }' "/proc/$pid/status" 2>/dev/null || echo 0)))
-  done
-  echo "$total"
-}
+rss_kib() { status_kb VmRSS "$1" $(children "$1"); }
 
 "$target/release/examples/websockets" upstream >"$work/upstream.out" 2>&1 &
 pids+=($!)
-wait_for "$work/upstream.out" "upstream ready"
+wait_line "$work/upstream.out" "upstream ready" $! >/dev/null || die "the upstream did not start: $(cat "$work/upstream.out")"
 upstream=$(sed -n 's/.* listen=\([^ ]*\).*/\1/p' "$work/upstream.out")
 
 start_proxy() { # SUBJECT PORT -> prints the proxy's PID
@@ -59,7 +48,7 @@ start_proxy() { # SUBJECT PORT -> prints the proxy's PID
       "$binary" --listen "127.0.0.1:$port" --admin 127.0.0.1:0 --upstream "http://$upstream" --max-connections 8 \
         --max-tunnels $((tunnels + 100)) --threads 1 >"$work/proxy.out" 2>"$work/proxy.err" &
       echo $!
-      wait_for "$work/proxy.out" "floodgate ready" ;;
+      wait_line "$work/proxy.out" "floodgate ready" $! >/dev/null || die "floodgate did not start: $(cat "$work/proxy.err")" ;;
     haproxy)
       cat >"$work/haproxy.cfg" <<EOF
 global
@@ -125,12 +114,12 @@ for subject in "${subjects[@]}"; do
     port=$(free_port)
     proxy=$(start_proxy "$subject" "$port")
     pids+=("$proxy")
-    for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
+    wait_port "$port" "$proxy" || die "$subject did not start: $(cat "$work/proxy.out")"
     sleep 1
     before=$(rss_kib "$proxy")
     "$target/release/examples/websockets" clients --addr "127.0.0.1:$port" --connections "$tunnels" >"$work/clients.out" 2>&1 &
     clients=$!
-    wait_for "$work/clients.out" '"ready":true'
+    wait_line "$work/clients.out" '"ready":true' "$clients" >/dev/null || die "the clients did not connect: $(cat "$work/clients.out")"
     sleep 2
     with=$(rss_kib "$proxy")
     open=$(sed -n 's/.*"open":\([0-9]*\).*/\1/p' "$work/clients.out")

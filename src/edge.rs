@@ -117,8 +117,8 @@ impl Service<Request<ClientBody>> for ProxyService {
     fn call(&mut self, mut request: Request<ClientBody>) -> Self::Future {
         let id = set_request_id(&mut request, self.client.trusted);
         let mut in_flight = self.activity.as_ref().map(ClientActivity::request_started);
-        if crate::tunnel::asked(&request).is_some() {
-            // A tunnel's request is at work for as long as the tunnel: its task keeps the mark, not the answer.
+        // A tunnel's request is at work for as long as the tunnel: its task keeps the mark, not the answer.
+        if in_flight.is_some() && crate::tunnel::asked(&request).is_some() {
             if let Some(mark) = in_flight.take() {
                 crate::tunnel::Hold::add(&mut request, Arc::new(mark));
             }
@@ -129,26 +129,8 @@ impl Service<Request<ClientBody>> for ProxyService {
         let arrived = std::time::Instant::now();
         let route_metrics = routed.as_ref().ok().map(|(_, picked)| picked.metrics.clone());
         let traced = self.proxy.tracing().map(|tracing| {
-            let route = routed
-                .as_ref()
-                .ok()
-                .map(|(pool, picked)| (pool.name.clone(), picked.label.clone()));
-            let name = match &route {
-                Some((_, label)) => format!("{} {label}", request.method()),
-                None => request.method().to_string(),
-            };
-            let mut attributes = vec![
-                opentelemetry::KeyValue::new("http.request.method", request.method().to_string()),
-                opentelemetry::KeyValue::new("url.path", request.uri().path().to_string()),
-                opentelemetry::KeyValue::new("client.address", self.client.peer.ip().to_string()),
-            ];
-            if let Some((upstream, label)) = route {
-                attributes.push(opentelemetry::KeyValue::new("http.route", label.to_string()));
-                attributes.push(opentelemetry::KeyValue::new("floodgate.upstream", upstream.to_string()));
-            }
-            let span = tracing.request(name, request.headers_mut(), attributes);
-            request.extensions_mut().insert(span.marks());
-            span
+            let route = routed.as_ref().ok().map(|(pool, picked)| (&*pool.name, &*picked.label));
+            tracing.request(&mut request, self.client.peer.ip(), route)
         });
         let (route, upstream) = match &routed {
             Ok((pool, picked)) => (Some(display(&picked.label)), Some(display(&pool.name))),

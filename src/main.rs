@@ -152,7 +152,7 @@ fn main() -> ExitCode {
                 return ExitCode::from(1);
             }
         };
-    let access_log = access_log.map(|writer| (writer, config.access_log_format().unwrap_or(AccessLogFormat::Auto)));
+    let access_log = access_log.zip(config.access_log_format());
     init_logging(config.log_format, &config.log_level, access_log);
     let runtime = match start_runtime(config.threads) {
         Ok(runtime) => runtime,
@@ -295,13 +295,14 @@ fn reload_on_change(reloader: floodgate::server::Reloader, file: PathBuf, interv
         loop {
             ticks.tick().await;
             let now = fingerprint(&file);
-            // A file that cannot be read (mid-swap, say) is looked at again next time.
-            if now.is_none() || now == loaded {
-                seen = now.or(seen);
+            // A file that cannot be read (mid-swap, say) is looked at again next time; one that changed is
+            // reloaded once two looks in a row agree, so a half-written file is not taken.
+            if now.is_none() {
                 continue;
             }
-            if now != seen {
-                seen = now;
+            let settled = now == seen;
+            seen = now;
+            if !settled || now == loaded {
                 continue;
             }
             loaded = now;

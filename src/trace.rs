@@ -42,10 +42,30 @@ impl Tracing {
         }))
     }
 
-    /// Starts the span of a request with `headers` (`name`: its method and route), a child of the context they
-    /// carry, and puts that span in their trace context for the upstream to see as its parent.
-    pub fn request(&self, name: String, headers: &mut HeaderMap, attributes: Vec<KeyValue>) -> RequestSpan {
-        let parent = self.propagator.extract(&Headers(headers));
+    /// Starts the span of `request` from `client` (`route`: its upstream and route label, when it has one), a child
+    /// of the context its headers carry; puts the span in them for the upstream to see as its parent, and its marks
+    /// (see [`Marks`]) in the request's extensions for the exchange.
+    pub fn request<B>(
+        &self,
+        request: &mut http::Request<B>,
+        client: std::net::IpAddr,
+        route: Option<(&str, &str)>,
+    ) -> RequestSpan {
+        let method = request.method().to_string();
+        let name = match route {
+            Some((_, label)) => format!("{method} {label}"),
+            None => method.clone(),
+        };
+        let mut attributes = vec![
+            KeyValue::new("http.request.method", method),
+            KeyValue::new("url.path", request.uri().path().to_string()),
+            KeyValue::new("client.address", client.to_string()),
+        ];
+        if let Some((upstream, label)) = route {
+            attributes.push(KeyValue::new("http.route", label.to_string()));
+            attributes.push(KeyValue::new("floodgate.upstream", upstream.to_string()));
+        }
+        let parent = self.propagator.extract(&Headers(request.headers()));
         let span = self
             .tracer
             .span_builder(name)
@@ -53,7 +73,9 @@ impl Tracing {
             .with_attributes(attributes)
             .start_with_context(&self.tracer, &parent);
         let context = parent.with_span(span);
-        self.propagator.inject_context(&context, &mut HeadersMut(headers));
+        self.propagator
+            .inject_context(&context, &mut HeadersMut(request.headers_mut()));
+        request.extensions_mut().insert(Marks(context.clone()));
         RequestSpan(context)
     }
 }
@@ -77,12 +99,7 @@ impl Marks {
     }
 }
 
-impl RequestSpan {
-    /// The marks the exchange makes on this span.
-    pub fn marks(&self) -> Marks {
-        Marks(self.0.clone())
-    }
-}
+impl RequestSpan {}
 
 impl Drop for Tracing {
     fn drop(&mut self) {

@@ -305,7 +305,7 @@ async fn metrics_show_the_process_the_build_and_every_counter_at_0_from_start_up
     );
     let (open, max) = (value("process_open_fds"), value("process_max_fds"));
     assert!(open >= 3.0 && max >= open, "{open} of {max}");
-    assert!(value("process_cpu_seconds_total") >= 0.0 && metric_exists(&samples, "process_cpu_seconds_total"));
+    assert!(metric_exists(&samples, "process_cpu_seconds_total"));
     let started = value("process_start_time_seconds");
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
