@@ -562,3 +562,39 @@ upstream = "a"
     load.finish_without_failures().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_count_that_hangs_at_start_up_gives_the_least_share_until_a_later_count_comes() {
+    let upstream = Upstream::start().await;
+    let dir = std::env::temp_dir().join(format!("floodgate-replicas-hang-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let count_file = dir.join("replicas");
+    // A named pipe nobody writes to: reading it blocks, as a count from a stuck source would.
+    let made = std::process::Command::new("mkfifo").arg(&count_file).status().unwrap();
+    assert!(made.success());
+    let config = TempConfig::new(&format!(
+        r#"
+[upstreams.a]
+url = "{}"
+max_connections = 6
+replicas = {{ file = {:?}, interval = "100ms" }}
+
+[[routes]]
+upstream = "a"
+"#,
+        upstream.url(),
+        count_file.display().to_string()
+    ));
+    // Start-up gives up on the count after a while and serves: with one connection, not the whole total.
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    assert_eq!(proxy.upstream_field("a", "max_connections").await, 1);
+    // The readers stuck on the pipe get its end, and the file that takes its place is counted in time.
+    let mut pipe = std::fs::OpenOptions::new().write(true).open(&count_file).unwrap();
+    std::io::Write::write_all(&mut pipe, b"2\n").unwrap();
+    drop(pipe);
+    let counted = dir.join("replicas.new");
+    std::fs::write(&counted, "2\n").unwrap();
+    std::fs::rename(&counted, &count_file).unwrap();
+    proxy.wait_until_field("a", "max_connections", 3, WAIT).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

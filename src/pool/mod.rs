@@ -1,8 +1,9 @@
 //! The bounded pool of one upstream: its slots, its idle connections and the queue that waits for either.
 //!
 //! Owns the one invariant: at most `max_connections` TCP connections to the upstream exist at any instant, counting
-//! ones being dialled, busy, idle and still closing. `slots::Slots` holds the counts and is the only code that
-//! changes them; a [`Slot`] stands for one count and gives it back when dropped; whatever comes back to the pool
+//! ones being dialled, busy, idle and still closing (and beside them at most `max_tunnels` tunnels' sockets, counted
+//! apart: `tunnels`). `slots::Slots` holds the counts and is the only code that changes them; a [`Slot`] stands for
+//! one count and gives it back when dropped; whatever comes back to the pool
 //! enters through one door (`handoff`). It never builds requests or answers: that is `forward`'s job. The rules
 //! for endpoints, changed caps and the adaptive limit are in `docs/architecture.md`.
 
@@ -166,8 +167,13 @@ impl UpstreamPool {
         for (origin, _) in &endpoints {
             metrics.endpoint_known(&origin.authority());
         }
-        // A pool that replaces one of the same name starts from its replica count.
-        let replicas = replaces.map_or(1, UpstreamPool::replicas);
+        // A pool that replaces one of the same name starts from its replica count; one never counted takes the
+        // least share (0 replicas) until its first count, never the whole total.
+        let replicas = match replaces {
+            Some(old) if old.limits().replicas.is_some() => old.replicas(),
+            _ if limits.replicas.is_some() => 0,
+            _ => 1,
+        };
         let slots = Slots::new(
             replicas::share(limits.max_connections, replicas),
             endpoints.iter().map(|(_, cap)| *cap),

@@ -60,17 +60,19 @@ impl UpstreamPool {
         let Some(source) = self.limits().replicas.clone() else {
             return;
         };
+        // The watch first: a count given up on (start-up waits for it only so long) is taken again in time.
+        let first = !self.replica_watch.swap(true, Ordering::AcqRel);
+        if first {
+            self.spawn(watch(Arc::downgrade(self)));
+        }
         match count(&source).await {
             Some(replicas) => self.set_replicas(replicas),
-            // Never counted: the least share (one connection) until a count comes, rather than the whole total.
-            None if !self.replica_watch.load(Ordering::Acquire) => {
-                tracing::warn!(upstream = %self.name, ?source, "cannot count the replicas; one connection until they can be");
-                self.set_replicas(0);
+            // Until a count comes the pool keeps the count it started from: the one before a reload, or none
+            // (the least share, one connection), never the whole total.
+            None if first => {
+                tracing::warn!(upstream = %self.name, ?source, "cannot count the replicas; keeping the last count (one connection before any)");
             }
             None => {}
-        }
-        if !self.replica_watch.swap(true, Ordering::AcqRel) {
-            self.spawn(watch(Arc::downgrade(self)));
         }
     }
 }
