@@ -118,10 +118,8 @@ impl Service<Request<ClientBody>> for ProxyService {
         let id = set_request_id(&mut request, self.client.trusted);
         let mut in_flight = self.activity.as_ref().map(ClientActivity::request_started);
         // A tunnel's request is at work for as long as the tunnel: its task keeps the mark, not the answer.
-        if in_flight.is_some() && crate::tunnel::asked(&request).is_some() {
-            if let Some(mark) = in_flight.take() {
-                crate::tunnel::Hold::add(&mut request, Arc::new(mark));
-            }
+        if let Some(mark) = in_flight.take_if(|_| crate::tunnel::asked(&request).is_some()) {
+            crate::tunnel::Hold::add(&mut request, Arc::new(mark));
         }
         // Routed first so the span is made with its fields (each later record costs about as much as making
         // it); the fields are read only when the span is on.

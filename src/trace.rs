@@ -2,7 +2,8 @@
 //! answer), a child of the trace context its client sent (`traceparent`/`tracestate`, W3C Trace Context), and the
 //! request goes upstream carrying that span as its parent, so a trace shows the time spent in floodgate between the
 //! client's span and the upstream's. Spans are exported over OTLP/HTTP (protobuf) in batches by the OpenTelemetry
-//! SDK's own thread. Off (the default), a request pays one `None` and its trace headers pass through untouched.
+//! SDK's own thread. Off (the default), a request pays one `None` (and one look for the span's marks among its extensions) and its
+//! trace headers pass through untouched.
 
 use std::sync::Arc;
 
@@ -98,8 +99,6 @@ impl Marks {
         self.0.span().add_event("upstream answered", Vec::new());
     }
 }
-
-impl RequestSpan {}
 
 impl Drop for Tracing {
     fn drop(&mut self) {

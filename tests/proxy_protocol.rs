@@ -112,8 +112,17 @@ async fn an_untrusted_peers_header_or_a_malformed_one_closes_the_connection() {
         through(&untrusting, &v2(1, [203, 0, 113, 7], 1), "/spoofed").await,
         None
     );
-    // Without a header, the same peer is an ordinary client.
+    // Without a header, the same peer is an ordinary client, even one whose first bytes could begin a signature:
+    // a leading empty line (RFC 9112 §2.2) sent on its own.
     assert_eq!(through(&untrusting, b"", "/direct").await, Some(200));
+    let mut conn = RawConn::connect(untrusting.listen).await;
+    conn.write(b"\r\n").await.unwrap();
+    // Apart from the request, so that the proxy sees the two bytes alone (no signal tells when it has).
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    conn.write(b"GET /direct HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    assert_eq!(conn.read_response(false, T).await.unwrap().status, 200);
     let trusting = proxy_trusting(&upstream, "127.0.0.1/32").await;
     for malformed in [
         &b"PROXY TCP4 999.0.113.7 10.0.0.1 56324 443\r\n"[..],
@@ -124,5 +133,5 @@ async fn an_untrusted_peers_header_or_a_malformed_one_closes_the_connection() {
     }
     assert!(upstream.recorded_with_prefix("/spoofed").is_empty());
     assert!(upstream.recorded_with_prefix("/malformed").is_empty());
-    assert_eq!(upstream.recorded_with_prefix("/direct").len(), 1);
+    assert_eq!(upstream.recorded_with_prefix("/direct").len(), 2);
 }

@@ -23,8 +23,8 @@ pub(super) struct EndpointState {
 }
 
 impl UpstreamPool {
-    /// Chooses the endpoint `slot` dials, under the lock, and counts the connection there: one with room under its
-    /// own cap; among those, not ejected, then the fewest failed dials in a row, the fewest requests in flight,
+    /// Chooses the endpoint `slot` dials, under the lock, and counts a connection there (a tunnel's socket is
+    /// counted against `max_tunnels` only, and may go to an endpoint without room): one with room under its own cap; among those, not ejected, then the fewest failed dials in a row, the fewest requests in flight,
     /// the fewest connections. An ejected endpoint only when no other has room. `None`: none has room, which
     /// cannot happen while the slot is counted (the pool's count never exceeds the sum of the endpoints' caps, and
     /// this slot is in the one but not yet in the other), and is a failed dial rather than a panic all the same.

@@ -1,11 +1,12 @@
 //! The slot: the right for one upstream connection to exist.
 //!
-//! There are exactly `max_connections` slots per upstream. A slot is taken before a connection is dialled and
-//! belongs to that connection's own task until the socket is fully closed; dropping it is the only way to give it
-//! back, and giving it back hands it straight to the first waiter if there is one. Nothing else in the crate
-//! counts connections, so no code path has to remember to release. A slot that was used to dial also names the
-//! endpoint it dialled (chosen under the pool's lock, within that endpoint's own cap), so the same drop gives back
-//! the endpoint's count too.
+//! There are exactly `max_connections` slots per upstream (and `max_tunnels` tunnel slots beside them). A slot is
+//! taken before a connection is dialled and moves into the connection's wire until the socket is fully closed;
+//! dropping it is the only way to give it back, and giving it back hands it straight to the first waiter if there
+//! is one. Nothing else in the crate counts connections, so no code path has to remember to release. A
+//! connection's slot that was used to dial also names the endpoint it dialled (chosen under the pool's lock, within
+//! that endpoint's own cap), so the same drop gives back the endpoint's count too; a tunnel's is counted only
+//! against `max_tunnels`.
 
 use std::sync::Arc;
 

@@ -9,8 +9,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::slots::{ClosingMark, Slots};
-use super::{Conn, Slot, UpstreamPool};
-use crate::error::ProxyError;
+use super::{Slot, UpstreamPool};
 
 /// The tunnels open to an upstream, and its bound, across the pools a reload replaces.
 pub(crate) struct TunnelCount {
@@ -55,12 +54,5 @@ impl UpstreamPool {
         state.tunnels_open += 1;
         drop(state);
         Some(Slot::issued(self.clone(), issued).for_tunnel())
-    }
-
-    /// Dials a tunnel's socket with `slot` (from [`Self::tunnel_slot`]): the endpoint chosen as for a connection,
-    /// TLS for `https://`, within `connect_timeout`. The socket is closed completely before the slot goes back.
-    pub async fn dial_tunnel(self: &Arc<Self>, slot: Slot) -> Result<Conn, ProxyError> {
-        debug_assert!(slot.tunnel, "a tunnel dialled with a connection's slot");
-        self.dial(slot).await
     }
 }

@@ -312,7 +312,7 @@ impl Proxy {
         }
     }
 
-    /// The steps before admission: tunnels refused, the upstream picked, the head rewritten for it.
+    /// The steps before admission: a forward-proxy CONNECT refused, the upstream picked, the head rewritten for it.
     #[cfg(feature = "fuzzing")]
     pub(crate) fn prepare(
         &self,
@@ -324,8 +324,8 @@ impl Proxy {
         Ok((pool, picked, upstream_request))
     }
 
-    /// Which upstream and route `request` goes to, once the checks that come before routing pass (tunnels
-    /// refused, a sound target and Host). Decided before the request's span opens, so the span carries them.
+    /// Which upstream and route `request` goes to, once the checks that come before routing pass (a forward-proxy
+    /// CONNECT refused, a sound target and Host). Decided before the request's span opens, so the span carries them.
     pub(crate) fn route<B>(&self, request: &Request<B>) -> Result<(Arc<UpstreamPool>, Picked), ProxyError> {
         if request.method() == Method::CONNECT && !crate::tunnel::extended_connect(request) {
             return Err(ProxyError::ConnectRefused);

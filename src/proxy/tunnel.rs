@@ -3,6 +3,7 @@
 //! never touches the admission queue or a pooled connection: a tunnel's socket is counted under `max_tunnels`.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode, Version};
@@ -16,7 +17,7 @@ use crate::body::ClientBody;
 use crate::error::{Outcome, ProxyError};
 use crate::forward::{self, ClientInfo, ResponseBody, UpstreamIncoming};
 use crate::pool::{Conn, Slot, UpstreamPool};
-use crate::route::Picked;
+use crate::route::{Picked, RouteSettings};
 use crate::tunnel::{self, Handoff, Tunnel};
 
 /// The most of an upstream's refusal of an upgrade (its `4xx` page) read and passed on; more is a `502`.
@@ -27,11 +28,11 @@ async fn open(
     pool: Arc<UpstreamPool>,
     slot: Slot,
     request: Request<forward::RequestBody>,
+    limit: Duration,
     opened: oneshot::Sender<Result<(Conn, Response<UpstreamIncoming>), ProxyError>>,
 ) {
-    let limit = pool.limits().request_timeout;
     let answered = async {
-        let conn = pool.dial_tunnel(slot).await?;
+        let conn = pool.dial(slot).await?;
         match tokio::time::timeout(limit, forward::send(&conn.wire, request)).await {
             // The socket (and its slot) goes to the closing task, which waits for the upstream's side.
             Err(_) => Err(ProxyError::UpstreamTimeout(limit)),
@@ -93,26 +94,29 @@ impl Proxy {
         // Opened where the pool's connections run: a client that leaves meanwhile drops only the wait, and a
         // socket dialled for it is closed like any other (both sides) before its slot goes back.
         let (opened, opening) = oneshot::channel();
-        pool.spawn(open(pool.clone(), slot, upstream_request, opened));
+        let limit = picked.settings.request_timeout.unwrap_or(pool.limits().request_timeout);
+        pool.spawn(open(pool.clone(), slot, upstream_request, limit, opened));
         let (conn, response) = match opening.await {
             Ok(Ok(open)) => open,
             Ok(Err(err)) => return self.answer_error(&pool, err, access),
             Err(_) => return self.answer_error(&pool, ProxyError::Abandoned, access),
         };
         if response.status() != StatusCode::SWITCHING_PROTOCOLS {
+            pool.metrics.tunnels_refused_upstream.inc();
             // Over HTTP/2 a success to CONNECT would itself open the tunnel, with nothing behind it.
             if version == http::Version::HTTP_2 && response.status().is_success() {
-                pool.metrics.tunnels_refused_upstream.inc();
                 let refused = ProxyError::UpstreamMalformed("a success without switching to a WebSocket");
                 return self.answer_error(&pool, refused, access);
             }
-            pool.metrics.tunnels_refused_upstream.inc();
-            return self.refused_upgrade(&pool, response, conn, access).await;
+            return self
+                .refused_upgrade(&pool, &picked.settings, response, conn, access)
+                .await;
         }
-        let Some((status, headers)) = tunnel::client_answer(response.headers(), version) else {
+        let Some((status, mut headers)) = tunnel::client_answer(response.headers(), version) else {
             let malformed = ProxyError::UpstreamMalformed("101 Switching Protocols without Upgrade");
             return self.answer_error(&pool, malformed, access);
         };
+        picked.settings.edit_response(&mut headers);
         let span = tracing::Span::current();
         // The switch is the request's answer, counted now; its access-log line waits for the tunnel's end.
         forward::complete(&pool.metrics.requests, Some(status), None, Outcome::Ok, 0, &span);
@@ -142,6 +146,7 @@ impl Proxy {
     async fn refused_upgrade(
         &self,
         pool: &UpstreamPool,
+        route: &RouteSettings,
         response: Response<UpstreamIncoming>,
         conn: Conn,
         access: Option<Box<Entry>>,
@@ -163,6 +168,7 @@ impl Proxy {
             Err(_) => return self.answer_error(pool, ProxyError::UpstreamTimeout(limits.body_idle_timeout), access),
         };
         forward::strip_hop_by_hop(&mut parts.headers);
+        route.edit_response(&mut parts.headers);
         parts.headers.remove(http::header::CONTENT_LENGTH);
         parts.version = Version::HTTP_11;
         forward::complete(

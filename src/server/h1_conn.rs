@@ -132,7 +132,7 @@ struct Conn<'a> {
 
 impl Conn<'_> {
     /// Reads a request's head from `received` (and the socket), has `service` answer it and writes the answer;
-    /// `Ok` with the bytes of the next request already read, if any, when the connection stays open.
+    /// what comes after: the next request (with its bytes already read, if any), or the tunnel the answer switched to.
     async fn one_request<S>(self, mut service: S, mut received: BytesMut, head_until: Instant) -> Result<After, Ended>
     where
         S: Service<Request<ClientBody>, Response = Response<ResponseBody>, Error = std::convert::Infallible>,

@@ -48,22 +48,24 @@ pub(super) async fn read(stream: &TcpStream, peer: SocketAddr, trusted: bool) ->
         if !starts(V1_SIGNATURE) && !starts(V2_SIGNATURE) {
             return Ok(None);
         }
-        if !trusted {
+        if trusted {
+            let parsed = HeaderResult::parse(seen);
+            if parsed.is_complete() {
+                break match parsed {
+                    HeaderResult::V1(Ok(header)) => (header.header.len(), v1_address(&header)),
+                    HeaderResult::V2(Ok(header)) => (header.len(), v2_address(&header)),
+                    HeaderResult::V1(Err(err)) => return Err(Refused::Malformed(err.to_string())),
+                    HeaderResult::V2(Err(err)) => return Err(Refused::Malformed(err.to_string())),
+                };
+            }
+            // A v1 line that has ended cannot become whole with more bytes.
+            let v1_line_over = seen.starts_with(V1_SIGNATURE) && seen.windows(2).any(|pair| pair == b"\r\n");
+            if v1_line_over {
+                return Err(Refused::Malformed("an incomplete v1 line".to_string()));
+            }
+        } else if seen.starts_with(V1_SIGNATURE) || seen.starts_with(V2_SIGNATURE) {
+            // Only a whole signature: a request's first bytes (`P` of `POST`, a leading empty line) may begin one.
             return Err(Refused::Untrusted(peer));
-        }
-        let parsed = HeaderResult::parse(seen);
-        if parsed.is_complete() {
-            break match parsed {
-                HeaderResult::V1(Ok(header)) => (header.header.len(), v1_address(&header)),
-                HeaderResult::V2(Ok(header)) => (header.len(), v2_address(&header)),
-                HeaderResult::V1(Err(err)) => return Err(Refused::Malformed(err.to_string())),
-                HeaderResult::V2(Err(err)) => return Err(Refused::Malformed(err.to_string())),
-            };
-        }
-        // A v1 line that has ended cannot become whole with more bytes.
-        let v1_line_over = seen.starts_with(V1_SIGNATURE) && seen.windows(2).any(|pair| pair == b"\r\n");
-        if v1_line_over {
-            return Err(Refused::Malformed("an incomplete v1 line".to_string()));
         }
         if n == buf.len() {
             return Err(Refused::Malformed(format!("longer than {MAX_HEADER_BYTES} bytes")));
@@ -74,7 +76,7 @@ pub(super) async fn read(stream: &TcpStream, peer: SocketAddr, trusted: bool) ->
         pause = (pause * 2).min(Duration::from_millis(100));
     };
     let (len, address) = length;
-    consume(stream, len).await?;
+    consume(stream, buf.get_mut(..len).unwrap_or_default()).await?;
     Ok(address)
 }
 
@@ -97,13 +99,12 @@ fn v2_address(header: &v2::Header<'_>) -> Option<SocketAddr> {
     }
 }
 
-/// Takes exactly `len` bytes off `stream` (they were peeked, so they are there).
-async fn consume(stream: &TcpStream, len: usize) -> std::io::Result<()> {
-    let mut left = vec![0u8; len];
+/// Takes exactly `into.len()` bytes off `stream` (they were peeked, so they are there).
+async fn consume(stream: &TcpStream, into: &mut [u8]) -> std::io::Result<()> {
     let mut taken = 0;
-    while taken < len {
+    while taken < into.len() {
         stream.readable().await?;
-        match stream.try_read(left.get_mut(taken..).unwrap_or_default()) {
+        match stream.try_read(into.get_mut(taken..).unwrap_or_default()) {
             Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
             Ok(n) => taken += n,
             Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {}

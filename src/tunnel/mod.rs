@@ -37,13 +37,9 @@ pub fn extended_connect<B>(request: &Request<B>) -> bool {
 /// tunnelled: a server may ignore it (RFC 9113 §3.1), and passing it on would let a client speak HTTP/2 to the
 /// upstream behind floodgate's back; such a request is served over HTTP/1.1.
 pub fn asked<B>(request: &Request<B>) -> Option<HeaderValue> {
+    // Only WebSockets over HTTP/2: `extended_connect` asks for `websocket`.
     if extended_connect(request) {
-        // Only WebSockets: any other protocol (h2c above all) over HTTP/2 is refused with CONNECT itself.
-        let protocol = request.extensions().get::<hyper::ext::Protocol>()?;
-        return protocol
-            .as_str()
-            .eq_ignore_ascii_case("websocket")
-            .then(|| HeaderValue::from_static("websocket"));
+        return Some(HeaderValue::from_static("websocket"));
     }
     if request.version() != Version::HTTP_11 {
         return None;
