@@ -599,3 +599,24 @@ async fn a_route_with_its_own_body_idle_timeout_carries_events_its_upstreams_wou
         assert_eq!(frame.into_data().unwrap(), Bytes::from(format!("data: {n}\n\n")));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routes_response_edits_apply_to_the_switch_and_to_a_refusal() {
+    let upstream = WsUpstream::start().await;
+    let config = TempConfig::new(&format!(
+        "{}[routes.set_response_headers]\nx-served-by = \"edge\"\n",
+        ws_config(&upstream.url(), 2)
+    ));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let stream = TcpStream::connect(proxy.listen).await.unwrap();
+    let (mut socket, switched) = tokio_tungstenite::client_async("ws://client.test/edited", stream)
+        .await
+        .unwrap();
+    assert_eq!(switched.status(), StatusCode::SWITCHING_PROTOCOLS);
+    assert_eq!(switched.headers()["x-served-by"], "edge");
+    ws_echo(&mut socket, "through the edited switch").await;
+    ws_close(&mut socket).await;
+    let refused = ws_refused(proxy.listen, "/refuse").await;
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+    assert_eq!(refused.headers()["x-served-by"], "edge");
+}
