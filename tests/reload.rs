@@ -503,15 +503,17 @@ async fn a_watched_configuration_file_is_reloaded_when_it_changes_as_a_configmap
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replicas_share_the_upstreams_total_cap_and_follow_a_changing_count() {
-    let upstream = Upstream::start().await;
-    let dir = std::env::temp_dir().join(format!("floodgate-replicas-{}", std::process::id()));
+/// A fresh directory for a test's replica count, and the count file's path in it.
+fn replicas_dir(test: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("floodgate-replicas-{test}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let count_file = dir.join("replicas");
-    // Two replicas listed, one line each (as a headless Service's addresses would be).
-    std::fs::write(&count_file, "10.0.0.1\n10.0.0.2\n").unwrap();
-    let config = TempConfig::new(&format!(
+    (dir, count_file)
+}
+
+/// Upstream `a` with a total of 6 connections shared by the replicas `count_file` counts every 100 ms.
+fn replicas_config(upstream: &Upstream, count_file: &std::path::Path) -> TempConfig {
+    TempConfig::new(&format!(
         r#"
 [upstreams.a]
 url = "{}"
@@ -525,7 +527,16 @@ upstream = "a"
 "#,
         upstream.url(),
         count_file.display().to_string()
-    ));
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_the_upstreams_total_cap_and_follow_a_changing_count() {
+    let upstream = Upstream::start().await;
+    let (dir, count_file) = replicas_dir("count");
+    // Two replicas listed, one line each (as a headless Service's addresses would be).
+    std::fs::write(&count_file, "10.0.0.1\n10.0.0.2\n").unwrap();
+    let config = replicas_config(&upstream, &count_file);
     let proxy = Proxy::start(&["--config", &config.path_str()]).await;
     // Counted before the first request: this replica's share of 6 over 2.
     assert_eq!(proxy.upstream_field("a", "max_connections").await, 3);
@@ -566,25 +577,11 @@ upstream = "a"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_count_that_hangs_at_start_up_gives_the_least_share_until_a_later_count_comes() {
     let upstream = Upstream::start().await;
-    let dir = std::env::temp_dir().join(format!("floodgate-replicas-hang-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let count_file = dir.join("replicas");
+    let (dir, count_file) = replicas_dir("hang");
     // A named pipe nobody writes to: reading it blocks, as a count from a stuck source would.
     let made = std::process::Command::new("mkfifo").arg(&count_file).status().unwrap();
     assert!(made.success());
-    let config = TempConfig::new(&format!(
-        r#"
-[upstreams.a]
-url = "{}"
-max_connections = 6
-replicas = {{ file = {:?}, interval = "100ms" }}
-
-[[routes]]
-upstream = "a"
-"#,
-        upstream.url(),
-        count_file.display().to_string()
-    ));
+    let config = replicas_config(&upstream, &count_file);
     // Start-up gives up on the count after a while and serves: with one connection, not the whole total.
     let proxy = Proxy::start(&["--config", &config.path_str()]).await;
     assert_eq!(proxy.upstream_field("a", "max_connections").await, 1);
