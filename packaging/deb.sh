@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the .deb: floodgate (the dist profile: stripped), its manual page and shell completions generated from the
+# Builds the .deb: floodgate (the dist profile: stripped; with the OTLP exporter), its manual page and shell completions generated from the
 # command line, the reference configuration as a conffile, and the systemd unit (packaging/floodgate.service).
 # Installs cargo-deb from crates.io when missing. The package lands in target/debian/.
 #
@@ -9,7 +9,7 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 target=${CARGO_TARGET_DIR:-$repo/target}
 command -v cargo-deb >/dev/null || cargo install --locked cargo-deb
-cargo build --locked --profile dist --bin floodgate
+cargo build --locked --profile dist --features otlp --bin floodgate
 # cargo-deb's assets name target/release; the dist build goes there under the name it expects.
 mkdir -p "$target/release" "$target/packaging"
 cp "$target/dist/floodgate" "$target/release/floodgate"

@@ -39,6 +39,8 @@ const STATS_PAGE_POLICY: &str = "default-src 'none'; script-src 'unsafe-inline';
 #[derive(serde::Serialize)]
 struct Status {
     ready: bool,
+    /// The allocator's settings as the running process has them.
+    allocator: crate::allocator::Settings,
     client_connections: i64,
     upstreams: BTreeMap<String, UpstreamStatus>,
     /// Pools a reload removed or replaced that are still finishing requests, by their upstream's name.
@@ -205,11 +207,7 @@ async fn answer(state: &State, request: Request<Incoming>) -> Response<Full<Byte
         "/metrics" => {
             refresh_gauges(state);
             // OpenMetrics to a scraper that asks for it (Prometheus does), the classic text format to any other.
-            let openmetrics = request.headers().get_all(header::ACCEPT).iter().any(|accept| {
-                accept
-                    .to_str()
-                    .is_ok_and(|accept| accept.contains("application/openmetrics-text"))
-            });
+            let openmetrics = prefers_openmetrics(request.headers());
             let metrics = &state.proxy.metrics;
             let (body, content_type) = if openmetrics {
                 (
@@ -231,6 +229,7 @@ async fn answer(state: &State, request: Request<Incoming>) -> Response<Full<Byte
         "/status" => {
             let status = Status {
                 ready: state.ready.load(Ordering::SeqCst),
+                allocator: crate::allocator::settings(),
                 client_connections: state.proxy.metrics.client_connections.get(),
                 upstreams: state
                     .proxy
@@ -425,4 +424,30 @@ fn with_text(status: StatusCode, body: Bytes) -> Response<Full<Bytes>> {
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     response
+}
+
+/// Whether an `Accept` field asks for OpenMetrics: named with a weight above 0 and no lower than `text/plain`'s
+/// (`q=0` refuses it, RFC 9110 §12.4.2; a wildcard counts for neither).
+fn prefers_openmetrics(headers: &http::HeaderMap) -> bool {
+    let (mut openmetrics, mut plain) = (0.0_f32, 0.0_f32);
+    for value in headers.get_all(header::ACCEPT) {
+        let Ok(value) = value.to_str() else { continue };
+        for range in value.split(',') {
+            let mut parts = range.split(';');
+            let media = parts.next().unwrap_or_default().trim().to_ascii_lowercase();
+            let weight = parts
+                .map(str::trim)
+                .find_map(|param| param.strip_prefix("q=").or_else(|| param.strip_prefix("Q=")))
+                .map_or(Some(1.0), |q| q.trim().parse::<f32>().ok())
+                .filter(|q| q.is_finite())
+                .unwrap_or(0.0)
+                .clamp(0.0, 1.0);
+            match media.as_str() {
+                "application/openmetrics-text" => openmetrics = openmetrics.max(weight),
+                "text/plain" => plain = plain.max(weight),
+                _ => {}
+            }
+        }
+    }
+    openmetrics > 0.0 && openmetrics >= plain
 }

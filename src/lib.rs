@@ -35,6 +35,7 @@ pub mod access;
 pub(crate) mod activity;
 pub(crate) mod admin;
 pub(crate) mod admission;
+pub mod allocator;
 pub(crate) mod body;
 pub(crate) mod buffer;
 pub mod config;

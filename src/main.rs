@@ -75,7 +75,11 @@ enum Command {
     Demo(cli::demo::DemoArgs),
     /// Validates the configuration (all layers, as the proxy would start with them) and prints it as TOML, secrets
     /// redacted; exits 2 with one line per problem.
-    Check,
+    Check {
+        /// Print nothing for a valid configuration: only its exit status (0) says so, as a reload's check wants.
+        #[arg(long, short)]
+        quiet: bool,
+    },
     /// Asks the running floodgate that this configuration describes (its `admin` address) whether it is ready:
     /// exit 0 on a 200 from /readyz, 1 otherwise. For container health checks.
     Healthcheck(cli::healthcheck::HealthcheckArgs),
@@ -97,15 +101,45 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// jemalloc reads its settings once, before `main`, from a variable: a server started without it starts itself again
+/// with floodgate's tuning (`floodgate::allocator`), so that any build or install runs with it, not only one made
+/// beside a file that sets it at build time. An operator's own value is left as it is.
+#[cfg(feature = "jemalloc")]
+fn with_tuned_allocator() {
+    use std::os::unix::process::CommandExt;
+    let variable = floodgate::allocator::SETTINGS_VARIABLE;
+    if std::env::var_os(variable).is_some() {
+        return;
+    }
+    let mut args = std::env::args_os();
+    let program = args.next().unwrap_or_default();
+    // The running binary itself, even if its file was replaced since (an upgrade while it starts).
+    let err = std::process::Command::new("/proc/self/exe")
+        .arg0(program)
+        .args(args)
+        .env(variable, floodgate::allocator::TUNING)
+        .exec();
+    eprintln!(
+        "floodgate: cannot start again with the allocator's tuning ({err}); freed memory goes back in about ten \
+         seconds instead of one"
+    );
+}
+
+#[cfg(not(feature = "jemalloc"))]
+fn with_tuned_allocator() {}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(cli.command, None | Some(Command::Demo(_))) {
+        with_tuned_allocator();
+    }
     match cli.command {
         Some(Command::Demo(args)) => {
             // The demo's output is its table; the proxy's own info lines would only interleave with it.
             init_logging(LogFormat::Human, "warn", None);
             return run_demo(args, cli.layers.overrides);
         }
-        Some(Command::Check) => return run_check(cli.layers),
+        Some(Command::Check { quiet }) => return run_check(cli.layers, quiet),
         Some(Command::Healthcheck(args)) => {
             // `--admin` says where to ask; otherwise the configuration does.
             if let Some(admin) = cli.layers.overrides.global.admin {
@@ -176,7 +210,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run_check(args: LayerArgs) -> ExitCode {
+fn run_check(args: LayerArgs, quiet: bool) -> ExitCode {
     let file = match &args.config {
         Some(path) => path.display().to_string(),
         None => "no file".to_string(),
@@ -185,6 +219,9 @@ fn run_check(args: LayerArgs) -> ExitCode {
         Ok(config) => config,
         Err(code) => return code,
     };
+    if quiet {
+        return ExitCode::SUCCESS;
+    }
     let text = match config.to_redacted_toml() {
         Ok(text) => text,
         Err(err) => {
@@ -219,7 +256,8 @@ async fn serve(config: Config, source: ConfigSource, file: Option<PathBuf>) -> a
         tracing::info!(
             upstream = %name,
             url = %upstream.url,
-            endpoints = upstream.endpoints.len(),
+            // A single `url` is one endpoint, as /status lists it.
+            endpoints = upstream.endpoint_list(name).map_or(0, |list| list.len()),
             max_connections = upstream.max_connections,
             max_queue = upstream.max_queue,
             queue_timeout = ?upstream.queue_timeout,
@@ -499,15 +537,15 @@ fn init_logging(
     access: Option<(tracing_appender::non_blocking::NonBlocking, AccessLogFormat)>,
 ) {
     use std::io::IsTerminal;
-    use tracing_subscriber::filter::filter_fn;
+    use tracing_subscriber::filter::{filter_fn, LevelFilter, Targets};
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    use tracing_subscriber::{fmt, EnvFilter, Layer, Registry};
+    use tracing_subscriber::{fmt, Layer, Registry};
 
     let from_env = std::env::var("RUST_LOG")
         .ok()
         .filter(|value| !value.trim().is_empty())
-        .and_then(|value| match EnvFilter::builder().parse(&value) {
+        .and_then(|value| match floodgate::config::log_filter(&value) {
             Ok(filter) => Some(filter),
             Err(err) => {
                 eprintln!("floodgate: RUST_LOG ignored ({err}); using log_level");
@@ -515,15 +553,11 @@ fn init_logging(
             }
         });
     // The configured level was validated with the configuration; the fallback only keeps this total.
-    let mut filter = from_env.unwrap_or_else(|| {
-        EnvFilter::builder()
-            .parse(level)
-            .unwrap_or_else(|_| EnvFilter::new("info"))
+    let filter = from_env.unwrap_or_else(|| {
+        floodgate::config::log_filter(level).unwrap_or_else(|_| Targets::new().with_default(LevelFilter::INFO))
     });
     // Access lines go to the access log only, whatever RUST_LOG asks of floodgate's other targets.
-    if let Ok(directive) = format!("{}=off", floodgate::access::TARGET).parse() {
-        filter = filter.add_directive(directive);
-    }
+    let filter = filter.with_target(floodgate::access::TARGET, LevelFilter::OFF);
 
     let mut layers: Vec<Box<dyn Layer<Registry> + Send + Sync>> = Vec::new();
     let log = match format {

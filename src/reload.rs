@@ -87,9 +87,11 @@ impl Plan {
         }
         let mut routes = Vec::new();
         for (index, route) in config.routes.iter().enumerate() {
-            let pool = pools.get(&route.upstream).cloned().ok_or_else(|| ConfigError {
-                key: format!("routes[{index}].upstream"),
-                message: format!("unknown upstream `{}`", route.upstream),
+            let pool = pools.get(&route.upstream).cloned().ok_or_else(|| {
+                ConfigError::new(
+                    format!("routes[{index}].upstream"),
+                    format!("unknown upstream `{}`", route.upstream),
+                )
             })?;
             routes.push((route.clone(), pool));
         }

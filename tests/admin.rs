@@ -343,7 +343,15 @@ async fn metrics_come_as_openmetrics_to_a_scraper_that_asks_and_as_prometheus_te
     let text = open.text();
     assert!(text.ends_with("# EOF\n"), "{text}");
     assert!(text.contains("# TYPE floodgate_reloads counter\n"), "{text}");
-    for accept in [None, Some("text/plain"), Some("*/*")] {
+    for accept in [
+        None,
+        Some("text/plain"),
+        Some("*/*"),
+        // Weights are read: OpenMetrics refused, or preferred less than the classic format.
+        Some("application/openmetrics-text;q=0"),
+        Some("application/openmetrics-text; q=0.0, text/plain"),
+        Some("application/openmetrics-text;q=0.2,text/plain;q=0.9"),
+    ] {
         let plain = scrape(accept).await;
         assert_eq!(
             plain.header("content-type"),

@@ -373,19 +373,170 @@ upstream = "nope"
     let (status, _, stderr) = run_to_exit(&["check", "--config", &config.path_str()], Duration::from_secs(10));
     assert_eq!(status.code(), Some(2), "{stderr}");
     let lines: Vec<&str> = stderr.lines().filter(|line| !line.trim().is_empty()).collect();
-    for key in [
-        "listen",
-        "max_client_connections",
-        "upstreams.api.queue_timeout",
-        "upstreams.api.max_connections",
-        "routes[0].upstream",
+    // Each problem once, with the value it is about and the line of the file that gave it.
+    let path = config.path_str();
+    for (key, value, line) in [
+        ("listen", "\"not an address\"", 2),
+        ("max_client_connections", "\"many\"", 3),
+        ("upstreams.api.max_connections", "0", 7),
+        ("upstreams.api.queue_timeout", "\"forever\"", 8),
+        ("routes[0].upstream", "\"nope\"", 11),
     ] {
-        let prefix = format!("floodgate: invalid configuration: {key}: ");
+        let prefix = format!("floodgate: invalid configuration: {key} = {value}: ");
+        let origin = format!("({path}, line {line})");
         assert_eq!(
-            lines.iter().filter(|line| line.starts_with(&prefix)).count(),
+            lines
+                .iter()
+                .filter(|l| l.starts_with(&prefix) && l.ends_with(&origin))
+                .count(),
             1,
-            "{key} not named once:\n{stderr}"
+            "{key} not named once with its value and line:\n{stderr}"
         );
     }
     assert_eq!(lines.len(), 5, "{stderr}");
+}
+
+/// `[upstreams.api]` with `api` set in it, `top` before it, and its route.
+fn one_upstream_with(top: &str, api: &str) -> String {
+    format!(
+        "listen = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n{top}\n[upstreams.api]\nurl = \"http://127.0.0.1:9\"\n\
+         {api}\n\n[[routes]]\nupstream = \"api\"\n"
+    )
+}
+
+/// Top-level lines, lines in `[upstreams.api]`, environment, the key, what its one line must say.
+type Mistake = (
+    &'static str,
+    &'static str,
+    &'static [(&'static str, &'static str)],
+    &'static str,
+    &'static str,
+);
+
+#[test]
+fn each_kind_of_mistake_is_said_in_words_with_its_value_and_where_it_was_given() {
+    // `check` and a start-up each refuse with exactly that line (support::pki).
+    let cases: &[Mistake] = &[
+        // An enum names its values, and the one meant.
+        (
+            "",
+            "queue_discipline = \"lifo\"",
+            &[],
+            "upstreams.api.queue_discipline",
+            "upstreams.api.queue_discipline = \"lifo\": must be one of fifo, adaptive-lifo or codel; did you mean \
+             adaptive-lifo? (",
+        ),
+        // A key that is part of the one meant.
+        (
+            "",
+            "discipline = \"fifo\"",
+            &[],
+            "upstreams.api.discipline",
+            "upstreams.api.discipline = \"fifo\": unknown key; did you mean `queue_discipline`? (",
+        ),
+        (
+            "log_format = \"yaml\"",
+            "",
+            &[],
+            "log_format",
+            "log_format = \"yaml\": must be one of human or json (",
+        ),
+        // An unknown key: the key meant, at its line.
+        (
+            "",
+            "max_conections = 8",
+            &[],
+            "upstreams.api.max_conections",
+            "upstreams.api.max_conections = 8: unknown key; did you mean `max_connections`? (",
+        ),
+        // A wrong type, said as types an operator knows.
+        (
+            "",
+            "queue_timeout = 5",
+            &[],
+            "upstreams.api.queue_timeout",
+            "upstreams.api.queue_timeout = 5: expected a duration such as \"5s\", \"250ms\" or \"1m 30s\", not an \
+             integer (",
+        ),
+        // A quoted integer is a string in a file; a variable's text is read as the key's type.
+        (
+            "",
+            "max_connections = \"8\"",
+            &[],
+            "upstreams.api.max_connections",
+            "upstreams.api.max_connections = \"8\": expected an integer, not a string (write it without quotes) (",
+        ),
+        (
+            "",
+            "",
+            &[("FLOODGATE__UPSTREAMS__API__MAX_CONNECTIONS", "8 connections")],
+            "upstreams.api.max_connections",
+            "upstreams.api.max_connections = \"8 connections\": expected an integer \
+             (from FLOODGATE__UPSTREAMS__API__MAX_CONNECTIONS)",
+        ),
+        (
+            "",
+            "max_connections = -1",
+            &[],
+            "upstreams.api.max_connections",
+            "= -1: must not be negative (",
+        ),
+        // A boolean is true or false, nothing else.
+        (
+            "proxy_protocol = \"yes\"",
+            "",
+            &[],
+            "proxy_protocol",
+            "proxy_protocol = \"yes\": expected a boolean (true or false), not a string (",
+        ),
+        (
+            "proxy_protocol = 1",
+            "",
+            &[],
+            "proxy_protocol",
+            "proxy_protocol = 1: expected a boolean (true or false), not an integer (",
+        ),
+        (
+            "",
+            "",
+            &[("FLOODGATE__PROXY_PROTOCOL", "on")],
+            "proxy_protocol",
+            "proxy_protocol = \"on\": expected true or false (from FLOODGATE__PROXY_PROTOCOL)",
+        ),
+        // A log level that is no level, which a filter would take for a target and then drop every line.
+        (
+            "log_level = \"verbose\"",
+            "",
+            &[],
+            "log_level",
+            "log_level = \"verbose\": `verbose` is not a level (trace, debug, info, warn, error or off)",
+        ),
+        (
+            "log_level = \"warn,floodgate=loud\"",
+            "",
+            &[],
+            "log_level",
+            "`loud` is not a level",
+        ),
+    ];
+    for (top, api, env, key, says) in cases {
+        let line = support::pki::assert_refused_with_env(&one_upstream_with(top, api), key, env);
+        assert!(line.contains(says), "{top} {api} {env:?}: {line}\ndoes not say: {says}");
+        if env.is_empty() {
+            assert!(
+                line.ends_with(")") && line.contains(", line "),
+                "no line number: {line}"
+            );
+        }
+    }
+    // A flag's value names the flag.
+    let (status, _, stderr) = run_to_exit(
+        &["check", "--upstream", "127.0.0.1:9", "--max-connections", "0"],
+        Duration::from_secs(10),
+    );
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("upstreams.default.max_connections: must be greater than zero (from --max-connections)"),
+        "{stderr}"
+    );
 }

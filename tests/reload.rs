@@ -595,3 +595,49 @@ async fn a_replica_count_that_hangs_at_start_up_gives_the_least_share_until_a_la
     proxy.wait_until_field("a", "max_connections", 3, WAIT).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The keys docs/configuration.md says a reload cannot apply: the backticked names of its "**Needs a restart**" item,
+/// before the TLS case it words out.
+fn documented_restart_only_keys() -> std::collections::BTreeSet<String> {
+    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/configuration.md")).unwrap();
+    let item = docs
+        .split("**Needs a restart**:")
+        .nth(1)
+        .and_then(|rest| rest.split("and turning TLS on or off").next())
+        .expect("docs/configuration.md has a Needs a restart item");
+    item.split('`').skip(1).step_by(2).map(str::to_string).collect()
+}
+
+#[tokio::test]
+async fn a_reload_reports_exactly_the_restart_only_keys_the_docs_name() {
+    let (upstream, config, proxy) = reloadable(2).await;
+    let access_log = config.path().with_extension("access.log");
+    let changed = format!(
+        "threads = 3\nlog_format = \"json\"\nlog_level = \"debug\"\naccess_log = \"{}\"\n\
+         access_log_format = \"combined\"\nproxy_protocol = true\nconfig_watch_interval = \"1h\"\n\
+         otlp_endpoint = \"http://127.0.0.1:9/v1/traces\"\notlp_service_name = \"renamed\"\n{}",
+        access_log.display(),
+        one_upstream(&upstream.url(), 2)
+    );
+    std::fs::write(config.path(), changed).unwrap();
+    let resp = proxy.admin_request(Method::POST, "/reload", "", None).await;
+    assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+    let reported: std::collections::BTreeSet<String> = resp
+        .text()
+        .lines()
+        .filter_map(|line| line.strip_prefix("needs restart "))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .map(str::to_string)
+        .collect();
+    let mut documented = documented_restart_only_keys();
+    // The harness gives both listeners as flags, which no reloaded file overrides (see the test above); that they
+    // need a restart is the docs' word alone here.
+    for flag in ["listen", "admin"] {
+        assert!(
+            documented.remove(flag),
+            "{flag} is not among the documented restart-only keys"
+        );
+    }
+    assert_eq!(reported, documented, "{}", resp.text());
+    let _ = std::fs::remove_file(access_log);
+}

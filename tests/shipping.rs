@@ -235,6 +235,31 @@ fn dockerfile_agrees_with_the_repository_and_its_configuration() {
             "the build does not COPY {needed}"
         );
     }
+    // The cached dependency layer is built as the real build is (same profile, same features), or the real build
+    // would rebuild every dependency; and that build is the shipped profile with the OTLP exporter.
+    let builds: Vec<Vec<&str>> = instructions[stages[0]..stages[stages.len() - 1]]
+        .iter()
+        .filter(|(k, _)| k == "RUN")
+        .flat_map(|(_, args)| args.split("&&"))
+        .map(|command| command.split_whitespace().collect::<Vec<_>>())
+        .filter(|words| words.starts_with(&["cargo", "build"]))
+        .collect();
+    assert_eq!(
+        builds.len(),
+        2,
+        "expected a dependency build and the real one: {builds:?}"
+    );
+    assert_eq!(
+        builds[0], builds[1],
+        "the cached layer is built otherwise than the image's binary"
+    );
+    for expected in [["--profile", "dist"], ["--features", "otlp"]] {
+        assert!(
+            builds[1].windows(2).any(|pair| pair == expected),
+            "the image's build lacks {expected:?}: {:?}",
+            builds[1]
+        );
+    }
     let runtime = &instructions[*stages.last().unwrap()..];
 
     // Every COPY from the build context names something that exists and that .dockerignore lets through.
@@ -794,7 +819,59 @@ fn the_deb_and_its_systemd_unit_agree_with_the_binary_and_its_configuration() {
         value("ExecStart"),
         "/usr/bin/floodgate --config /etc/floodgate/floodgate.toml"
     );
-    assert_eq!(value("ExecReload"), "/bin/kill -HUP $MAINPID");
+    // A reload runs `floodgate check` first, which says nothing for a good file and refuses a bad one (exit 2,
+    // the problems on stderr: the journal), so `systemctl reload` fails visibly and the signal is never sent.
+    let reloads: Vec<&str> = service
+        .iter()
+        .filter(|(k, _)| k == "ExecReload")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    let unit_config = "/etc/floodgate/floodgate.toml";
+    assert_eq!(
+        reloads,
+        [
+            format!("/usr/bin/floodgate check --quiet --config {unit_config}").as_str(),
+            "/bin/kill -HUP $MAINPID"
+        ]
+    );
+    let check_args: Vec<&str> = reloads[0].split_whitespace().skip(1).collect();
+    let with_config = |path: &str| -> Vec<String> {
+        check_args
+            .iter()
+            .map(|arg| {
+                if *arg == unit_config {
+                    path.to_string()
+                } else {
+                    arg.to_string()
+                }
+            })
+            .collect()
+    };
+    let good = with_config(&repo().join("config/floodgate.toml").display().to_string());
+    let good: Vec<&str> = good.iter().map(String::as_str).collect();
+    let (status, stdout, stderr) = run_to_exit(&good, Duration::from_secs(10));
+    assert!(status.success(), "{stderr}");
+    assert!(
+        stdout.is_empty() && stderr.is_empty(),
+        "check --quiet printed {stdout}{stderr}"
+    );
+    let broken = TempConfig::new("listen = \"nowhere\"\n");
+    let bad = with_config(&broken.path_str());
+    let bad: Vec<&str> = bad.iter().map(String::as_str).collect();
+    let (status, stdout, stderr) = run_to_exit(&bad, Duration::from_secs(10));
+    assert_eq!(status.code(), Some(2), "{stdout}{stderr}");
+    assert!(stderr.contains("listen = \"nowhere\""), "{stderr}");
+    // The same configuration at start-up exits 2 too, which the unit does not restart: a restart cannot mend it.
+    let (status, _, _) = run_to_exit(&["--config", &broken.path_str()], Duration::from_secs(10));
+    let prevented: Vec<i32> = value("RestartPreventExitStatus")
+        .split_whitespace()
+        .map(|code| code.parse().expect("an exit status"))
+        .collect();
+    assert!(
+        status.code().is_some_and(|code| prevented.contains(&code)),
+        "a refused configuration exits {status:?}, which the unit restarts (RestartPreventExitStatus={prevented:?})"
+    );
+    assert_eq!(value("Restart"), "on-failure");
     assert_eq!(value("KillSignal"), "SIGTERM");
     // The drain must finish before systemd kills what is left.
     let config = checked_config(&repo().join("config/floodgate.toml"));
@@ -869,8 +946,26 @@ fn version_of(text: &str) -> (u64, u64, u64) {
 #[test]
 fn rust_version_is_at_least_what_every_dependency_it_builds_declares() {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-    let output = std::process::Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--locked", "--offline"])
+    // This machine's platform only: offline, cargo can describe only the crates this build fetched, and a crate
+    // only another platform builds (Windows' console support, say) was never fetched on a fresh machine.
+    let host = std::process::Command::new(&cargo)
+        .arg("-vV")
+        .output()
+        .expect("cargo -vV");
+    let host = String::from_utf8_lossy(&host.stdout)
+        .lines()
+        .find_map(|line| line.strip_prefix("host: ").map(str::to_string))
+        .expect("cargo -vV names its host");
+    let output = std::process::Command::new(&cargo)
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--locked",
+            "--offline",
+            "--filter-platform",
+            &host,
+        ])
         .current_dir(repo())
         .output()
         .expect("cargo metadata");
@@ -1094,4 +1189,60 @@ fn the_gateway_example_splits_one_cap_between_autoscaled_replicas_counted_by_a_h
     assert!(seq_of(&pod["volumes"], "volumes")
         .iter()
         .any(|volume| volume["configMap"]["name"] == configmap["metadata"]["name"]));
+}
+
+/// The `--flag` names in a text: `--max-connections <N>` and `` `--max-connections N` `` alike.
+fn flag_names(text: &str) -> BTreeSet<String> {
+    text.split(|c: char| c.is_whitespace() || c == '`' || c == ',' || c == '|')
+        .filter_map(|word| word.strip_prefix("--"))
+        .map(|name| name.trim_end_matches(|c: char| !c.is_ascii_alphanumeric()))
+        .filter(|name| !name.is_empty() && name.chars().all(|c| c.is_ascii_lowercase() || c == '-'))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn the_flag_table_in_operations_md_names_every_flag_the_binary_takes() {
+    let (status, help, stderr) = run_to_exit(&["--help"], Duration::from_secs(10));
+    assert!(status.success(), "{stderr}");
+    let mut taken = flag_names(&help);
+    for own in ["help", "version"] {
+        assert!(taken.remove(own), "--{own} not in --help: {help}");
+    }
+    let docs = read(&repo().join("docs/operations.md"));
+    let table: String = docs
+        .lines()
+        .filter(|line| line.starts_with("| `--"))
+        .map(|line| line.split('|').nth(1).unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert_eq!(
+        flag_names(&table),
+        taken,
+        "docs/operations.md's flag table against floodgate --help"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_build_runs_with_the_allocators_tuning_as_the_running_process_reports_it() {
+    // Nothing at build time sets it (a `.cargo/config.toml` beside the checkout reaches no `cargo install` run from
+    // elsewhere, nor the image's build): the binary sets it itself, at start.
+    assert!(
+        !repo().join(".cargo/config.toml").exists()
+            || !read(&repo().join(".cargo/config.toml")).contains("JEMALLOC_SYS_WITH_MALLOC_CONF"),
+        "the allocator's tuning is back in a build-time file"
+    );
+    let upstream = Upstream::start().await;
+    let allocator = |status: serde_json::Value| status["allocator"].clone();
+    let proxy = Proxy::for_upstream(&upstream, 1, &[]).await;
+    assert_eq!(
+        allocator(proxy.status().await),
+        serde_json::json!({"name": "jemalloc", "dirty_decay_ms": 1000, "muzzy_decay_ms": 0, "background_thread": true}),
+        "read from the allocator of the running process (pid {})",
+        proxy.pid()
+    );
+    // An operator's own settings are left as they are.
+    let own = Proxy::for_upstream_with_env(&upstream, 1, &[], &[("_RJEM_MALLOC_CONF", "dirty_decay_ms:5000")]).await;
+    let settings = allocator(own.status().await);
+    assert_eq!(settings["dirty_decay_ms"], 5000, "{settings}");
 }

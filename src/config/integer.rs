@@ -1,11 +1,11 @@
-//! Integer keys. The `config` crate would read `4.5` as 5, `0.5` as 1 and `true` or `"yes"` as 1; these take an
-//! integer, or a string that is one (all the environment can give), and refuse the rest naming what they got.
+//! Integer keys: an integer and nothing else (a file's `"8"`, `4.5` or `true` are refused; a variable's text is
+//! read as one by [`super::read`]), out of range said in words.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::marker::PhantomData;
 
-use serde::de::{self, Deserialize, Deserializer, Unexpected, Visitor};
+use serde::de::{self, Deserialize, Deserializer, Visitor};
 
 /// An integer type a key may have, with its range for the refusal.
 pub trait Whole: TryFrom<i128> {
@@ -31,11 +31,8 @@ impl<T: Whole> IntVisitor<T> {
     fn fit<E: de::Error>(value: i128) -> Result<Int<T>, E> {
         match T::try_from(value) {
             Ok(value) => Ok(Int(value)),
-            Err(_) => Err(E::custom(format!(
-                "invalid value: integer `{value}`, expected an integer from {} to {}",
-                T::MIN,
-                T::MAX
-            ))),
+            Err(_) if value < T::MIN => Err(E::custom("must not be negative")),
+            Err(_) => Err(E::custom(format!("must be at most {}", T::MAX))),
         }
     }
 }
@@ -65,18 +62,11 @@ impl<T: Whole> Visitor<'_> for IntVisitor<T> {
             Err(_) => Self::fit(i128::MAX),
         }
     }
-
-    fn visit_str<E: de::Error>(self, text: &str) -> Result<Int<T>, E> {
-        match text.parse::<i128>() {
-            Ok(value) => Self::fit(value),
-            Err(_) => Err(E::invalid_type(Unexpected::Str(text), &self)),
-        }
-    }
 }
 
 impl<'de, T: Whole> Deserialize<'de> for Int<T> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(IntVisitor(PhantomData))
+        deserializer.deserialize_i64(IntVisitor(PhantomData))
     }
 }
 

@@ -8,7 +8,10 @@
 mod env;
 mod errors;
 mod integer;
+mod layers;
+mod log_level;
 mod overrides;
+mod read;
 mod secret;
 #[cfg(test)]
 mod tests;
@@ -25,15 +28,16 @@ use ipnet::IpNet;
 
 use serde::{Deserialize, Serialize};
 
-use env::EnvLayer;
 pub use env::{env_var, Env, ENV_PREFIX, ENV_SEPARATOR};
 pub use errors::{ConfigError, ConfigErrors};
+use layers::Node;
+pub use log_level::log_filter;
 pub use overrides::{GlobalOverrides, Overrides, UpstreamOverrides};
 pub use secret::{Secret, REDACTED};
 pub use upstream::{
     AdaptiveLimit, EndpointConfig, FairKey, Origin, ReplicaSource, Scheme, UpstreamConfig, MAX_PRIORITY,
 };
-use validate::{config_problem, hides, one_line, value_problems, without_refused};
+use validate::hides;
 pub use validate::{is_addressable_name, LARGEST_RUNTIME_COUNT, MAX_THREADS};
 
 /// The whole validated configuration. Serializes as the TOML file that states it (what `floodgate check`
@@ -330,19 +334,24 @@ impl Config {
 
     /// Built-in defaults < the file (if any) < `env` < the flags, then validation.
     pub fn load(file: Option<&Path>, env: &Env, overrides: &Overrides) -> Result<Config, ConfigErrors> {
-        let file = file.map(|path| {
-            let source = config::File::from(path).format(config::FileFormat::Toml).required(true);
-            (source, path.display().to_string())
-        });
-        Config::from_layers(file, env, overrides)
+        let tree = match file {
+            Some(path) => {
+                let name = path.display().to_string();
+                match std::fs::read_to_string(path) {
+                    Ok(text) => Node::from_file(&text, &name),
+                    Err(err) => Err(ConfigError::new("config", format!("cannot read {name}: {err}"))),
+                }
+            }
+            None => Ok(Node::empty()),
+        };
+        Config::from_layers(tree?, env, overrides)
     }
 
     /// [`Config::load`] from the text of a file rather than its path, without environment; `origin` names the
     /// text in errors.
     #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn load_toml(text: &str, origin: &str, overrides: &Overrides) -> Result<Config, ConfigErrors> {
-        let source = config::File::from_str(text, config::FileFormat::Toml);
-        Config::from_layers(Some((source, origin.to_string())), &Env::none(), overrides)
+        Config::from_layers(Node::from_file(text, origin)?, &Env::none(), overrides)
     }
 
     /// The configuration as the TOML file that would state it, every [`Secret`] shown as [`REDACTED`]: what
@@ -361,59 +370,42 @@ impl Config {
             .unwrap_or_else(|| UpstreamConfig::default().body_idle_timeout)
     }
 
-    fn from_layers<S>(file: Option<(S, String)>, env: &Env, overrides: &Overrides) -> Result<Config, ConfigErrors>
-    where
-        S: config::Source + Send + Sync + 'static,
-    {
+    fn from_layers(mut tree: Node, env: &Env, overrides: &Overrides) -> Result<Config, ConfigErrors> {
         let mut problems = Vec::new();
-        let env_layer = EnvLayer::read(env, &mut problems);
-        // The defaults are `Config::default()`, which serde fills in for every key no layer sets.
-        let mut builder = config::Config::builder();
-        let mut origin = "configuration".to_string();
-        if let Some((source, name)) = file {
-            builder = builder.add_source(source);
-            origin = name;
-        }
-        let raw = match builder.add_source(env_layer.clone()).build() {
-            Ok(raw) => raw,
-            // An unreadable or unparsable file: nothing below can be checked.
-            Err(err) => {
-                problems.push(ConfigError::new(origin, one_line(&err.to_string())));
-                return Err(ConfigErrors(problems));
-            }
-        };
-        let (mut config, refused) = match raw.clone().try_deserialize::<Config>() {
-            Ok(config) => (config, Vec::new()),
-            Err(err) => {
-                let table = config::Source::collect(&raw).unwrap_or_default();
-                let mut found = value_problems(&table);
-                if found.is_empty() {
-                    found.push(config_problem(err, ""));
-                }
-                for problem in &mut found {
-                    env_layer.annotate(problem);
-                }
-                // The rest is still validated, without the refused values, so that one edit fixes everything.
-                match without_refused(table, &found).try_deserialize::<Config>() {
-                    Ok(config) => (config, found),
-                    Err(_) => {
-                        problems.extend(found);
-                        return Err(ConfigErrors(problems));
+        tree.overlay_env(env, &mut problems);
+        // serde stops at the first refused value: each one is taken out of the tree (its key then reads as its
+        // default) and the rest read again, so that one `floodgate check` lists every problem, not one per edit.
+        let mut refused: Vec<ConfigError> = Vec::new();
+        let config = loop {
+            match Config::deserialize(read::NodeReader::root(&tree)) {
+                Ok(config) => break Some(config),
+                Err(refusal) => {
+                    let key = refusal
+                        .key
+                        .filter(|key| !key.is_empty())
+                        .unwrap_or_else(|| "config".to_string());
+                    // A refused value is the layer's problem, whether or not a flag replaces it.
+                    let problem = describe(&tree, None, ConfigError::new(key.clone(), refusal.message));
+                    refused.push(problem);
+                    if !tree.refuse(&key) || refused.len() >= MAX_REFUSED {
+                        break None;
                     }
                 }
             }
         };
+        refused.sort_by(|a, b| a.key.cmp(&b.key));
+        let Some(mut config) = config else {
+            problems.extend(refused);
+            return Err(ConfigErrors(problems));
+        };
         config.apply(overrides);
         let checked = config.validate();
         problems.extend(refused.iter().cloned());
-        for mut problem in checked {
+        for problem in checked {
             if refused.iter().any(|value| hides(&value.key, &problem.key)) {
                 continue;
             }
-            if !overrides.sets(&problem.key) {
-                env_layer.annotate(&mut problem);
-            }
-            problems.push(problem);
+            problems.push(describe(&tree, Some(overrides), problem));
         }
         if problems.is_empty() {
             Ok(config)
@@ -421,4 +413,28 @@ impl Config {
             Err(ConfigErrors(problems))
         }
     }
+}
+
+/// The most refused values reported from one configuration: past it, the rest is likely one mistake repeated.
+const MAX_REFUSED: usize = 100;
+
+/// Adds to a problem the value it is about and where that was given: the flag that set the key, when `flags` count
+/// (a flag's value replaced whatever the layers gave), or else the layer the tree kept it from (for a key no layer
+/// gave, a default's problem, neither). A secret's value is never shown.
+fn describe(tree: &Node, flags: Option<&Overrides>, mut problem: ConfigError) -> ConfigError {
+    if let Some(flag) = flags.and_then(|flags| flags.flag_for(&problem.key)) {
+        problem.origin = Some(format!("from {flag}"));
+        return problem;
+    }
+    let Some((value, origin)) = tree.shown(&problem.key) else {
+        return problem;
+    };
+    if problem.value.is_none() {
+        let secret = problem.key == "admin_token";
+        problem.value = value.map(|value| if secret { REDACTED.to_string() } else { value });
+    }
+    if problem.origin.is_none() {
+        problem.origin = origin.map(ToString::to_string);
+    }
+    problem
 }

@@ -97,19 +97,21 @@ pub struct UpstreamOverrides {
 }
 
 impl Overrides {
-    /// Whether a flag set `key`, making a problem with its value the flag's rather than the environment's: read
-    /// from the flags' own names, so no list of them is kept here.
-    pub(super) fn sets(&self, key: &str) -> bool {
+    /// The flag that set `key`, if one did (`--max-connections` for `upstreams.api.max_connections`): read from
+    /// the flags' own names, so no list of them is kept here.
+    pub(super) fn flag_for(&self, key: &str) -> Option<String> {
         let given = |group: serde_json::Result<serde_json::Value>, name: &str| {
             group
                 .ok()
                 .and_then(|group| group.get(name).map(|value| !value.is_null()))
                 .unwrap_or(false)
         };
-        match key.strip_prefix("upstreams.").and_then(|rest| rest.split_once('.')) {
-            Some((_, field)) => given(serde_json::to_value(&self.upstream), field),
-            None => given(serde_json::to_value(&self.global), key),
-        }
+        let (set, name) = match key.strip_prefix("upstreams.").and_then(|rest| rest.split_once('.')) {
+            Some((_, "url")) => (given(serde_json::to_value(&self.upstream), "url"), "upstream"),
+            Some((_, field)) => (given(serde_json::to_value(&self.upstream), field), field),
+            None => (given(serde_json::to_value(&self.global), key), key),
+        };
+        set.then(|| format!("--{}", name.replace('_', "-")))
     }
 }
 

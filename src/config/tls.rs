@@ -470,10 +470,7 @@ fn pem_problem(err: &rustls_pki_types::pem::Error) -> &'static str {
 }
 
 fn problem(key: &str, message: impl Into<String>) -> ConfigError {
-    ConfigError {
-        key: key.to_string(),
-        message: message.into(),
-    }
+    ConfigError::new(key, message)
 }
 
 #[cfg(test)]

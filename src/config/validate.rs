@@ -1,13 +1,10 @@
-//! Validation: every problem with a loaded configuration, each naming its key, so that one edit fixes them all;
-//! and the refused values found while reading the layers.
+//! Validation: every problem with a loaded configuration, each naming its key, so that one edit fixes them all.
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use serde::de::DeserializeOwned;
-
-use super::{AccessLogTarget, Config, ConfigError, RouteConfig, TlsCertificateConfig, UpstreamConfig, MAX_PRIORITY};
+use super::{AccessLogTarget, Config, ConfigError, RouteConfig, MAX_PRIORITY};
 
 impl Config {
     /// Every problem with the values, in key order within each part; empty when the configuration is usable.
@@ -32,8 +29,8 @@ impl Config {
             problems.push("admin", problem);
         }
         // Checked here rather than when logging starts, so that `floodgate check` reports it too.
-        if let Err(err) = tracing_subscriber::EnvFilter::builder().parse(&self.log_level) {
-            problems.push("log_level", format!("not a log filter ({err})"));
+        if let Err(err) = super::log_filter(&self.log_level) {
+            problems.push("log_level", err);
         }
         if self.access_log.trim().is_empty() {
             problems.push("access_log", "must be off, stdout, stderr or a file path");
@@ -62,7 +59,13 @@ impl Config {
                 format!("must be at most {}", tokio::sync::Semaphore::MAX_PERMITS),
             );
         }
-        if !self.otlp_endpoint.is_empty() {
+        if !self.otlp_endpoint.is_empty() && !crate::trace::EXPORTER_BUILT {
+            problems.push(
+                "otlp_endpoint",
+                "this floodgate was built without the `otlp` feature (cargo build --features otlp) and cannot \
+                 export traces",
+            );
+        } else if !self.otlp_endpoint.is_empty() {
             match self.otlp_endpoint.parse::<http::Uri>() {
                 Ok(uri) if uri.scheme_str() == Some("http") && uri.host().is_some() => {}
                 Ok(uri) if uri.scheme_str() == Some("https") => {
@@ -307,89 +310,6 @@ impl Problems {
     }
 }
 
-/// serde stops at the first bad value. Deserializing one key at a time, and the entries of a refused list or table
-/// one at a time, finds every one, so that a single `floodgate check` lists them all rather than one per edit.
-/// Sorted by key: the table's order is a hash's.
-pub(super) fn value_problems(table: &config::Map<String, config::Value>) -> Vec<ConfigError> {
-    let mut problems = Vec::new();
-    for (key, value) in table {
-        match key.as_str() {
-            "upstreams" => match value.clone().into_table() {
-                Ok(upstreams) => {
-                    for (name, upstream) in upstreams {
-                        let within = format!("upstreams.{name}");
-                        match upstream.into_table() {
-                            Ok(fields) => {
-                                for (field, value) in fields {
-                                    let path = format!("{within}.{field}");
-                                    let check =
-                                        |value| one_key_problem::<UpstreamConfig>(&within, field.clone(), value);
-                                    problems.extend(split_problems(&path, value, &check));
-                                }
-                            }
-                            Err(err) => problems.push(config_problem(err, &within)),
-                        }
-                    }
-                }
-                Err(err) => problems.push(config_problem(err, "upstreams")),
-            },
-            "routes" => problems.extend(entry_problems::<RouteConfig>("routes", value)),
-            "tls_certificates" => problems.extend(entry_problems::<TlsCertificateConfig>("tls_certificates", value)),
-            _ => {
-                let check = |value| one_key_problem::<Config>("", key.clone(), value);
-                problems.extend(split_problems(key, value.clone(), &check));
-            }
-        }
-    }
-    problems.sort_by(|a, b| a.key.cmp(&b.key));
-    problems
-}
-
-/// The problems of each entry of the list of tables `list`, named `list[index]`.
-pub(super) fn entry_problems<T: DeserializeOwned>(list: &str, value: &config::Value) -> Vec<ConfigError> {
-    match value.clone().into_array() {
-        Ok(entries) => {
-            let mut problems = Vec::new();
-            for (index, entry) in entries.into_iter().enumerate() {
-                let at = format!("{list}[{index}]");
-                let check =
-                    |entry: config::Value| entry.try_deserialize::<T>().err().map(|err| config_problem(err, &at));
-                problems.extend(split_problems(&at, entry, &check));
-            }
-            problems
-        }
-        Err(err) => vec![config_problem(err, list)],
-    }
-}
-
-/// The configuration's `table` without the values `refused` names: each top-level key or upstream field, and a
-/// whole `routes` or `tls_certificates` list for a refused entry (taking one out would renumber the others).
-pub(super) fn without_refused(mut table: config::Map<String, config::Value>, refused: &[ConfigError]) -> config::Value {
-    for problem in refused {
-        let mut parts = problem.key.split(['.', '[']);
-        let top = parts.next().unwrap_or_default();
-        let (name, field) = (parts.next(), parts.next());
-        match (top, name) {
-            ("upstreams", Some(name)) => {
-                if let Some(config::ValueKind::Table(upstreams)) = table.get_mut(top).map(|value| &mut value.kind) {
-                    match (field, upstreams.get_mut(name).map(|value| &mut value.kind)) {
-                        (Some(field), Some(config::ValueKind::Table(fields))) => {
-                            fields.remove(field);
-                        }
-                        _ => {
-                            upstreams.remove(name);
-                        }
-                    }
-                }
-            }
-            _ => {
-                table.remove(top);
-            }
-        }
-    }
-    config::Value::from(table)
-}
-
 /// Whether a problem validation found at `key` may be the work of a default standing in for the value refused at
 /// `refused`: the keys are of one family (see [`family`]), or a whole upstream (or all) went, which routes name.
 pub(super) fn hides(refused: &str, key: &str) -> bool {
@@ -426,131 +346,4 @@ pub(super) fn family(key: &str) -> String {
         "listen" | "admin" => "listeners".into(),
         other => other.to_string(),
     }
-}
-
-/// Tells what is wrong with a value in its place in the configuration, if anything.
-type Check<'a> = dyn Fn(config::Value) -> Option<ConfigError> + 'a;
-
-/// The problems of `value`, whose key is `path`: the one `check` finds or, in a list or a table, one for each entry
-/// that is refused, named by its own key (`trusted_proxies[2]`, `upstreams.api.fair_weights.gold`).
-pub(super) fn split_problems(path: &str, value: config::Value, check: &Check<'_>) -> Vec<ConfigError> {
-    let Some(problem) = check(value.clone()) else {
-        return Vec::new();
-    };
-    let origin = value.origin().map(str::to_string);
-    let found = match value.kind {
-        config::ValueKind::Array(items) => {
-            // Each item alone in a list of one, where its problems are named `path[0]`.
-            let first = format!("{path}[0]");
-            let mut found = Vec::new();
-            for (index, item) in items.into_iter().enumerate() {
-                let alone = |item| check(config::Value::new(origin.as_ref(), vec![item]));
-                found.extend(split_problems(&first, item, &alone).into_iter().map(|mut problem| {
-                    if let Some(rest) = problem.key.strip_prefix(&first) {
-                        problem.key = format!("{path}[{index}]{rest}");
-                    }
-                    problem
-                }));
-            }
-            found
-        }
-        config::ValueKind::Table(entries) => table_problems(path, entries, origin.as_ref(), problem.clone(), check),
-        _ => Vec::new(),
-    };
-    if found.is_empty() {
-        vec![problem]
-    } else {
-        found
-    }
-}
-
-/// The refused entries of a table, found by taking out the one each refusal names until the rest passes: not each
-/// entry alone, as a struct's other fields may be required. `first` is the table's own refusal.
-pub(super) fn table_problems(
-    path: &str,
-    entries: config::Map<String, config::Value>,
-    origin: Option<&String>,
-    first: ConfigError,
-    check: &Check<'_>,
-) -> Vec<ConfigError> {
-    let mut rest = entries;
-    let mut refused = Vec::new();
-    let mut problem = Some(first);
-    while let Some(current) = problem.take() {
-        let named = current
-            .key
-            .strip_prefix(path)
-            .and_then(|key| key.strip_prefix('.'))
-            .and_then(|key| key.split(['.', '[']).next())
-            .and_then(|name| rest.remove_entry(name));
-        // A refusal no entry left explains: a required field, taken out here.
-        let Some((name, value)) = named else { break };
-        refused.push((name, value, current));
-        problem = check(config::Value::new(origin, rest.clone()));
-    }
-    let mut found = Vec::new();
-    for (name, value, problem) in refused {
-        if matches!(value.kind, config::ValueKind::Array(_) | config::ValueKind::Table(_)) {
-            // Among the entries that passed, so that only its own problems show.
-            let within = |value| {
-                let mut entries = rest.clone();
-                entries.insert(name.clone(), value);
-                check(config::Value::new(origin, entries))
-            };
-            found.extend(split_problems(&format!("{path}.{name}"), value, &within));
-        } else {
-            found.push(problem);
-        }
-    }
-    found
-}
-
-/// The problem with `key = value` alone in a `T` (whose other keys take their defaults), named `within.key`.
-pub(super) fn one_key_problem<T: DeserializeOwned>(
-    within: &str,
-    key: String,
-    value: config::Value,
-) -> Option<ConfigError> {
-    let table: config::Map<String, config::Value> = [(key, value)].into_iter().collect();
-    config::Value::from(table)
-        .try_deserialize::<T>()
-        .err()
-        .map(|err| config_problem(err, within))
-}
-
-/// The `config` crate reports a key path for most errors but names an unknown field only in its message; either
-/// way the result is one line whose key is the offending one, below `within` (a table's path, or empty).
-pub(super) fn config_problem(err: config::ConfigError, within: &str) -> ConfigError {
-    let text = err.to_string();
-    let (key, origin) = match &err {
-        config::ConfigError::Type { key, origin, .. } | config::ConfigError::At { key, origin, .. } => {
-            (key.clone().unwrap_or_default(), origin.clone())
-        }
-        _ => (String::new(), None),
-    };
-    // The key and origin go first-class into the problem's key and the variable's note; the text keeps the rest.
-    let text = origin
-        .and_then(|origin| text.strip_suffix(&format!(" in {origin}")).map(str::to_string))
-        .unwrap_or(text);
-    let text = text.split(" for key `").next().unwrap_or(&text).to_string();
-    let key = match text
-        .strip_prefix("unknown field `")
-        .and_then(|rest| rest.split_once('`'))
-    {
-        Some((field, _)) if key.is_empty() => field.to_string(),
-        Some((field, _)) => format!("{key}.{field}"),
-        None => key,
-    };
-    let key = match (within.is_empty(), key.is_empty()) {
-        (true, true) => "config".to_string(),
-        (true, false) => key,
-        (false, true) => within.to_string(),
-        (false, false) if key.starts_with('[') => format!("{within}{key}"),
-        (false, false) => format!("{within}.{key}"),
-    };
-    ConfigError::new(key, one_line(&text))
-}
-
-pub(super) fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }

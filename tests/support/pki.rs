@@ -204,7 +204,7 @@ pub fn assert_refused_with_env(config: &str, key: &str, env: &[(&str, &str)]) ->
         let problems: Vec<&str> = stderr.lines().filter(|line| !line.trim().is_empty()).collect();
         assert_eq!(problems.len(), 1, "{args:?}: {stderr}");
         assert!(
-            problems[0].contains(&format!(" {key}: ")),
+            problems[0].contains(&format!(" {key}: ")) || problems[0].contains(&format!(" {key} = ")),
             "{args:?}: the line does not name {key}: {stderr}"
         );
         lines.push(problems[0].to_string());
