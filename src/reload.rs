@@ -48,10 +48,14 @@ impl Plan {
     /// Reuses each running pool whose upstream has the same name and endpoints (addresses and own caps); builds
     /// the others. `clients` are
     /// [`upstream_clients`]' for this configuration.
+    /// `draining`: pools earlier reloads retired that still have connections; one of an upstream's name that is
+    /// back after a reload removed it is the new pool's predecessor, so that its connections count against the
+    /// new cap too.
     pub fn new(
         config: &Config,
         metrics: &Metrics,
         running: Option<&Router>,
+        draining: &[Arc<UpstreamPool>],
         mut clients: UpstreamClients,
         lane: &Arc<UpstreamLane>,
     ) -> Result<Plan, ConfigError> {
@@ -61,10 +65,11 @@ impl Plan {
             let endpoints = upstream.endpoint_list(name)?;
             let tls = clients.remove(name).flatten();
             // A changed endpoint list (an address, an endpoint's own cap, one added or removed) is a new pool: the
-            // old one drains, as when an address changes.
+            // old one drains, as when an address changes, its sockets counted against the new one's cap until they
+            // close. The same endpoints in another order are no change at all.
             let kept = running
                 .and_then(|router| router.pools().get(name))
-                .filter(|pool| pool.endpoints() == endpoints.as_slice());
+                .filter(|pool| same_endpoints(pool.endpoints(), &endpoints));
             let pool = match kept {
                 Some(pool) => {
                     reconfigure.push((pool.clone(), upstream.clone(), tls));
@@ -80,7 +85,10 @@ impl Plan {
                     tls,
                     metrics.upstream(name),
                     Spawner::Lane(lane.clone()),
-                    running.and_then(|router| router.pools().get(name)).map(|old| &**old),
+                    running
+                        .and_then(|router| router.pools().get(name))
+                        .or_else(|| draining.iter().rev().find(|old| &*old.name == name.as_str()))
+                        .map(|old| &**old),
                 ),
             };
             pools.insert(name.clone(), pool);
@@ -114,13 +122,22 @@ impl Plan {
 
     /// The router for a proxy that is only starting: nothing runs yet to change. Reads the upstreams' TLS files.
     pub fn starting(config: &Config, metrics: &Metrics, lane: &Arc<UpstreamLane>) -> Result<Router, ConfigError> {
-        Ok(Plan::new(config, metrics, None, upstream_clients(config)?, lane)?.into_router())
+        Ok(Plan::new(config, metrics, None, &[], upstream_clients(config)?, lane)?.into_router())
     }
 
     /// The router for a proxy that is only starting: nothing runs yet to change.
     pub fn into_router(self) -> Router {
         self.router
     }
+}
+
+/// Whether two endpoint lists hold the same endpoints (address and own cap), in whatever order.
+fn same_endpoints<T: PartialEq>(running: &[T], new: &[T]) -> bool {
+    let count = |list: &[T], endpoint: &T| list.iter().filter(|other| *other == endpoint).count();
+    running.len() == new.len()
+        && running
+            .iter()
+            .all(|endpoint| count(running, endpoint) == count(new, endpoint))
 }
 
 /// Each `https://` upstream's TLS client, by upstream name (`None` for `http://`).
@@ -226,6 +243,7 @@ fn apply(state: &State, loaded: Loaded) -> Result<Reloaded, ReloadError> {
         &config,
         &state.proxy.metrics,
         Some(&state.proxy.router()),
+        &state.proxy.draining(),
         clients,
         state.proxy.lane(),
     )

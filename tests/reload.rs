@@ -641,3 +641,79 @@ async fn a_reload_reports_exactly_the_restart_only_keys_the_docs_name() {
     assert_eq!(reported, documented, "{}", resp.text());
     let _ = std::fs::remove_file(access_log);
 }
+
+/// `[upstreams.a]` over two endpoints, each with its own cap, listed in the given order.
+fn two_endpoints(first: &str, second: &str, each: usize) -> String {
+    format!(
+        "[upstreams.a]\nmax_connections = {}\nmax_queue = 1000\nqueue_timeout = \"30s\"\nendpoints = [\n\
+         {{ url = \"{first}\", max_connections = {each} }},\n{{ url = \"{second}\", max_connections = {each} }},\n]\n\n\
+         [[routes]]\nupstream = \"a\"\n",
+        2 * each
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloads_that_move_an_upstream_never_let_its_old_and_new_connections_past_the_cap() {
+    // One counting upstream at two addresses (127.0.0.1 and 127.0.0.2): a reload that names the other is a new
+    // pool, while the one it replaces still has busy connections there.
+    let upstream = Upstream::start_with(UpstreamOptions {
+        any_address: true,
+        ..UpstreamOptions::default()
+    })
+    .await;
+    let port = upstream.addr().port();
+    let at = |ip: &str| format!("http://{ip}:{port}");
+    let config = TempConfig::new(&one_upstream(&at("127.0.0.1"), 4));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let load = Load::start(proxy.listen, 24, "/delay/20");
+    load.serve_more(20).await;
+    for round in 0..40 {
+        let ip = if round % 2 == 0 { "127.0.0.2" } else { "127.0.0.1" };
+        std::fs::write(config.path(), one_upstream(&at(ip), 4)).unwrap();
+        let resp = proxy.admin_request(Method::POST, "/reload", "", None).await;
+        assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+        load.serve_more(3).await;
+        assert!(
+            upstream.peak_connections() <= 4,
+            "round {round}: {} connections at cap 4",
+            upstream.peak_connections()
+        );
+    }
+    load.serve_more(20).await;
+    assert!(
+        upstream.peak_connections() <= 4,
+        "{} connections",
+        upstream.peak_connections()
+    );
+
+    // The same endpoints in another order are no change: the pool stays, nothing drains, nothing is dialled anew.
+    std::fs::write(config.path(), two_endpoints(&at("127.0.0.1"), &at("127.0.0.2"), 2)).unwrap();
+    let resp = proxy.admin_request(Method::POST, "/reload", "", None).await;
+    assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+    load.serve_more(20).await;
+    proxy.wait_until_field("a", "connections_open", 4, WAIT).await;
+    let opened = proxy.upstream_field("a", "connections_opened_total").await;
+    for round in 0..20 {
+        let (first, second) = if round % 2 == 0 {
+            ("127.0.0.2", "127.0.0.1")
+        } else {
+            ("127.0.0.1", "127.0.0.2")
+        };
+        std::fs::write(config.path(), two_endpoints(&at(first), &at(second), 2)).unwrap();
+        let resp = proxy.admin_request(Method::POST, "/reload", "", None).await;
+        assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+        load.serve_more(3).await;
+    }
+    let status = proxy.status().await;
+    assert!(
+        status.get("draining").is_none(),
+        "a reordering replaced the pool: {status}"
+    );
+    assert_eq!(proxy.upstream_field("a", "connections_opened_total").await, opened);
+    assert!(
+        upstream.peak_connections() <= 4,
+        "{} connections",
+        upstream.peak_connections()
+    );
+    load.finish_without_failures().await;
+}

@@ -110,7 +110,7 @@ impl UpstreamPool {
         if !priority && !state.under_limit(false) {
             return None;
         }
-        let grant = self.take_idle(state).or_else(|| {
+        let grant = self.take_idle(state).map(Grant::Idle).or_else(|| {
             let ahead = if priority {
                 state.queue.has_retries()
             } else {

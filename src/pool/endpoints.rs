@@ -36,21 +36,27 @@ impl UpstreamPool {
         let busy = state.busy();
         // A tunnel's socket is not among an endpoint's connections (its own cap bounds those): any endpoint may
         // take it, the healthiest and least busy first.
-        let chosen = state
+        let mut candidates: Vec<(usize, (bool, u32, usize, usize))> = state
             .slots
             .per_endpoint()
             .zip(&state.endpoints)
             .enumerate()
             .filter(|(at, _)| slot.tunnel || state.slots.endpoint_has_room(*at))
-            .min_by_key(|(at, ((_, open), health))| {
-                let in_flight = busy.get(*at).copied().unwrap_or(usize::MAX);
-                (state.slots.is_ejected(*at), health.failures, in_flight, *open)
+            .map(|(at, ((_, open), health))| {
+                let in_flight = busy.get(at).copied().unwrap_or(usize::MAX);
+                (at, (state.slots.is_ejected(at), health.failures, in_flight, open))
             })
-            .map(|(at, _)| at)?;
+            .collect();
+        candidates.sort_by_key(|(_, preference)| *preference);
         if slot.tunnel {
-            return Some(chosen);
+            return candidates.first().map(|(at, _)| *at);
         }
-        state.slots.count_at(chosen);
+        // The best that still has room when counted: an older generation of the pool may take an endpoint's last
+        // room between the look and the count.
+        let chosen = candidates
+            .into_iter()
+            .map(|(at, _)| at)
+            .find(|at| state.slots.count_at(*at))?;
         slot.endpoint = Some(chosen);
         Some(chosen)
     }

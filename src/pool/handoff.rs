@@ -64,19 +64,32 @@ impl UpstreamPool {
                 if state.is_empty() {
                     self.emptied.notify_waiters();
                 }
-                // Issued again at once to a waiter the rules let have it (none while above a lowered cap); nobody
-                // waits for a tunnel's.
-                if tunnel || !state.slots.has_room() {
+                if tunnel {
                     return;
                 }
-                let Some(waiter) = state.next_taker(false) else { return };
-                let Some(slot) = self.issue_slot(&mut state) else {
-                    return;
-                };
-                state.leased += 1;
+                // Issued again at once to a waiter the rules let have it (none while above a lowered cap). The
+                // slot is issued before a waiter is taken from the queue: another generation of the pool may have
+                // taken the room since it was freed, and a waiter taken out with nothing to grant would be lost.
+                if let Some(issued) = state.slots.issue() {
+                    match state.next_taker(false) {
+                        Some(waiter) => {
+                            let slot = Slot::issued(self.clone(), issued);
+                            state.leased += 1;
+                            drop(state);
+                            if let Err(grant) = waiter.grant(Grant::Dial(slot)) {
+                                self.hand_on(grant, true);
+                            }
+                            return;
+                        }
+                        None => state.slots.unissue(issued),
+                    }
+                }
+                // Nobody here could take it: older generations of this upstream's pool (a reload replaced them, and
+                // their waiters came first), then the newest, may have waiters the room now lets in.
+                let others = state.slots.lineage().others(state.slots.generation());
                 drop(state);
-                if let Err(grant) = waiter.grant(Grant::Dial(slot)) {
-                    self.hand_on(grant, true);
+                for pool in others {
+                    pool.admit_admissible(pool.lock());
                 }
             }
         }
@@ -146,11 +159,17 @@ impl UpstreamPool {
     }
 
     pub(super) fn next_admissible(self: &Arc<Self>, state: &mut PoolState) -> Option<(Waiter<Grant>, Grant)> {
+        // A slot is issued before its waiter leaves the queue, so that a waiter is never taken out with nothing to
+        // grant (another generation of the pool may take the room first).
         if state.queue.has_retries() && state.slots.has_room() {
-            if let Some(retry) = state.queue.next_retry(Now::default()) {
-                let slot = self.issue_slot(state)?;
-                state.leased += 1;
-                return Some((retry, Grant::Dial(slot)));
+            if let Some(issued) = state.slots.issue() {
+                match state.queue.next_retry(Now::default()) {
+                    Some(retry) => {
+                        state.leased += 1;
+                        return Some((retry, Grant::Dial(Slot::issued(self.clone(), issued))));
+                    }
+                    None => state.slots.unissue(issued),
+                }
             }
         }
         // A retry made to wait for a fresh connection must not be handed a long-idle one: idle connections go to
@@ -158,20 +177,23 @@ impl UpstreamPool {
         if !state.queue.has_waiting() || !state.under_limit(false) || state.slots.live_over_cap() {
             return None;
         }
-        let idle = self.take_idle(state);
-        if idle.is_none() && !state.slots.has_room() {
-            return None;
-        }
+        // An idle connection, else a slot's count; the slot itself is made only once a waiter takes it.
+        let ready = match self.take_idle(state) {
+            Some(conn) => Ok(conn),
+            None => Err(state.slots.issue()?),
+        };
         let Some(waiter) = state.queue.next_waiting(Now::default()) else {
-            // Every one of them was shed on the way (deadline, CoDel): the connection goes back as it was.
-            if let Some(Grant::Idle(conn)) = idle {
-                state.idle.push_back(IdleConn::new(conn, Instant::now()));
+            // Every one of them was shed on the way (deadline, CoDel): the connection goes back as it was, the
+            // slot is not issued after all.
+            match ready {
+                Ok(conn) => state.idle.push_back(IdleConn::new(conn, Instant::now())),
+                Err(issued) => state.slots.unissue(issued),
             }
             return None;
         };
-        let grant = match idle {
-            Some(grant) => grant,
-            None => Grant::Dial(self.issue_slot(state)?),
+        let grant = match ready {
+            Ok(conn) => Grant::Idle(conn),
+            Err(issued) => Grant::Dial(Slot::issued(self.clone(), issued)),
         };
         state.leased += 1;
         Some((waiter, grant))

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Conn, Grant, PoolState, UpstreamPool};
+use super::{Conn, PoolState, UpstreamPool};
 
 pub(super) struct IdleConn {
     pub(super) conn: Conn,
@@ -30,7 +30,7 @@ impl UpstreamPool {
     /// The most recent idle connection that is still usable; the unusable ones met on the way are closed. With
     /// several endpoints, the most recent one to the endpoint with the fewest requests in flight (not ejected
     /// first), all idle connections looked at.
-    pub(super) fn take_idle(&self, state: &mut PoolState) -> Option<Grant> {
+    pub(super) fn take_idle(&self, state: &mut PoolState) -> Option<Conn> {
         let limits = self.limits();
         if state.endpoints.len() > 1 {
             for idle in std::mem::take(&mut state.idle) {
@@ -54,11 +54,11 @@ impl UpstreamPool {
                 .rev()
                 .min_by_key(|(_, idle)| rank(idle.conn.endpoint))
                 .map(|(at, _)| at)?;
-            return state.idle.remove(best).map(|idle| Grant::Idle(idle.into_conn()));
+            return state.idle.remove(best).map(IdleConn::into_conn);
         }
         while let Some(idle) = state.idle.pop_back() {
             if idle.conn.is_usable_idle(&limits) {
-                return Some(Grant::Idle(idle.into_conn()));
+                return Some(idle.into_conn());
             }
             // Dropped (with the idle entry), the connection goes to the pool's closing task, which frees its slot.
             state.start_closing(&idle.conn);

@@ -16,6 +16,7 @@ mod health;
 mod idle;
 mod lease;
 mod limits;
+mod lineage;
 mod replicas;
 mod slot;
 mod slots;
@@ -174,9 +175,16 @@ impl UpstreamPool {
             _ if limits.replicas.is_some() => 0,
             _ => 1,
         };
-        let slots = Slots::new(
+        // A pool that replaces one of the same name is its upstream's next generation: the old one's sockets,
+        // until they close, count against this one's cap (see [`lineage`]).
+        let addresses: Vec<(String, usize)> = endpoints
+            .iter()
+            .map(|(origin, cap)| (origin.authority(), *cap))
+            .collect();
+        let slots = Slots::for_endpoints(
             replicas::share(limits.max_connections, replicas),
-            endpoints.iter().map(|(_, cap)| *cap),
+            &addresses,
+            replaces.map(|old| old.lock().slots.lineage().clone()),
         );
         let authority =
             HeaderValue::from_str(&origin.authority()).unwrap_or_else(|_| HeaderValue::from_static("localhost"));
@@ -221,6 +229,13 @@ impl UpstreamPool {
             replicas: AtomicUsize::new(replicas),
             replica_watch: std::sync::atomic::AtomicBool::new(false),
         });
+        {
+            let state = pool.lock();
+            state
+                .slots
+                .lineage()
+                .joined(state.slots.generation(), Arc::downgrade(&pool));
+        }
         pool.spawn(connection::close_connections(closings, stirred, Arc::downgrade(&pool)));
         pool.spawn(expire_idle(Arc::downgrade(&pool)));
         if pool.endpoints.len() > 1 {

@@ -2,11 +2,15 @@
 //! cap in force, and each endpoint's share.
 //!
 //! Only [`Slots`] changes those counts, and only through four moves: issue a slot if the cap allows, take one back,
-//! change the cap, and count a connection as closing. Each move checks the invariant it keeps. It never touches a
-//! connection, a waiter or the lock (the pool calls it under its lock).
+//! change the cap, and count a connection as closing. Each move checks the invariant it keeps, and keeps the
+//! upstream's [`Lineage`] (every pool it has had since reloads replaced them) counting the same sockets, so that
+//! older generations still closing leave the newest no room past its cap. It never touches a connection, a waiter
+//! or the lock (the pool calls it under its lock).
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
+
+use super::lineage::Lineage;
 
 /// The counts behind the cap; only under the pool's lock.
 pub(super) struct Slots {
@@ -22,9 +26,15 @@ pub(super) struct Slots {
     /// The most slots ever live at once.
     peak: usize,
     endpoints: Vec<EndpointSlots>,
+    /// This upstream's sockets over all its pools, which every issue must also find room in.
+    lineage: Arc<Lineage>,
+    /// This pool's generation in the lineage.
+    generation: u64,
 }
 
 struct EndpointSlots {
+    /// Where it is dialled (`host:port`): how the lineage knows it across pools.
+    address: String,
     /// Its own cap; `usize::MAX` for the one endpoint of an upstream given by `url` (the upstream's cap bounds it).
     cap: usize,
     /// Connections to it, from the moment a slot chose it to dial until the slot is taken back.
@@ -32,7 +42,8 @@ struct EndpointSlots {
     ejected: bool,
 }
 
-/// Proof that [`Slots::issue`] counted one more slot; a [`super::Slot`] is made only from one.
+/// Proof that [`Slots::issue`] counted one more slot; a [`super::Slot`] is made only from one, or it goes back
+/// through [`Slots::unissue`].
 #[must_use = "an issued count must become a Slot, or it is never taken back"]
 pub(super) struct Issued(());
 
@@ -46,12 +57,36 @@ const COUNTED: u8 = 1;
 const DONE: u8 = 2;
 
 impl Slots {
-    /// `endpoint_caps`: each endpoint's own cap, in the order of the pool's endpoints.
+    /// A count of its own (a first pool, the tunnels' count, tests): `endpoint_caps` in the order of the pool's
+    /// endpoints, which are told apart by their place.
     pub(super) fn new(configured: usize, endpoint_caps: impl IntoIterator<Item = usize>) -> Slots {
-        let endpoints = endpoint_caps
+        let endpoints: Vec<(String, usize)> = endpoint_caps
             .into_iter()
-            .map(|cap| EndpointSlots {
-                cap,
+            .enumerate()
+            .map(|(at, cap)| (at.to_string(), cap))
+            .collect();
+        Slots::for_endpoints(configured, &endpoints, None)
+    }
+
+    /// A pool's count over `endpoints` (address and own cap, in the pool's order): a new generation of
+    /// `lineage`, the pool a reload replaces, or the first of its own.
+    pub(super) fn for_endpoints(
+        configured: usize,
+        endpoints: &[(String, usize)],
+        lineage: Option<Arc<Lineage>>,
+    ) -> Slots {
+        let (lineage, generation) = match lineage {
+            Some(lineage) => {
+                let generation = lineage.succeeded(endpoints);
+                (lineage, generation)
+            }
+            None => (Arc::new(Lineage::new(endpoints)), 1),
+        };
+        let endpoints = endpoints
+            .iter()
+            .map(|(address, cap)| EndpointSlots {
+                address: address.clone(),
+                cap: *cap,
                 open: 0,
                 ejected: false,
             })
@@ -63,9 +98,19 @@ impl Slots {
             cap: 0,
             peak: 0,
             endpoints,
+            lineage,
+            generation,
         };
-        slots.cap = slots.cap_allowed();
+        slots.recompute();
         slots
+    }
+
+    pub(super) fn lineage(&self) -> &Arc<Lineage> {
+        &self.lineage
+    }
+
+    pub(super) fn generation(&self) -> u64 {
+        self.generation
     }
 
     pub(super) fn open(&self) -> usize {
@@ -81,9 +126,9 @@ impl Slots {
         self.cap
     }
 
-    /// Whether a slot could be issued now.
+    /// Whether a slot could be issued now: under this pool's cap, and the lineage under the newest pool's.
     pub(super) fn has_room(&self) -> bool {
-        self.open < self.cap
+        self.open < self.cap && self.lineage.has_room()
     }
 
     /// Whether a connection is on its way out (and will free its slot soon).
@@ -93,18 +138,18 @@ impl Slots {
 
     /// More slots live than the cap in force (it was lowered): a slot that comes back must not be handed on.
     pub(super) fn over_cap(&self) -> bool {
-        self.open > self.cap
+        self.open > self.cap || self.lineage.over_cap()
     }
 
     /// More live connections, not counting those already on their way out, than the cap in force: a connection
     /// that comes free must be closed rather than kept.
     pub(super) fn live_over_cap(&self) -> bool {
-        self.open.saturating_sub(self.closing) > self.cap
+        self.open.saturating_sub(self.closing) > self.cap || self.lineage.live_over_cap()
     }
 
-    /// Counts one more slot if the cap in force allows it.
+    /// Counts one more slot if the cap in force allows it, here and over the lineage.
     pub(super) fn issue(&mut self) -> Option<Issued> {
-        if !self.has_room() {
+        if self.open >= self.cap || !self.lineage.issue() {
             return None;
         }
         self.open += 1;
@@ -113,40 +158,62 @@ impl Slots {
         Some(Issued(()))
     }
 
+    /// Takes back a count [`Self::issue`] made for a slot nobody took: no socket was ever made for it.
+    pub(super) fn unissue(&mut self, issued: Issued) {
+        let Issued(()) = issued;
+        self.lineage.take_back(None, false);
+        self.open = self.open.saturating_sub(1);
+        self.check();
+    }
+
     /// [`Self::issue`] for a slot that dials `endpoint` at once, if the endpoint too has room under its own cap.
     pub(super) fn issue_at(&mut self, endpoint: usize) -> Option<Issued> {
         if !self.endpoint_has_room(endpoint) {
             return None;
         }
         let issued = self.issue()?;
-        self.count_at(endpoint);
-        Some(issued)
-    }
-
-    /// Whether `endpoint` has room under its own cap for one more connection.
-    pub(super) fn endpoint_has_room(&self, endpoint: usize) -> bool {
-        self.endpoints
-            .get(endpoint)
-            .is_some_and(|endpoint| endpoint.open < endpoint.cap)
-    }
-
-    /// A live slot is about to dial `endpoint`, which has room: it counts there until the slot is taken back.
-    pub(super) fn count_at(&mut self, endpoint: usize) {
-        if let Some(at) = self.endpoints.get_mut(endpoint) {
-            at.open += 1;
+        if self.count_at(endpoint) {
+            return Some(issued);
         }
+        // Another generation took the endpoint's last room since it was looked at: not issued after all.
+        self.unissue(issued);
+        None
+    }
+
+    /// Whether `endpoint` has room under its own cap for one more connection, over the lineage too.
+    pub(super) fn endpoint_has_room(&self, endpoint: usize) -> bool {
+        self.endpoints.get(endpoint).is_some_and(|endpoint| {
+            endpoint.open < endpoint.cap && self.lineage.address_has_room(&endpoint.address, endpoint.cap)
+        })
+    }
+
+    /// A live slot is about to dial `endpoint`: it counts there until the slot is taken back, if the endpoint has
+    /// room (another generation may have taken the last since it was looked at); false if not.
+    pub(super) fn count_at(&mut self, endpoint: usize) -> bool {
+        let Some(at) = self.endpoints.get_mut(endpoint) else {
+            return false;
+        };
+        if at.open >= at.cap || !self.lineage.count_at(&at.address, at.cap) {
+            return false;
+        }
+        at.open += 1;
         self.check();
+        true
     }
 
     /// A slot is back: its connection's socket is closed, or it never had one. `endpoint`: the one it dialled;
     /// `closing`: its connection's mark, which is done with from here on.
     pub(super) fn take_back(&mut self, endpoint: Option<usize>, closing: Option<&ClosingMark>) {
-        if closing.is_some_and(|mark| mark.0.swap(DONE, Ordering::AcqRel) == COUNTED) {
+        let was_closing = closing.is_some_and(|mark| mark.0.swap(DONE, Ordering::AcqRel) == COUNTED);
+        if was_closing {
             self.closing = self.closing.saturating_sub(1);
         }
+        let mut address = None;
         if let Some(at) = endpoint.and_then(|at| self.endpoints.get_mut(at)) {
             at.open = at.open.saturating_sub(1);
+            address = Some(at.address.as_str());
         }
+        self.lineage.take_back(address, was_closing);
         debug_assert!(self.open > 0, "a slot taken back that was never issued");
         self.open = self.open.saturating_sub(1);
         self.check();
@@ -160,6 +227,7 @@ impl Slots {
             .compare_exchange(NOT_COUNTED, COUNTED, Ordering::AcqRel, Ordering::Acquire);
         if counted.is_ok() {
             self.closing += 1;
+            self.lineage.start_closing();
         }
         self.check();
     }
@@ -193,6 +261,7 @@ impl Slots {
         let cap = self.cap_allowed();
         let raised = cap > self.cap;
         self.cap = cap;
+        self.lineage.set_cap(self.generation, cap);
         self.check();
         raised
     }
@@ -296,5 +365,43 @@ mod tests {
         assert!(slots.endpoint_has_room(1));
         slots.take_back(Some(0), None);
         assert!(slots.endpoint_has_room(0));
+    }
+
+    #[test]
+    fn a_new_generation_has_no_room_until_the_old_ones_sockets_are_back() {
+        let endpoints = [("a:1".to_string(), usize::MAX)];
+        let mut old = Slots::for_endpoints(2, &endpoints, None);
+        let issued: Vec<_> = std::iter::from_fn(|| old.issue_at(0)).collect();
+        assert_eq!(issued.len(), 2);
+        let mut new = Slots::for_endpoints(2, &endpoints, Some(old.lineage().clone()));
+        assert!(
+            !new.has_room() && new.issue().is_none(),
+            "the old generation's sockets fill the cap"
+        );
+        assert!(old.issue().is_none(), "nor may the old one add any");
+        old.take_back(Some(0), None);
+        assert!(new.issue_at(0).is_some());
+        assert!(new.issue().is_none());
+        // The newest generation's cap bounds them all, raised or lowered.
+        new.set_configured(3);
+        assert!(new.issue().is_some());
+        new.set_configured(1);
+        assert!(new.over_cap() && old.over_cap());
+        old.set_configured(10);
+        assert!(old.issue().is_none(), "an old generation's own cap moves nothing");
+    }
+
+    #[test]
+    fn an_endpoint_keeps_its_own_cap_over_every_generation() {
+        let mut old = Slots::for_endpoints(4, &[("a:1".to_string(), 2), ("b:1".to_string(), 2)], None);
+        assert!(old.issue_at(0).is_some() && old.issue_at(0).is_some());
+        let mut new = Slots::for_endpoints(
+            4,
+            &[("b:1".to_string(), 2), ("a:1".to_string(), 2)],
+            Some(old.lineage().clone()),
+        );
+        assert!(!new.endpoint_has_room(1), "a:1 is full with the old generation's");
+        assert!(new.issue_at(1).is_none());
+        assert!(new.issue_at(0).is_some(), "b:1 has room");
     }
 }

@@ -171,6 +171,8 @@ pub struct UpstreamOptions {
     /// Behave like a thread-per-connection server: a request in progress is finished (and answered) before a
     /// FIN from the proxy is acted on, and only then is the connection closed (hyper's half-close).
     pub finish_before_close: bool,
+    /// Listen on every address (0.0.0.0), so that 127.0.0.1 and 127.0.0.2 are two addresses of one upstream.
+    pub any_address: bool,
 }
 
 /// A counting HTTP/1.1 origin server on 127.0.0.1 (ephemeral port).
@@ -262,7 +264,8 @@ impl Upstream {
     }
 
     pub async fn start_with(opts: UpstreamOptions) -> Upstream {
-        let listener = bind_listener("127.0.0.1:0".parse().unwrap(), opts.send_buffer).expect("bind test upstream");
+        let ip = if opts.any_address { "0.0.0.0" } else { "127.0.0.1" };
+        let listener = bind_listener(format!("{ip}:0").parse().unwrap(), opts.send_buffer).expect("bind test upstream");
         let addr = listener.local_addr().unwrap();
         let shared = Arc::new(UpstreamShared {
             conns_now: AtomicUsize::new(0),
