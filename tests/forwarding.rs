@@ -633,6 +633,29 @@ async fn pipelined_requests_are_answered_in_order_on_one_connection() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_pipelined_while_the_one_before_is_at_the_upstream_is_answered_right_after_it() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 2, &["--client-idle-timeout", "60s"]).await;
+    let mut conn = RawConn::connect(proxy.listen).await;
+    conn.write(b"GET /delay/800 HTTP/1.1\r\nHost: client.test\r\n\r\n")
+        .await
+        .unwrap();
+    // The second request arrives while the first is being answered: floodgate watches the socket for the client
+    // leaving meanwhile, and that watch must leave the waiting request readable.
+    wait_until("the first request at the upstream", Duration::from_secs(5), || async {
+        upstream.inflight() == 1
+    })
+    .await;
+    conn.write(b"GET /status/203 HTTP/1.1\r\nHost: client.test\r\n\r\n")
+        .await
+        .unwrap();
+    let timeout = Duration::from_secs(5);
+    let first = conn.read_response(false, timeout).await.unwrap();
+    let second = conn.read_response(false, timeout).await.unwrap();
+    assert_eq!((first.status, second.status), (200, 203));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_set_their_own_timeouts_strip_their_prefix_and_edit_header_fields_on_one_upstream() {
     let upstream = Upstream::start().await;
     let config = TempConfig::new(&format!(

@@ -287,9 +287,13 @@ async fn client_left(stream: &TcpStream) {
         match stream.ready(Interest::READABLE).await {
             Ok(ready) if ready.is_read_closed() || ready.is_error() => return,
             Ok(_) => match net::peek(stream) {
-                Peeked::Closed => return,
-                // A pipelined request waits its turn.
-                Peeked::Data | Peeked::Nothing | Peeked::Failed => net::forget_readable(stream),
+                Peeked::Closed | Peeked::Failed => return,
+                // A pipelined request waits its turn, and the socket's readiness with it: forgotten, it would
+                // not come again for bytes already there, and the request would never be read. The client is
+                // still there; whether it leaves later is seen when that request is read.
+                Peeked::Data => std::future::pending::<()>().await,
+                // A readiness with nothing behind it.
+                Peeked::Nothing => net::forget_readable(stream),
             },
             Err(_) => return,
         }
