@@ -656,6 +656,59 @@ async fn a_request_pipelined_while_the_one_before_is_at_the_upstream_is_answered
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunked_upload_answered_early_is_never_sent_upstream_short_and_framed_complete() {
+    let mut upstream =
+        support::early::EarlyAnswerUpstream::start(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n").await;
+    // Not read before admission: the body streams, so the answer can come before floodgate has sent it all.
+    let proxy = Proxy::start(&[
+        "--upstream",
+        &upstream.url(),
+        "--max-connections",
+        "1",
+        "--buffer-request-bytes",
+        "0",
+    ])
+    .await;
+    // 2,600 one-byte chunks behind the head in one write: the answer comes while floodgate still forwards them.
+    let mut request = b"POST /upload HTTP/1.1\r\nHost: client.test\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+    for _ in 0..2600 {
+        request.extend_from_slice(b"1\r\nx\r\n");
+    }
+    request.extend_from_slice(b"0\r\n\r\n");
+    let mut cut = 0;
+    for run in 0..12 {
+        let mut conn = RawConn::connect(proxy.listen).await;
+        conn.write(&request).await.unwrap();
+        let answer = conn.read_response(false, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(answer.status, 202, "run {run}: {answer:?}");
+        let received = upstream.next(Duration::from_secs(10)).await;
+        // Whole, or visibly cut (no last chunk, the connection closed): never a shorter body framed as complete.
+        assert!(
+            received
+                == support::early::Received {
+                    bytes: 2600,
+                    ended: true
+                }
+                || !received.ended,
+            "run {run}: the upstream got {received:?}"
+        );
+        cut += usize::from(!received.ended);
+        drop(conn);
+    }
+    // A thousand one-byte writes upstream take far longer than the answer's one write to the client.
+    assert!(
+        cut > 0,
+        "no run had its body cut: the case this test is for never happened"
+    );
+    let samples = parse_metrics(&proxy.metrics().await);
+    assert_eq!(
+        metric_sum(&samples, "floodgate_upstream_request_bodies_cut_total", &[]),
+        cut as f64,
+        "each cut body is counted"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_set_their_own_timeouts_strip_their_prefix_and_edit_header_fields_on_one_upstream() {
     let upstream = Upstream::start().await;
     let config = TempConfig::new(&format!(

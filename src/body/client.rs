@@ -36,6 +36,10 @@ pub enum ClientBodyError {
     Gone,
     #[error("malformed chunked body: {0}")]
     Chunked(&'static str),
+    /// The connection dropped the rest of the body once the answer was written (see [`discard_received`]): what
+    /// was still going upstream must not end as if whole.
+    #[error("the rest of the request body was dropped once its answer was written")]
+    Cut,
 }
 
 impl ClientBodyError {
@@ -43,7 +47,7 @@ impl ClientBodyError {
     pub fn meaning(&self) -> ProxyError {
         match self {
             ClientBodyError::Gone => ProxyError::ClientGone,
-            ClientBodyError::Chunked(_) => ProxyError::ClientBody(self.to_string()),
+            ClientBodyError::Chunked(_) | ClientBodyError::Cut => ProxyError::ClientBody(self.to_string()),
             ClientBodyError::Hyper(failed) => {
                 // The client closed or reset its connection mid-body: it is gone, not malformed.
                 let gone = std::error::Error::source(failed)
@@ -82,7 +86,10 @@ impl Body for ClientBody {
     fn is_end_stream(&self) -> bool {
         match self {
             ClientBody::Hyper(inner) => inner.is_end_stream(),
-            ClientBody::Http1(inner) => inner.lock().framing.is_over(),
+            ClientBody::Http1(inner) => {
+                let reading = inner.lock();
+                reading.framing.is_over() && !reading.cut
+            }
         }
     }
 
@@ -108,6 +115,8 @@ pub(crate) struct Reading {
     continue_left: usize,
     /// Told once the body has been read to its end (or given up on).
     over: Arc<tokio::sync::Notify>,
+    /// Pieces of the body were dropped rather than taken by the body's reader: from here the body only fails.
+    cut: bool,
 }
 
 impl Reading {
@@ -131,6 +140,7 @@ impl Reading {
             framing,
             continue_left,
             over,
+            cut: false,
         };
         if reading.framing.is_over() {
             reading.over.notify_one();
@@ -177,6 +187,9 @@ impl Reading {
     }
 
     fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, ClientBodyError>>> {
+        if self.cut {
+            return Poll::Ready(Some(Err(ClientBodyError::Cut)));
+        }
         if let Err(err) = ready!(self.send_continue(cx)) {
             return Poll::Ready(Some(Err(err)));
         }
@@ -222,10 +235,18 @@ impl Http1Body {
 
 /// Drops what is left of a body already `received` in full (a small remainder an upstream did not wait for), so
 /// the connection can carry the next request; `false` when more of it is still on the way.
+///
+/// A body the exchange is still sending upstream (an answer came before the upload's end) fails from here rather
+/// than ending short: its framing would otherwise say it ended whole, and a chunked body go up with its last chunk,
+/// complete to the upstream and shorter than the client's.
 pub(crate) fn discard_received(reading: &mut Reading) -> bool {
     loop {
         match reading.next_piece() {
-            Ok(Some(_)) => {}
+            Ok(Some(piece)) => {
+                if piece.data_ref().is_some_and(|data| !data.is_empty()) {
+                    reading.cut = true;
+                }
+            }
             // No piece left in what is received: either the body is over, or the rest is still to come.
             Ok(None) => return reading.framing.is_over(),
             Err(_) => return false,

@@ -59,8 +59,9 @@ pub enum UpstreamError {
 }
 
 /// The rest of a request body still going out once the answer's head came: to be run to its end (see
-/// [`UpstreamPool::spawn`](crate::pool::UpstreamPool::spawn)), or dropped, which leaves the connection spent.
-pub type Upload = Pin<Box<dyn Future<Output = ()> + Send>>;
+/// [`UpstreamPool::spawn`](crate::pool::UpstreamPool::spawn)), or dropped, which leaves the connection spent. Its
+/// failure (the client's body cut short, the upstream no longer reading) leaves it spent too, the body unended.
+pub type Upload = Pin<Box<dyn Future<Output = Result<(), ProxyError>> + Send>>;
 
 /// Sends `request` on `wire` and reads the answer's head. The answer's body reads the same wire as it is taken.
 pub(crate) async fn send(
@@ -138,7 +139,7 @@ pub(crate) async fn send(
         return Ok((response, None));
     }
     // An upload that fails after the answer came only spends the connection: the answer stands.
-    Ok((response, Some(Box::pin(upload.map(|_| ())))))
+    Ok((response, Some(Box::pin(upload))))
 }
 
 /// The answer's head, past any interim `1xx`.

@@ -53,6 +53,7 @@ pub struct Metrics {
     peak: Family<Labels, Gauge>,
     response: Family<Labels, Histogram, fn() -> Histogram>,
     retries: Family<Labels, Counter>,
+    bodies_cut: Family<Labels, Counter>,
     max_connections: Family<Labels, Gauge>,
     limit: Family<Labels, Gauge>,
     adaptive_rtt: Family<Labels, FloatGauge>,
@@ -103,6 +104,7 @@ impl Metrics {
         let peak = Family::<Labels, Gauge>::default();
         let response = Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram as _);
         let retries = Family::<Labels, Counter>::default();
+        let bodies_cut = Family::<Labels, Counter>::default();
         let max_connections = Family::<Labels, Gauge>::default();
         let limit = Family::<Labels, Gauge>::default();
         let adaptive_rtt = Family::<Labels, FloatGauge>::default();
@@ -173,6 +175,13 @@ impl Metrics {
             "Requests sent again after their connection failed: unsent (a stale idle connection, nothing reached \
              the upstream) or replayed (an idempotent request that may have reached it)",
             retries.clone(),
+        );
+        registry.register(
+            "floodgate_upstream_request_bodies_cut",
+            "Request bodies the upstream answered before it had them whole, whose rest could then not be sent \
+             (the client stopped sending, or the upstream reading): they went without their end, never framed as \
+             complete, and the connection was closed",
+            bodies_cut.clone(),
         );
         registry.register(
             "floodgate_upstream_max_connections",
@@ -298,6 +307,7 @@ impl Metrics {
             peak,
             response,
             retries,
+            bodies_cut,
             max_connections,
             limit,
             adaptive_rtt,
@@ -363,6 +373,7 @@ impl Metrics {
             response: self.response.get_or_create_owned(&labels()),
             retried_unsent: self.retries.get_or_create_owned(&reason("unsent")),
             replayed: self.retries.get_or_create_owned(&reason("replayed")),
+            request_body_cut: self.bodies_cut.get_or_create_owned(&labels()),
             tunnels: self.tunnels.get_or_create_owned(&labels()),
             max_tunnels: self.max_tunnels.get_or_create_owned(&labels()),
             tunnels_opened: self.tunnels_opened.get_or_create_owned(&labels()),
@@ -591,6 +602,8 @@ pub struct UpstreamMetrics {
     response: Histogram,
     pub retried_unsent: Counter,
     pub replayed: Counter,
+    /// A request body's rest that could not be sent after the upstream answered.
+    pub request_body_cut: Counter,
     tunnels: Gauge,
     max_tunnels: Gauge,
     /// Counted when the upstream switches.

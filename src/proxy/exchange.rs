@@ -241,7 +241,7 @@ pub(super) async fn send(
                 pool.responded(in_flight, dispatched.elapsed());
                 // The rest of a request body the upstream answered early goes on being sent beside the answer.
                 if let Some(rest) = rest {
-                    pool.spawn(rest);
+                    pool.spawn(finish_upload(pool.clone(), rest));
                 }
                 if let Some(upload) = upload {
                     lease.reuse_once_sent(upload);
@@ -285,7 +285,7 @@ where
     let read_whole = tokio::time::timeout(limit, async {
         let (response, rest) = response.await.ok()?;
         if let Some(rest) = rest {
-            pool.spawn(rest);
+            pool.spawn(finish_upload(pool.clone(), rest));
         }
         let reusable = forward::keeps_alive(response.version(), response.headers());
         let mut body = response.into_body();
@@ -303,6 +303,22 @@ where
         Ok(Some(true)) => {}
         Ok(Some(false)) => lease.forbid_reuse(),
         Ok(None) | Err(_) => lease.abandon(),
+    }
+}
+
+/// Sends the rest of a request body the upstream answered before it had it whole. One that cannot be sent in full
+/// (the client's connection dropped it once answered, or the upstream stopped reading) went without its end, and
+/// its connection is closed: it is counted, and said at most once a second.
+async fn finish_upload(pool: Arc<UpstreamPool>, rest: forward::Upload) {
+    static LAST_SAID: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
+    let Err(err) = rest.await else { return };
+    pool.metrics.request_body_cut.inc();
+    let mut said = LAST_SAID.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if said.is_some_and(|at| at.elapsed() < std::time::Duration::from_secs(1)) {
+        tracing::debug!(upstream = %pool.name, error = %err, "a request body answered early went without its end");
+    } else {
+        *said = Some(Instant::now());
+        tracing::warn!(upstream = %pool.name, error = %err, "a request body answered early went without its end; its connection is closed");
     }
 }
 

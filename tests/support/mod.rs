@@ -15,6 +15,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod chaos;
+pub mod early;
 pub mod flood;
 pub mod pki;
 pub mod scripted;
