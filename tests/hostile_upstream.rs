@@ -91,6 +91,29 @@ async fn a_response_with_both_content_length_and_chunked_is_a_502() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interim_answers_are_passed_over_in_reason_and_a_flood_of_them_is_a_502() {
+    // A 100 Continue and two 103 Early Hints before the answer: passed over, as servers send them.
+    let answer = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n\
+                   HTTP/1.1 103 Early Hints\r\nLink: </b.js>; rel=preload\r\n\r\n\
+                   HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+    let (status, proxy, _up) = status_through(answer, Then::Close).await;
+    assert_eq!(status, Some(200));
+    assert_eq!(proxy.outcome_count("default", "ok").await, 1.0);
+
+    // 20,000 of them (500 KB, under the head bound of 408 KiB each would have had to pass): each was kept and
+    // read again with every read, megabytes and seconds of CPU for one request. Now the seventeenth is the end.
+    let mut flood = b"HTTP/1.1 100 Continue\r\n\r\n".repeat(20_000);
+    flood.extend_from_slice(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+    let upstream = ScriptedUpstream::start(flood, Then::Close).await;
+    let proxy = Proxy::start(&["--upstream", &upstream.url(), "--max-connections", "2"]).await;
+    let mut conn = RawConn::connect(proxy.listen).await;
+    conn.write(GET).await.unwrap();
+    let resp = conn.read_response(false, WAIT).await.unwrap();
+    assert_eq!(resp.status, 502, "{resp:?}");
+    assert_eq!(upstream_errors(&proxy).await, 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_buffered_body_is_a_502() {
     let (status, proxy, _up) = status_through(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhello", Then::Close).await;
     assert_eq!(status, Some(502));

@@ -25,3 +25,5 @@ pub use relay::{complete, Completion, UpstreamBody};
 pub use response::{local_response, to_client, ResponseBody, SHED_REASON};
 pub(crate) use upstream::send;
 pub use upstream::{client_body_error, Upload, UpstreamError, UpstreamIncoming};
+#[cfg(feature = "fuzzing")]
+pub(crate) use upstream::{MAX_INTERIM_HEADS, MAX_RESPONSE_HEAD_BYTES};

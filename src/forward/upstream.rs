@@ -29,7 +29,7 @@ use crate::h1::HeadError;
 use crate::pool::wire::{self, Wire};
 
 /// The largest response head read, as hyper's client bounds it (its largest read buffer).
-const MAX_RESPONSE_HEAD_BYTES: usize = 8192 + 4096 * 100;
+pub(crate) const MAX_RESPONSE_HEAD_BYTES: usize = 8192 + 4096 * 100;
 
 /// Room asked for by each read of a head, and of a body.
 const HEAD_ROOM: usize = 4 * 1024;
@@ -56,7 +56,13 @@ pub enum UpstreamError {
     BodyCutShort,
     #[error("invalid chunked answer body: {0}")]
     Chunked(&'static str),
+    #[error("more than {MAX_INTERIM_HEADS} interim (1xx) answers, or {MAX_RESPONSE_HEAD_BYTES} bytes of them, before the final one")]
+    TooManyInterim,
 }
+
+/// Interim (`1xx`) heads passed over before a final one: a `100 Continue` and a few `103 Early Hints` are what
+/// servers send; more is a flood, each one held and read for nothing.
+pub(crate) const MAX_INTERIM_HEADS: usize = 16;
 
 /// The rest of a request body still going out once the answer's head came: to be run to its end (see
 /// [`UpstreamPool::spawn`](crate::pool::UpstreamPool::spawn)), or dropped, which leaves the connection spent. Its
@@ -142,16 +148,27 @@ pub(crate) async fn send(
     Ok((response, Some(Box::pin(upload))))
 }
 
-/// The answer's head, past any interim `1xx`.
+/// The answer's head, past any interim `1xx`: each is taken off the buffer as soon as it is read (never parsed
+/// again with the next read), and they are bounded in number and bytes.
 async fn read_head(wire: &Arc<Wire>, method: &Method) -> Result<Response<UpstreamIncoming>, ProxyError> {
+    let (mut interim, mut interim_bytes) = (0usize, 0usize);
     let head = std::future::poll_fn(|cx| {
         let mut state = wire.lock();
         loop {
             if !state.received.is_empty() {
-                match response_head::parse(&state.received, method, MAX_RESPONSE_HEAD_BYTES) {
-                    Ok(Some((head, len))) => {
+                match response_head::next(&state.received, method, MAX_RESPONSE_HEAD_BYTES) {
+                    Ok(Some((Some(head), len))) => {
                         state.received.advance(len);
                         return Poll::Ready(Ok(head));
+                    }
+                    Ok(Some((None, len))) => {
+                        state.received.advance(len);
+                        interim += 1;
+                        interim_bytes += len;
+                        if interim > MAX_INTERIM_HEADS || interim_bytes > MAX_RESPONSE_HEAD_BYTES {
+                            return Poll::Ready(Err(UpstreamError::TooManyInterim));
+                        }
+                        continue;
                     }
                     Ok(None) => {}
                     Err(err) => return Poll::Ready(Err(UpstreamError::Head(err))),

@@ -381,6 +381,8 @@ impl Expect {
 /// for hyper), one `chunked` in the strict form of [`dechunk`], or neither (the body runs to the close).
 fn decode(bytes: &[u8], head: bool) -> Expect {
     let mut rest = bytes;
+    // Interim heads are bounded in number and bytes (floodgate's, not hyper's: hyper has no bound).
+    let (mut interim, mut interim_bytes) = (0usize, 0usize);
     loop {
         let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut response = httparse::Response::new(&mut headers);
@@ -398,6 +400,11 @@ fn decode(bytes: &[u8], head: bool) -> Expect {
             return Expect::BadGateway("101 to a request that asked for no upgrade");
         }
         if status < 200 {
+            interim += 1;
+            interim_bytes += len;
+            if interim > crate::forward::MAX_INTERIM_HEADS || interim_bytes > crate::forward::MAX_RESPONSE_HEAD_BYTES {
+                return Expect::BadGateway("more interim (1xx) answers than floodgate reads");
+            }
             continue;
         }
         let lengths = values(response.headers, "content-length");

@@ -40,7 +40,9 @@ pub(crate) enum ResponseFraming {
 
 /// Reads the final head at the start of `received` to a request made with `method`, past any interim `1xx`:
 /// `Ok(None)` while it is incomplete (and all of it smaller than `max_head_bytes`), else the head and how many
-/// bytes of `received` it and the interim heads took.
+/// bytes of `received` it and the interim heads took. What the fuzz target holds against hyper's whole-buffer
+/// reading; the upstream client reads head by head ([`next`]).
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) fn parse(
     received: &[u8],
     method: &Method,
@@ -59,6 +61,17 @@ pub(crate) fn parse(
             return Ok(Some((head, start)));
         }
     }
+}
+
+/// The next head at the start of `received`, interim or final: `Some((None, len))` for an interim `1xx` to take off
+/// and pass over, `Ok(None)` while it is incomplete (and smaller than `max_head_bytes`). A reader that takes each
+/// interim head off as it comes parses each once, where [`parse`] would parse them all again at every read.
+pub(crate) fn next(
+    received: &[u8],
+    method: &Method,
+    max_head_bytes: usize,
+) -> Result<Option<(Option<ResponseHead>, usize)>, HeadError> {
+    parse_one(received, method, max_head_bytes, received.len())
 }
 
 /// One head at the start of `bytes`: `Some((None, len))` for an interim `1xx` to pass over.
