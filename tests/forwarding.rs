@@ -655,11 +655,55 @@ async fn a_request_pipelined_while_the_one_before_is_at_the_upstream_is_answered
     assert_eq!((first.status, second.status), (200, 203));
 }
 
+/// Sends `request` (head and body in one go, from a task of its own, as a client that does not wait) and reads the
+/// status of the answer.
+async fn status_of_upload(addr: std::net::SocketAddr, request: Vec<u8>) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut from, mut to) = tokio::net::TcpStream::connect(addr).await.unwrap().into_split();
+    let writing = tokio::spawn(async move {
+        // Refused midway once answered (floodgate closes a connection whose body it will not read): that is fine.
+        let _ = to.write_all(&request).await;
+        to
+    });
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = tokio::time::timeout(Duration::from_secs(10), from.read(&mut buf))
+            .await
+            .expect("an answer")
+            .unwrap_or(0);
+        assert!(n > 0, "closed before an answer: {:?}", String::from_utf8_lossy(&head));
+        head.extend_from_slice(&buf[..n]);
+    }
+    drop(writing);
+    first_status(&head).expect("a status line")
+}
+
+/// A chunked upload: its head, then `chunks` chunks of `size` bytes, then its last chunk.
+fn chunked_upload(chunks: usize, size: usize) -> Vec<u8> {
+    let mut request = b"POST /upload HTTP/1.1\r\nHost: client.test\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+    let chunk = format!("{size:X}\r\n{}\r\n", "x".repeat(size));
+    for _ in 0..chunks {
+        request.extend_from_slice(chunk.as_bytes());
+    }
+    request.extend_from_slice(b"0\r\n\r\n");
+    request
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chunked_upload_answered_early_is_never_sent_upstream_short_and_framed_complete() {
-    let mut upstream =
-        support::early::EarlyAnswerUpstream::start(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n").await;
-    // Not read before admission: the body streams, so the answer can come before floodgate has sent it all.
+    // An upstream that answers 202 on the head, then waits before reading, through a small window: floodgate's
+    // upload is held up with pieces of the body read from the client and not yet sent, which the client's
+    // connection, done with the request once answered, drops.
+    let mut upstream = support::early::BodyUpstream::start_with(
+        b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n",
+        support::early::AnswerAt::Head {
+            then_wait: Duration::from_millis(200),
+        },
+        Some(4096),
+    )
+    .await;
+    // Not read before admission: the body streams.
     let proxy = Proxy::start(&[
         "--upstream",
         &upstream.url(),
@@ -669,33 +713,22 @@ async fn a_chunked_upload_answered_early_is_never_sent_upstream_short_and_framed
         "0",
     ])
     .await;
-    // 2,600 one-byte chunks behind the head in one write: the answer comes while floodgate still forwards them.
-    let mut request = b"POST /upload HTTP/1.1\r\nHost: client.test\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
-    for _ in 0..2600 {
-        request.extend_from_slice(b"1\r\nx\r\n");
-    }
-    request.extend_from_slice(b"0\r\n\r\n");
+    let (chunks, size) = (5_000, 1_000);
     let mut cut = 0;
-    for run in 0..12 {
-        let mut conn = RawConn::connect(proxy.listen).await;
-        conn.write(&request).await.unwrap();
-        let answer = conn.read_response(false, Duration::from_secs(5)).await.unwrap();
-        assert_eq!(answer.status, 202, "run {run}: {answer:?}");
+    for run in 0..4 {
+        assert_eq!(
+            status_of_upload(proxy.listen, chunked_upload(chunks, size)).await,
+            202,
+            "run {run}"
+        );
         let received = upstream.next(Duration::from_secs(10)).await;
         // Whole, or visibly cut (no last chunk, the connection closed): never a shorter body framed as complete.
         assert!(
-            received
-                == support::early::Received {
-                    bytes: 2600,
-                    ended: true
-                }
-                || !received.ended,
+            (received.bytes, received.ended) == (chunks * size, true) || !received.ended,
             "run {run}: the upstream got {received:?}"
         );
         cut += usize::from(!received.ended);
-        drop(conn);
     }
-    // A thousand one-byte writes upstream take far longer than the answer's one write to the client.
     assert!(
         cut > 0,
         "no run had its body cut: the case this test is for never happened"
@@ -706,6 +739,38 @@ async fn a_chunked_upload_answered_early_is_never_sent_upstream_short_and_framed
         cut as f64,
         "each cut body is counted"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiny_chunks_go_upstream_gathered_and_framing_that_outweighs_its_data_is_refused() {
+    let mut upstream = support::early::BodyUpstream::start(
+        b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
+        support::early::AnswerAt::BodyEnd,
+    )
+    .await;
+    // floodgate's own HTTP/1 server, which reads the chunks itself (hyper's, while it can be chosen, bounds their
+    // extensions only); the body streams (not read before admission).
+    let proxy = Proxy::start(&[
+        "--upstream",
+        &upstream.url(),
+        "--http1-server",
+        "floodgate",
+        "--buffer-request-bytes",
+        "0",
+    ])
+    .await;
+    // 2,600 one-byte chunks in one write: what is read together goes up together, in a handful of chunks and
+    // writes, not one system call and five bytes of framing per byte.
+    assert_eq!(status_of_upload(proxy.listen, chunked_upload(2_600, 1)).await, 200);
+    let received = upstream.next(Duration::from_secs(10)).await;
+    assert_eq!((received.bytes, received.ended), (2_600, true), "{received:?}");
+    assert!(received.chunks <= 10, "{} chunks went upstream", received.chunks);
+    // 30,000 of them: 150 KB of framing for 30 KB of data, more than the 64 KiB of slack a body has.
+    let mut conn = RawConn::connect(proxy.listen).await;
+    conn.write(&chunked_upload(30_000, 1)).await.unwrap();
+    let refused = conn.read_response(false, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(refused.status, 400, "{refused:?}");
+    assert_eq!(refused.text(), "bad request body\n");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

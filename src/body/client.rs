@@ -280,4 +280,32 @@ mod tests {
             assert_eq!(&reading.received[..], b"GET / HTTP/1.1\r\n");
         });
     }
+
+    #[test]
+    fn a_body_whose_rest_was_dropped_for_the_next_request_fails_instead_of_ending() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+            let received = BytesMut::from(&b"3\r\nabc\r\n3\r\ndef\r\n0\r\n\r\n"[..]);
+            let reading = Arc::new(Mutex::new(Reading::new(
+                Arc::new(client),
+                received,
+                Delimited::Chunked(ChunkedDecoder::new(1024)),
+                false,
+                Arc::default(),
+            )));
+            let mut body = ClientBody::Http1(Http1Body::new(reading.clone()));
+            // The upload has taken the first chunk when the answer comes; the connection drops the rest.
+            let first = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
+            assert_eq!(first.unwrap().unwrap().into_data().unwrap(), Bytes::from_static(b"abc"));
+            assert!(discard_received(&mut Reading::lock(&reading)), "the body was all here");
+            assert!(!body.is_end_stream(), "a body missing its rest must not read as ended");
+            let next = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
+            assert!(matches!(next, Some(Err(ClientBodyError::Cut))), "{next:?}");
+        });
+    }
 }

@@ -13,6 +13,14 @@ use super::MAX_HEADERS;
 /// Bytes of chunk extensions taken over one body, all chunks together (hyper's bound).
 const MAX_EXTENSION_BYTES: usize = 16 * 1024;
 
+/// How much more chunk framing (size lines, CRLFs) than data a client's body may carry: tiny chunks cost work per
+/// chunk for no data, and no client needs them (ten-byte chunks carry half as much framing as data).
+const FRAMING_SLACK: u64 = 64 * 1024;
+
+/// What [`FRAMING_SLACK`] refuses.
+pub(crate) const FRAMING_OUTWEIGHS_DATA: ChunkedError =
+    ChunkedError("more chunk framing than data (chunks of a few bytes): send larger chunks");
+
 /// What the decoder made of the bytes it was given.
 #[derive(Debug, PartialEq)]
 pub(crate) enum Chunk {
@@ -48,6 +56,10 @@ pub(crate) struct ChunkedDecoder {
     extension_bytes: usize,
     /// A trailer section must be smaller than this.
     max_trailer_bytes: usize,
+    /// A client's body: its framing may not outweigh its data by more than [`FRAMING_SLACK`].
+    bounded_framing: bool,
+    framing_bytes: u64,
+    data_bytes: u64,
 }
 
 impl ChunkedDecoder {
@@ -57,7 +69,27 @@ impl ChunkedDecoder {
             state: State::SizeLine,
             extension_bytes: 0,
             max_trailer_bytes,
+            bounded_framing: false,
+            framing_bytes: 0,
+            data_bytes: 0,
         }
+    }
+
+    /// A decoder for a client's request body: as [`Self::new`], and its framing bounded by its data (see
+    /// [`FRAMING_SLACK`]). An upstream's answer is not bounded so: floodgate chose it.
+    pub(crate) fn for_request(max_trailer_bytes: usize) -> Self {
+        ChunkedDecoder {
+            bounded_framing: true,
+            ..ChunkedDecoder::new(max_trailer_bytes)
+        }
+    }
+
+    fn framed(&mut self, bytes: usize) -> Result<(), ChunkedError> {
+        self.framing_bytes += bytes as u64;
+        if self.bounded_framing && self.framing_bytes > self.data_bytes.saturating_add(FRAMING_SLACK) {
+            return Err(FRAMING_OUTWEIGHS_DATA);
+        }
+        Ok(())
     }
 
     /// The next piece of the body from the front of `received` (what it takes is removed); `Ok(None)`: more bytes
@@ -81,6 +113,7 @@ impl ChunkedDecoder {
                     }
                     let take = usize::try_from(left).unwrap_or(usize::MAX).min(received.len());
                     let data = received.split_to(take).freeze();
+                    self.data_bytes += take as u64;
                     let left = left - take as u64;
                     self.state = if left == 0 {
                         State::DataEnd
@@ -91,7 +124,10 @@ impl ChunkedDecoder {
                 }
                 State::DataEnd => {
                     match received.get(..2) {
-                        Some(b"\r\n") => received.advance(2),
+                        Some(b"\r\n") => {
+                            received.advance(2);
+                            self.framed(2)?;
+                        }
                         Some(_) => return Err(ChunkedError("chunk data not followed by CRLF")),
                         None if received.first().is_some_and(|&b| b != b'\r') => {
                             return Err(ChunkedError("chunk data not followed by CRLF"))
@@ -137,6 +173,7 @@ impl ChunkedDecoder {
             Ok(httparse::Status::Complete((len, size))) if len == end + 1 => {
                 received.advance(len);
                 self.extension_bytes += extension;
+                self.framed(len)?;
                 Ok(Some(size))
             }
             _ => Err(ChunkedError("invalid chunk size line")),
@@ -263,5 +300,29 @@ mod tests {
         }
         let long_extension = format!("1;{}\r\na\r\n0\r\n\r\n", "e".repeat(MAX_EXTENSION_BYTES));
         assert!(decode_all(long_extension.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn a_requests_framing_may_not_outweigh_its_data_an_answers_may() {
+        let tiny = b"1\r\nx\r\n".repeat(20_000);
+        let mut received = BytesMut::from(&tiny[..]);
+        let mut request = ChunkedDecoder::for_request(1024);
+        let refused = loop {
+            match request.decode(&mut received) {
+                Ok(Some(_)) => {}
+                Ok(None) => break None,
+                Err(err) => break Some(err),
+            }
+        };
+        assert_eq!(refused, Some(FRAMING_OUTWEIGHS_DATA));
+        let mut received = BytesMut::from(&tiny[..]);
+        let mut answer = ChunkedDecoder::new(1024);
+        while let Ok(Some(_)) = answer.decode(&mut received) {}
+        assert!(received.is_empty(), "an upstream's tiny chunks are read");
+        // Ten-byte chunks: half as much framing as data, never refused.
+        let mut received = BytesMut::from(&b"a\r\n0123456789\r\n".repeat(20_000)[..]);
+        let mut request = ChunkedDecoder::for_request(1024);
+        while let Ok(Some(_)) = request.decode(&mut received) {}
+        assert!(received.is_empty());
     }
 }

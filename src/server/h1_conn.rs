@@ -170,7 +170,7 @@ impl Conn<'_> {
         let version = head.parts.version;
         let framing = match head.body {
             BodyFraming::Length(length) => Delimited::Length(length),
-            BodyFraming::Chunked => Delimited::Chunked(ChunkedDecoder::new(config.max_header_bytes)),
+            BodyFraming::Chunked => Delimited::Chunked(ChunkedDecoder::for_request(config.max_header_bytes)),
         };
         let body_over = Arc::new(tokio::sync::Notify::new());
         let reading = Arc::new(Mutex::new(Reading::new(

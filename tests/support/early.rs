@@ -1,11 +1,13 @@
-//! An upstream that answers a request as soon as its head is in, before its body, and then reads the chunked body
-//! to its end (or the connection's), reporting what it received: how many body bytes, and whether the body ended
-//! with its last chunk. A body that came short but whole-framed is what it exists to catch.
+//! An upstream that reads chunked request bodies itself and reports what it received: how many body bytes in how
+//! many chunks, and whether the body ended with its last chunk. It can answer as soon as a head is in, before the
+//! body, and then wait before reading it, as a server that answers early and reads slowly does. A body that came
+//! short but framed whole, or in as many chunks as the client sent, is what it exists to catch.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -13,30 +15,51 @@ use tokio::task::JoinHandle;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Received {
     pub bytes: usize,
+    pub chunks: usize,
     /// The last chunk came: the body was framed as complete.
     pub ended: bool,
 }
 
-pub struct EarlyAnswerUpstream {
+/// When the upstream answers.
+#[derive(Clone, Copy, Debug)]
+pub enum AnswerAt {
+    /// Once the head is in, then it waits this long before it reads the body.
+    Head { then_wait: Duration },
+    /// Once the body has ended.
+    BodyEnd,
+}
+
+pub struct BodyUpstream {
     addr: SocketAddr,
     received: mpsc::UnboundedReceiver<Received>,
     task: JoinHandle<()>,
 }
 
-impl EarlyAnswerUpstream {
-    /// Answers every request with `answer` the moment its head has arrived.
-    pub async fn start(answer: &'static [u8]) -> EarlyAnswerUpstream {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind early-answer upstream");
+impl BodyUpstream {
+    /// Answers every request with `answer`, at `at`.
+    pub async fn start(answer: &'static [u8], at: AnswerAt) -> BodyUpstream {
+        Self::start_with(answer, at, None).await
+    }
+
+    /// As [`Self::start`], its sockets' receive buffer this small (SO_RCVBUF): a sender fills it, and waits,
+    /// after a few KiB.
+    pub async fn start_with(answer: &'static [u8], at: AnswerAt, receive_buffer: Option<u32>) -> BodyUpstream {
+        let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+        if let Some(size) = receive_buffer {
+            socket.set_recv_buffer_size(size).expect("SO_RCVBUF");
+        }
+        socket
+            .bind("127.0.0.1:0".parse().expect("an address"))
+            .expect("bind body upstream");
+        let listener = socket.listen(64).expect("listen");
         let addr = listener.local_addr().expect("its address");
         let (sender, received) = mpsc::unbounded_channel();
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                tokio::spawn(serve(stream, answer, sender.clone()));
+                tokio::spawn(serve(stream, answer, at, sender.clone()));
             }
         });
-        EarlyAnswerUpstream { addr, received, task }
+        BodyUpstream { addr, received, task }
     }
 
     pub fn url(&self) -> String {
@@ -44,7 +67,7 @@ impl EarlyAnswerUpstream {
     }
 
     /// The next request body that ended, one way or the other.
-    pub async fn next(&mut self, timeout: std::time::Duration) -> Received {
+    pub async fn next(&mut self, timeout: Duration) -> Received {
         tokio::time::timeout(timeout, self.received.recv())
             .await
             .expect("a request body's end at the upstream")
@@ -52,16 +75,15 @@ impl EarlyAnswerUpstream {
     }
 }
 
-impl Drop for EarlyAnswerUpstream {
+impl Drop for BodyUpstream {
     fn drop(&mut self) {
         self.task.abort();
     }
 }
 
-async fn serve(mut stream: TcpStream, answer: &'static [u8], report: mpsc::UnboundedSender<Received>) {
+async fn serve(mut stream: TcpStream, answer: &'static [u8], at: AnswerAt, report: mpsc::UnboundedSender<Received>) {
     let mut seen: Vec<u8> = Vec::new();
     loop {
-        // The head, then the answer at once.
         let head_end = loop {
             if let Some(at) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
                 break at + 4;
@@ -71,41 +93,54 @@ async fn serve(mut stream: TcpStream, answer: &'static [u8], report: mpsc::Unbou
             }
         };
         seen.drain(..head_end);
-        if stream.write_all(answer).await.is_err() {
+        if let AnswerAt::Head { then_wait } = at {
+            if stream.write_all(answer).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(then_wait).await;
+        }
+        let body = read_body(&mut stream, &mut seen).await;
+        let _ = report.send(body);
+        if !body.ended {
             return;
         }
-        // The chunked body, decoded as it comes.
-        let mut body = Received { bytes: 0, ended: false };
-        loop {
-            let Some(line_end) = seen.windows(2).position(|w| w == b"\r\n") else {
-                if !read_more(&mut stream, &mut seen).await {
-                    let _ = report.send(body);
-                    return;
-                }
-                continue;
-            };
-            let size = std::str::from_utf8(&seen[..line_end])
-                .ok()
-                .and_then(|line| usize::from_str_radix(line.split(';').next().unwrap_or("").trim(), 16).ok());
-            let Some(size) = size else {
-                let _ = report.send(body);
-                return;
-            };
-            let needed = line_end + 2 + size + 2;
-            while seen.len() < needed {
-                if !read_more(&mut stream, &mut seen).await {
-                    let _ = report.send(body);
-                    return;
-                }
-            }
-            seen.drain(..needed);
-            if size == 0 {
-                body.ended = true;
-                break;
-            }
-            body.bytes += size;
+        if matches!(at, AnswerAt::BodyEnd) && stream.write_all(answer).await.is_err() {
+            return;
         }
-        let _ = report.send(body);
+    }
+}
+
+/// A chunked body, decoded as it comes, to its last chunk or the connection's end.
+async fn read_body(stream: &mut TcpStream, seen: &mut Vec<u8>) -> Received {
+    let mut body = Received {
+        bytes: 0,
+        chunks: 0,
+        ended: false,
+    };
+    loop {
+        let Some(line_end) = seen.windows(2).position(|w| w == b"\r\n") else {
+            if !read_more(stream, seen).await {
+                return body;
+            }
+            continue;
+        };
+        let size = std::str::from_utf8(&seen[..line_end])
+            .ok()
+            .and_then(|line| usize::from_str_radix(line.split(';').next().unwrap_or("").trim(), 16).ok());
+        let Some(size) = size else { return body };
+        let needed = line_end + 2 + size + 2;
+        while seen.len() < needed {
+            if !read_more(stream, seen).await {
+                return body;
+            }
+        }
+        seen.drain(..needed);
+        if size == 0 {
+            body.ended = true;
+            return body;
+        }
+        body.bytes += size;
+        body.chunks += 1;
     }
 }
 
