@@ -774,6 +774,48 @@ async fn tiny_chunks_go_upstream_gathered_and_framing_that_outweighs_its_data_is
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_with_a_body_has_it_forwarded_whenever_its_bytes_come() {
+    let upstream = Upstream::start().await;
+    let head = b"GET /echo HTTP/1.1\r\nHost: client.test\r\nTransfer-Encoding: chunked\r\n\r\n";
+    let body = b"5\r\nhello\r\n0\r\n\r\n";
+    // Read before admission (the default) or streamed; the body with the head, or after the request went on.
+    for buffering in ["65536", "0"] {
+        let proxy = Proxy::for_upstream(&upstream, 2, &["--buffer-request-bytes", buffering]).await;
+        for together in [true, false] {
+            let mut conn = RawConn::connect(proxy.listen).await;
+            if together {
+                conn.write(&[&head[..], &body[..]].concat()).await.unwrap();
+            } else {
+                let before = upstream.requests();
+                conn.write(head).await.unwrap();
+                if buffering == "0" {
+                    // Streamed: the GET is at the upstream before its body has left the client.
+                    wait_until("the GET at the upstream", Duration::from_secs(5), || async {
+                        upstream.requests() > before
+                    })
+                    .await;
+                }
+                conn.write(body).await.unwrap();
+            }
+            let resp = conn.read_response(false, Duration::from_secs(5)).await.unwrap();
+            assert_eq!(
+                (resp.status, resp.text().as_str()),
+                (200, "5"),
+                "buffer {buffering}, body with the head: {together}"
+            );
+        }
+    }
+    // Over HTTP/2 too: DATA on a GET is its body.
+    let proxy = Proxy::for_upstream(&upstream, 2, &[]).await;
+    let mut h2 = H2Conn::connect(proxy.listen).await;
+    let request = http::Request::get("http://client.test/echo")
+        .body(body_full("hello"))
+        .unwrap();
+    let resp = collect(h2.send(request).await.unwrap()).await.unwrap();
+    assert_eq!((resp.status, resp.text().as_str()), (StatusCode::OK, "5"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_set_their_own_timeouts_strip_their_prefix_and_edit_header_fields_on_one_upstream() {
     let upstream = Upstream::start().await;
     let config = TempConfig::new(&format!(

@@ -76,27 +76,13 @@ pub(crate) async fn send(
 ) -> Result<(Response<UpstreamIncoming>, Option<Upload>), ProxyError> {
     wire.take_for_exchange();
     let (mut parts, mut body) = request.into_parts();
-    let size = if body.is_end_stream() {
-        BodySize::Empty
-    } else {
-        body.size_hint().exact().map_or(BodySize::Unknown, BodySize::Known)
-    };
-    let mut out = BytesMut::new();
-    let encoding = write::request_head(&mut out, &parts.method, &parts.uri, &mut parts.headers, size);
-    // A body already in memory goes out with the head.
-    let mut sending = Sending {
-        encoding,
-        left: match encoding {
-            Encoding::Length(length) => length,
-            _ => 0,
-        },
-    };
-    let mut first_done = size == BodySize::Empty;
+    let declared = body.size_hint().exact();
     // What of the body is already read goes out with the head, as one piece (one chunk); a large piece goes out as
-    // it is, between its framing (in `out` before it, in `tail` after it).
+    // it is, between its framing (in `out` before it, in `tail` after it). Read before the head is written, so
+    // that a body that turned out empty (an HTTP/2 GET whose stream ended with no data) is sent as none.
+    let mut first_done = body.is_end_stream();
     let mut gathered = BytesMut::new();
     let mut large = Bytes::new();
-    let mut tail = BytesMut::new();
     while !first_done && gathered.len() < COALESCE {
         match body.frame().now_or_never() {
             Some(Some(Ok(frame))) => {
@@ -114,6 +100,24 @@ pub(crate) async fn send(
         }
     }
     let piece = if large.is_empty() { gathered.freeze() } else { large };
+    // The body's framing follows the body, whatever the method: a GET that carries one (RFC 9110 §9.3.1 gives it no
+    // meaning, and a proxy forwards it) sends it, however its bytes are timed.
+    // A body read whole keeps the framing its client gave it (buffering changes nothing the upstream reads).
+    let size = if first_done && piece.is_empty() {
+        BodySize::Empty
+    } else {
+        declared.map_or(BodySize::Unknown, BodySize::Known)
+    };
+    let mut out = BytesMut::new();
+    let encoding = write::request_head(&mut out, &parts.method, &parts.uri, &mut parts.headers, size);
+    let mut sending = Sending {
+        encoding,
+        left: match encoding {
+            Encoding::Length(length) => length,
+            _ => 0,
+        },
+    };
+    let mut tail = BytesMut::new();
     let large = if piece.is_empty() {
         piece
     } else {

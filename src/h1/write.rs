@@ -201,7 +201,8 @@ pub(crate) fn request_head(
 }
 
 /// RFC 9112 §6.3 from the sender's side: a coding the request states wins and ends in `chunked`; else a length
-/// it states; else what the body says (a stream goes chunked, but for methods that almost never have a body).
+/// it states; else what the body says (a stream goes chunked, whatever the method: a GET's too, which the sender
+/// passes as `Empty` when it has none).
 fn request_framing(method: &Method, headers: &mut HeaderMap, body: BodySize) -> Encoding {
     let known = match body {
         BodySize::Empty => {
@@ -237,7 +238,7 @@ fn request_framing(method: &Method, headers: &mut HeaderMap, body: BodySize) -> 
             headers.insert(header::CONTENT_LENGTH, http::HeaderValue::from(known));
             Encoding::Length(known)
         }
-        None if matches!(*method, Method::GET | Method::HEAD | Method::CONNECT) => Encoding::Length(0),
+        None if *method == Method::CONNECT => Encoding::Length(0),
         None => {
             headers.insert(header::TRANSFER_ENCODING, http::HeaderValue::from_static("chunked"));
             headers.remove(header::CONTENT_LENGTH);
@@ -392,8 +393,11 @@ mod tests {
         assert_eq!(text, "PUT /up?x=1 HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n");
         assert_eq!(how, Encoding::Chunked, "a bad stated length gives way to chunked");
         let (text, how) = sent(Method::GET, &[], BodySize::Unknown);
+        assert_eq!(text, "GET /up?x=1 HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n");
+        assert_eq!(how, Encoding::Chunked, "a GET's body is sent as any other's");
+        let (text, how) = sent(Method::GET, &[], BodySize::Empty);
         assert_eq!(text, "GET /up?x=1 HTTP/1.1\r\n\r\n");
-        assert_eq!(how, Encoding::Length(0), "a GET's stream is sent as no body");
+        assert_eq!(how, Encoding::Length(0));
     }
 
     #[test]
