@@ -82,6 +82,9 @@ pub struct Metrics {
     pub buffered_bytes: Gauge,
     /// Bodies that fitted their upstream's buffer limit but streamed because `max_buffered_bytes` was reached.
     pub buffer_fallbacks: Counter,
+    /// PING frames with the ACK flag an HTTP/2 client sent beyond the one floodgate asks for (see
+    /// `server::h2_frames`).
+    pub http2_unsolicited_ping_acks: Counter,
     client_side: Arc<OutcomeCounters>,
 }
 
@@ -126,6 +129,7 @@ impl Metrics {
         let client_connections = Gauge::default();
         let buffered_bytes = Gauge::default();
         let buffer_fallbacks = Counter::default();
+        let http2_unsolicited_ping_acks = Counter::default();
         registry.register(
             "floodgate_requests",
             "Requests by how they ended (outcome) and the status class answered",
@@ -265,6 +269,12 @@ impl Metrics {
             replica_counts_refused.clone(),
         );
         registry.register(
+            "floodgate_http2_unsolicited_ping_acks",
+            "PING acknowledgements HTTP/2 clients sent for PINGs floodgate never sent; a connection that keeps \
+             sending them is closed",
+            http2_unsolicited_ping_acks.clone(),
+        );
+        registry.register(
             "floodgate_client_connections",
             "Open client connections",
             client_connections.clone(),
@@ -328,6 +338,7 @@ impl Metrics {
             client_connections,
             buffered_bytes,
             buffer_fallbacks,
+            http2_unsolicited_ping_acks,
             client_side,
         }
     }
