@@ -5,26 +5,16 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use support::h2_raw::{frame, hello, unsolicited_ping_acks};
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let mut out = (payload.len() as u32).to_be_bytes()[1..].to_vec();
-    out.extend([kind, flags]);
-    out.extend(stream.to_be_bytes());
-    out.extend_from_slice(payload);
-    out
-}
 
 /// An h2c client that sends the preface and its SETTINGS, then `then`, then nothing at all: it acknowledges
 /// nothing and answers no PING.
 async fn silent_h2c(addr: std::net::SocketAddr, then: &[u8]) -> TcpStream {
     let mut stream = TcpStream::connect(addr).await.unwrap();
-    let mut hello = PREFACE.to_vec();
-    hello.extend(frame(0x4, 0, 0, &[]));
+    let mut hello = hello();
     hello.extend_from_slice(then);
     stream.write_all(&hello).await.unwrap();
     stream
@@ -97,6 +87,58 @@ async fn an_http2_request_in_flight_is_not_cut_by_an_idle_or_goodbye_deadline() 
     // Longer than the idle timeout and its goodbye's grace together.
     let resp = h2.try_get("/delay/3500").await.unwrap();
     assert_eq!(resp.status, http::StatusCode::OK);
+}
+
+/// The lines of floodgate's log that speak of PINGs.
+fn ping_lines(output: &str) -> Vec<&str> {
+    output.lines().filter(|line| line.contains("PING")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_unsolicited_http2_ping_acks_is_counted_and_closed_and_writes_one_log_line() {
+    let upstream = Upstream::start().await;
+    // floodgate's own debug lines on, to see the one line it writes about the flood.
+    let proxy = Proxy::for_upstream_with_env(
+        &upstream,
+        2,
+        &["--client-idle-timeout", "60s"],
+        &[("FLOODGATE__LOG_LEVEL", "info,floodgate=debug")],
+    )
+    .await;
+    let mut stream = silent_h2c(proxy.listen, &[]).await;
+    // 10,000 acknowledgements of PINGs floodgate never sent, about 170 KB; writing may fail once floodgate closes.
+    let _ = stream.write_all(&unsolicited_ping_acks(10_000)).await;
+    let took = closed_within(&mut stream, Duration::from_secs(10)).await;
+    assert!(
+        took.is_some(),
+        "a connection flooding PING ACKs was still open after 10 s"
+    );
+    let counted = metric_sum(
+        &parse_metrics(&proxy.metrics().await),
+        "floodgate_http2_unsolicited_ping_acks_total",
+        &[],
+    );
+    assert!(
+        (1.0..=16.0).contains(&counted),
+        "{counted} unsolicited PING ACKs counted"
+    );
+    // Other clients are served as before, over HTTP/2 too.
+    let mut h2 = H2Conn::connect(proxy.listen).await;
+    assert_eq!(h2.try_get("/after").await.unwrap().status, http::StatusCode::OK);
+    let output = proxy.output();
+    let lines = ping_lines(&output);
+    assert_eq!(
+        lines.len(),
+        1,
+        "{} lines about PINGs, the first: {:?}",
+        lines.len(),
+        &lines[..lines.len().min(3)]
+    );
+    assert!(
+        lines[0].contains("never sent") && lines[0].contains("closing"),
+        "{}",
+        lines[0]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -513,21 +513,60 @@ fn replicas_dir(test: &str) -> (std::path::PathBuf, std::path::PathBuf) {
 
 /// Upstream `a` with a total of 6 connections shared by the replicas `count_file` counts every 100 ms.
 fn replicas_config(upstream: &Upstream, count_file: &std::path::Path) -> TempConfig {
-    TempConfig::new(&format!(
+    TempConfig::new(&replicas_text(&upstream.url(), 6, count_file, "100ms"))
+}
+
+/// Upstream `a` at `url` with a total of `total` connections shared by the replicas `count_file` counts every
+/// `interval`.
+fn replicas_text(url: &str, total: usize, count_file: &std::path::Path, interval: &str) -> String {
+    format!(
         r#"
 [upstreams.a]
-url = "{}"
-max_connections = 6
+url = "{url}"
+max_connections = {total}
 max_queue = 1000
 queue_timeout = "30s"
-replicas = {{ file = {:?}, interval = "100ms" }}
+replicas = {{ file = {:?}, interval = "{interval}" }}
 
 [[routes]]
 upstream = "a"
 "#,
-        upstream.url(),
         count_file.display().to_string()
-    ))
+    )
+}
+
+/// Puts `content` in the count file's place in one step (a rename), as a tool that keeps the file would, so that
+/// no read sees it half-written.
+fn put_count(count_file: &std::path::Path, content: &[u8]) {
+    let next = count_file.with_extension("next");
+    std::fs::write(&next, content).unwrap();
+    std::fs::rename(&next, count_file).unwrap();
+}
+
+/// Puts a symbolic link to `target` in the count file's place in one step.
+fn put_count_link(count_file: &std::path::Path, target: &std::path::Path) {
+    let next = count_file.with_extension("link");
+    let _ = std::fs::remove_file(&next);
+    std::os::unix::fs::symlink(target, &next).unwrap();
+    std::fs::rename(&next, count_file).unwrap();
+}
+
+/// `floodgate_replica_counts_refused_total` of upstream `a` for `reason`.
+async fn refused_counts(proxy: &Proxy, reason: &str) -> f64 {
+    metric_sum(
+        &parse_metrics(&proxy.metrics().await),
+        "floodgate_replica_counts_refused_total",
+        &[("upstream", "a"), ("reason", reason)],
+    )
+}
+
+/// The log lines that say a replica count was not taken.
+fn count_refusals_logged(proxy: &Proxy) -> usize {
+    proxy
+        .output()
+        .lines()
+        .filter(|line| line.contains("cannot take the replica count"))
+        .count()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -593,6 +632,122 @@ async fn a_replica_count_that_hangs_at_start_up_gives_the_least_share_until_a_la
     std::fs::write(&counted, "2\n").unwrap();
     std::fs::rename(&counted, &count_file).unwrap();
     proxy.wait_until_field("a", "max_connections", 3, WAIT).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_count_that_is_no_count_keeps_the_last_share_is_counted_and_logged_once_per_change() {
+    let upstream = Upstream::start().await;
+    let (dir, count_file) = replicas_dir("no-count");
+    std::fs::write(&count_file, "3\n").unwrap();
+    let config = TempConfig::new(&replicas_text(&upstream.url(), 12, &count_file, "100ms"));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    // 12 over 3 replicas.
+    assert_eq!(proxy.upstream_field("a", "max_connections").await, 4);
+    let load = Load::start(proxy.listen, 16, "/delay/10");
+    load.serve_more(20).await;
+    upstream.reset_peak_connections();
+
+    let past_usize = format!("{}0\n", usize::MAX);
+    let not_a_directory = dir.join("a-directory");
+    std::fs::create_dir_all(&not_a_directory).unwrap();
+    // Each is put in place in turn, with the reason floodgate refuses it for.
+    let no_counts: [(&str, &[u8], &str); 10] = [
+        ("abc", b"abc\n", "not_a_count"),
+        ("-1", b"-1\n", "not_a_count"),
+        ("4.0", b"4.0\n", "not_a_count"),
+        ("1e3", b"1e3\n", "not_a_count"),
+        ("4 replicas", b"4 replicas\n", "not_a_count"),
+        ("a NUL", b"\0", "not_a_count"),
+        ("a number past usize", past_usize.as_bytes(), "out_of_range"),
+        ("0", b"0\n", "out_of_range"),
+        ("nothing", b"", "not_a_count"),
+        ("32 MiB of one number", &vec![b'1'; 32 << 20], "too_long"),
+    ];
+    let peak_before = proxy.peak_rss_kib();
+    let mut reasons_in_turn = Vec::new();
+    for (what, content, reason) in no_counts {
+        let before = refused_counts(&proxy, reason).await;
+        put_count(&count_file, content);
+        // Read and refused, or (wrongly) taken: either shows in the metrics or in /status.
+        wait_until(&format!("a count of {what} read"), WAIT, || async {
+            refused_counts(&proxy, reason).await > before || proxy.upstream_field("a", "max_connections").await != 4
+        })
+        .await;
+        assert_eq!(
+            proxy.upstream_field("a", "max_connections").await,
+            4,
+            "a count of {what} changed the share"
+        );
+        assert_eq!(proxy.upstream_field("a", "replicas").await, 3, "after {what}");
+        reasons_in_turn.push(reason);
+    }
+    assert!(
+        proxy.peak_rss_kib() < peak_before + 16 * 1024,
+        "reading a 32 MiB count file took the peak RSS from {peak_before} to {} KiB",
+        proxy.peak_rss_kib()
+    );
+    // A directory and a device in the file's place are not read at all.
+    for (what, target) in [
+        ("a directory", not_a_directory.as_path()),
+        ("/dev/zero", std::path::Path::new("/dev/zero")),
+    ] {
+        let before = refused_counts(&proxy, "not_a_file").await;
+        put_count_link(&count_file, target);
+        wait_until(&format!("{what} refused"), WAIT, || async {
+            refused_counts(&proxy, "not_a_file").await > before
+        })
+        .await;
+        assert_eq!(proxy.upstream_field("a", "max_connections").await, 4, "after {what}");
+        reasons_in_turn.push("not_a_file");
+    }
+    // Refused again and again, it is logged once per change of reason, not once a read.
+    let before = refused_counts(&proxy, "not_a_file").await;
+    wait_until("five more reads refused", WAIT, || async {
+        refused_counts(&proxy, "not_a_file").await >= before + 5.0
+    })
+    .await;
+    reasons_in_turn.dedup();
+    assert_eq!(
+        count_refusals_logged(&proxy),
+        reasons_in_turn.len(),
+        "{reasons_in_turn:?}"
+    );
+    // Meanwhile the upstream saw this replica's share and no more.
+    load.serve_more(40).await;
+    assert!(
+        upstream.peak_connections() <= 4,
+        "{} connections",
+        upstream.peak_connections()
+    );
+
+    // A count again: put in force, and said once.
+    put_count(&count_file, b"2\n");
+    proxy.wait_until_field("a", "max_connections", 6, WAIT).await;
+    assert!(proxy.output().contains("replica count can be read again"));
+    load.finish_without_failures().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn check_refuses_a_replica_count_file_that_is_a_directory_or_a_device_and_an_interval_below_100ms() {
+    let (dir, count_file) = replicas_dir("check");
+    std::fs::write(&count_file, "2\n").unwrap();
+    let text = |file: &std::path::Path, interval: &str| replicas_text("http://127.0.0.1:9", 6, file, interval);
+    for file in [dir.as_path(), std::path::Path::new("/dev/zero")] {
+        let line = support::pki::assert_refused(&text(file, "1s"), "upstreams.a.replicas.file");
+        assert!(line.contains("regular file"), "{line}");
+    }
+    for interval in ["1ns", "99ms"] {
+        let line = support::pki::assert_refused(&text(&count_file, interval), "upstreams.a.replicas.interval");
+        assert!(line.contains("at least 100ms"), "{line}");
+    }
+    // A file that does not exist yet is taken, as before: it gives the least share until it can be read.
+    for file in [count_file.clone(), dir.join("not-yet")] {
+        let config = TempConfig::new(&text(&file, "100ms"));
+        let (status, _, stderr) = run_to_exit(&["check", "--config", &config.path_str()], WAIT);
+        assert!(status.success(), "{}: {stderr}", file.display());
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use http::{Request, StatusCode, Version};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use support::h2_raw;
 use support::pki::{self, assert_refused, TestCa};
 use support::*;
 use tokio::net::TcpStream;
@@ -82,6 +83,47 @@ async fn h1_send(
         .await
         .expect("response timed out")
         .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_a_flood_of_unsolicited_http2_ping_acks_is_counted_and_closed_too() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = Upstream::start().await;
+    let cert = TestCert::new();
+    let config = TempConfig::new(&config_text(&upstream.url(), &cert.cert_path(), &cert.key_path()));
+    let proxy = Proxy::start(&["--config", &config.path_str(), "--client-idle-timeout", "60s"]).await;
+    let mut tls = tls_connect(&cert.connector(&[b"h2"]), proxy.listen).await;
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let mut flood = h2_raw::hello();
+    flood.extend(h2_raw::unsolicited_ping_acks(10_000));
+    // Writing may fail once floodgate closes.
+    let _ = tls.write_all(&flood).await;
+    let _ = tls.flush().await;
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = tls.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "a TLS connection flooding PING ACKs was still open after 10 s"
+    );
+    let counted = metric_sum(
+        &parse_metrics(&proxy.metrics().await),
+        "floodgate_http2_unsolicited_ping_acks_total",
+        &[],
+    );
+    assert!(
+        (1.0..=16.0).contains(&counted),
+        "{counted} unsolicited PING ACKs counted"
+    );
+    let output = proxy.output();
+    let about_pings = output.lines().filter(|line| line.contains("PING")).count();
+    assert_eq!(about_pings, 0, "{about_pings} lines about PINGs at the default level");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -169,7 +169,7 @@ pub struct UpstreamConfig {
 }
 
 /// Where a replica counts floodgate's replicas: the addresses a DNS name resolves to (a headless Service of
-/// floodgate's pods), or a file holding the count (or one line per replica).
+/// floodgate's pods), or a file holding the count (or one address per replica, a line each).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReplicaSource {
@@ -183,8 +183,37 @@ pub struct ReplicaSource {
 }
 
 impl ReplicaSource {
+    /// The shortest `interval`: a count is read from a file or asked of DNS each time, and a shorter one would only
+    /// spend a thread's time on reads (a typo such as `1ns` would read without a pause).
+    pub const MIN_INTERVAL: Duration = Duration::from_millis(100);
+
     fn default_interval() -> Duration {
         Duration::from_secs(5)
+    }
+
+    /// Whether a file of this type can hold a count: a regular file, or a named pipe something writes the count
+    /// into. A directory has no count, and a device (`/dev/zero`) or a socket is read without end or forever.
+    pub fn can_hold_count(file_type: std::fs::FileType) -> bool {
+        use std::os::unix::fs::FileTypeExt;
+        file_type.is_file() || file_type.is_fifo()
+    }
+
+    /// What is wrong with `file` as a count's source, as far as can be told before it is read: it exists and is no
+    /// file a count can be read from. A file that does not exist (yet) is no problem here: it is read as it comes.
+    pub(super) fn file_problem(file: &std::path::Path) -> Option<String> {
+        use std::os::unix::fs::FileTypeExt;
+        let file_type = std::fs::metadata(file).ok()?.file_type();
+        let what = match file_type {
+            _ if Self::can_hold_count(file_type) => return None,
+            _ if file_type.is_dir() => "a directory",
+            _ if file_type.is_char_device() || file_type.is_block_device() => "a device",
+            _ if file_type.is_socket() => "a socket",
+            _ => "not a regular file",
+        };
+        Some(format!(
+            "{} is {what}: the count is read from a regular file (or a named pipe)",
+            file.display()
+        ))
     }
 }
 

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use super::{AccessLogTarget, Config, ConfigError, RouteConfig, MAX_PRIORITY};
+use super::{AccessLogTarget, Config, ConfigError, ReplicaSource, RouteConfig, MAX_PRIORITY};
 
 impl Config {
     /// Every problem with the values, in key order within each part; empty when the configuration is usable.
@@ -144,7 +144,17 @@ impl Config {
                 if replicas.dns.as_deref().is_some_and(|name| name.trim().is_empty()) {
                     problems.push(key("replicas.dns"), "must be a DNS name");
                 }
-                problems.duration(&key("replicas.interval"), replicas.interval, false);
+                if let Some(problem) = replicas.file.as_deref().and_then(ReplicaSource::file_problem) {
+                    problems.push(key("replicas.file"), problem);
+                }
+                if replicas.interval < ReplicaSource::MIN_INTERVAL {
+                    problems.push(
+                        key("replicas.interval"),
+                        format!("must be at least {}ms", ReplicaSource::MIN_INTERVAL.as_millis()),
+                    );
+                } else {
+                    problems.duration(&key("replicas.interval"), replicas.interval, false);
+                }
             }
             for (field, value, zero_allowed) in upstream.durations() {
                 problems.duration(&key(field), value, zero_allowed);

@@ -70,6 +70,8 @@ pub struct Metrics {
     tunnels_opened: Family<Labels, Counter>,
     tunnels_refused: Family<Labels, Counter>,
     tunnel_bytes: Family<Labels, Counter>,
+    /// Reads of a replica count refused, by upstream and reason (see `pool::replicas`).
+    replica_counts_refused: Family<Labels, Counter>,
     /// Per upstream and route, as the client sees it: its request's time and bytes both ways.
     request_duration: Family<Labels, Histogram, fn() -> Histogram>,
     request_bytes: Family<Labels, Counter>,
@@ -81,6 +83,9 @@ pub struct Metrics {
     pub buffered_bytes: Gauge,
     /// Bodies that fitted their upstream's buffer limit but streamed because `max_buffered_bytes` was reached.
     pub buffer_fallbacks: Counter,
+    /// PING frames with the ACK flag an HTTP/2 client sent beyond the one floodgate asks for (see
+    /// `server::h2_frames`).
+    pub http2_unsolicited_ping_acks: Counter,
     client_side: Arc<OutcomeCounters>,
 }
 
@@ -118,6 +123,7 @@ impl Metrics {
         let tunnels_opened = Family::<Labels, Counter>::default();
         let tunnels_refused = Family::<Labels, Counter>::default();
         let tunnel_bytes = Family::<Labels, Counter>::default();
+        let replica_counts_refused = Family::<Labels, Counter>::default();
         let request_duration =
             Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram as _);
         let request_bytes = Family::<Labels, Counter>::default();
@@ -125,6 +131,7 @@ impl Metrics {
         let client_connections = Gauge::default();
         let buffered_bytes = Gauge::default();
         let buffer_fallbacks = Counter::default();
+        let http2_unsolicited_ping_acks = Counter::default();
         registry.register(
             "floodgate_requests",
             "Requests by how they ended (outcome) and the status class answered",
@@ -265,6 +272,18 @@ impl Metrics {
             tunnel_bytes.clone(),
         );
         registry.register(
+            "floodgate_replica_counts_refused",
+            "Reads of an upstream's replica count that were not taken, by reason: unreadable, not_a_file, too_long, \
+             not_a_count or out_of_range; the count in force stays",
+            replica_counts_refused.clone(),
+        );
+        registry.register(
+            "floodgate_http2_unsolicited_ping_acks",
+            "PING acknowledgements HTTP/2 clients sent for PINGs floodgate never sent; a connection that keeps \
+             sending them is closed",
+            http2_unsolicited_ping_acks.clone(),
+        );
+        registry.register(
             "floodgate_client_connections",
             "Open client connections",
             client_connections.clone(),
@@ -321,6 +340,7 @@ impl Metrics {
             tunnels_opened,
             tunnels_refused,
             tunnel_bytes,
+            replica_counts_refused,
             request_duration,
             request_bytes,
             response_bytes,
@@ -328,6 +348,7 @@ impl Metrics {
             client_connections,
             buffered_bytes,
             buffer_fallbacks,
+            http2_unsolicited_ping_acks,
             client_side,
         }
     }
@@ -382,6 +403,10 @@ impl Metrics {
             tunnels_refused_upstream: self.tunnels_refused.get_or_create_owned(&reason("upstream")),
             tunnel_bytes_to_upstream: self.tunnel_bytes.get_or_create_owned(&direction("to_upstream")),
             tunnel_bytes_to_client: self.tunnel_bytes.get_or_create_owned(&direction("to_client")),
+            replica_counts: Arc::new(ReplicaCountFamily {
+                upstream: name.to_string(),
+                refused: self.replica_counts_refused.clone(),
+            }),
             routes: Arc::new(RouteFamilies {
                 upstream: name.to_string(),
                 duration: self.request_duration.clone(),
@@ -613,6 +638,7 @@ pub struct UpstreamMetrics {
     pub tunnels_refused_upstream: Counter,
     pub tunnel_bytes_to_upstream: Counter,
     pub tunnel_bytes_to_client: Counter,
+    replica_counts: Arc<ReplicaCountFamily>,
     routes: Arc<RouteFamilies>,
     endpoints: Arc<EndpointFamilies>,
 }
@@ -631,6 +657,20 @@ pub struct RouteMetrics {
     pub duration: Histogram,
     pub request_bytes: Counter,
     pub response_bytes: Counter,
+}
+
+/// The replica counts refused of one upstream, each reason's series made when its upstream first counts replicas:
+/// an upstream without `replicas` shows none.
+struct ReplicaCountFamily {
+    upstream: String,
+    refused: Family<Labels, Counter>,
+}
+
+impl ReplicaCountFamily {
+    fn counter(&self, reason: &'static str) -> Counter {
+        let labels = vec![("upstream", self.upstream.clone()), ("reason", reason.to_string())];
+        self.refused.get_or_create_owned(&labels)
+    }
 }
 
 /// The per-endpoint families, resolved at scrape time or on an ejection (never on a request's path).
@@ -716,6 +756,18 @@ impl UpstreamMetrics {
             request_bytes: self.routes.request_bytes.get_or_create_owned(&labels),
             response_bytes: self.routes.response_bytes.get_or_create_owned(&labels),
         }
+    }
+
+    /// The upstream counts its replicas: the refused counts of each of `reasons` are present at 0 from now.
+    pub fn replica_counts_known(&self, reasons: impl IntoIterator<Item = &'static str>) {
+        for reason in reasons {
+            let _ = self.replica_counts.counter(reason);
+        }
+    }
+
+    /// A replica count read for `reason` was not taken (at most once an `interval`, never on a request's path).
+    pub fn replica_count_refused(&self, reason: &'static str) {
+        self.replica_counts.counter(reason).inc();
     }
 
     /// The endpoint at `address` is one of the upstream's: its counters are present at 0 from now.

@@ -119,6 +119,8 @@ pub struct UpstreamPool {
     replicas: AtomicUsize,
     /// A task reads the replica count.
     replica_watch: std::sync::atomic::AtomicBool,
+    /// Why the last count read was not taken (`None` while counts are): what the log last said about the source.
+    replica_count_refused: Mutex<Option<replicas::Uncounted>>,
 }
 
 impl UpstreamPool {
@@ -228,6 +230,7 @@ impl UpstreamPool {
             tunnel_count,
             replicas: AtomicUsize::new(replicas),
             replica_watch: std::sync::atomic::AtomicBool::new(false),
+            replica_count_refused: Mutex::new(None),
         });
         {
             let state = pool.lock();

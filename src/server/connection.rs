@@ -18,7 +18,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::h2_frames::FrameWatch;
+use super::h2_frames::{FrameWatch, PingAcks};
 use super::{h1_conn, proxy_header, OpenClient};
 use crate::activity::{ClientActivity, Expired};
 use crate::body::ClientBody;
@@ -276,7 +276,11 @@ async fn serve_io<I>(
                 .max_header_list_size(u32::try_from(config.max_header_bytes).unwrap_or(u32::MAX))
                 // WebSockets over HTTP/2 (RFC 8441): an extended CONNECT becomes a tunnel (`proxy::tunnel`).
                 .enable_connect_protocol();
-            let conn = builder.serve_connection(TokioIo::new(FrameWatch::new(io, activity.clone())), service);
+            // No keep-alive or adaptive-window PINGs: the goodbye's is the one PING floodgate sends, which bounds the
+            // acknowledgements a client may send before `h2_frames` counts them as unsolicited.
+            let ping_acks = PingAcks::new(proxy.metrics.http2_unsolicited_ping_acks.clone(), peer);
+            let watched = FrameWatch::new(io, activity.clone(), ping_acks);
+            let conn = builder.serve_connection(TokioIo::new(watched), service);
             drive(conn, deadlines, goodbye, shutdown, |c| c.graceful_shutdown()).await
         }
     };

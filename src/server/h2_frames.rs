@@ -1,15 +1,25 @@
-//! Where an HTTP/2 client is in its header blocks, read off the frame headers as the bytes go by (after TLS), so
-//! that `header_read_timeout` bounds an HTTP/2 request head as it bounds an HTTP/1 one.
+//! What an HTTP/2 client's frame headers say as the bytes go by (after TLS): where it is in its header blocks, so
+//! that `header_read_timeout` bounds an HTTP/2 request head as it bounds an HTTP/1 one, and how many PINGs it
+//! acknowledged, so that acknowledgements floodgate never asked for are counted and bounded.
 //!
 //! A HEADERS frame without END_HEADERS opens a header block that only CONTINUATION frames may follow until one
 //! carries END_HEADERS (RFC 9113 §6.2, §6.10): while it is open the connection can do nothing else, and hyper
 //! hands nothing over, so a client that stops there would otherwise hold its connection until it chose to go on.
+//!
+//! floodgate sends at most one PING on a client connection, its goodbye's (hyper's keep-alive and BDP pings are
+//! not turned on), so a well-behaved client acknowledges one at most. The protocol asks nothing of a receiver of
+//! any other, and h2 ignores them but for a warning each (which `config::log_level` keeps out of the log): each is
+//! counted here instead (`floodgate_http2_unsolicited_ping_acks_total`), and a client that sends more than
+//! [`UNSOLICITED_PING_ACKS_TOLERATED`] of them is closed.
+//!
 //! Only the 9-byte frame headers are read here; hyper's HTTP/2 layer still parses and judges everything.
 
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::activity::ClientActivity;
@@ -19,6 +29,15 @@ const FRAME_HEADER_BYTES: usize = 9;
 const HEADERS: u8 = 0x1;
 const CONTINUATION: u8 = 0x9;
 const END_HEADERS: u8 = 0x4;
+const PING: u8 = 0x6;
+const ACK: u8 = 0x1;
+
+/// PING acknowledgements floodgate may have asked for on one connection: its goodbye's PING.
+const SOLICITED_PING_ACKS: u32 = 1;
+
+/// PING acknowledgements beyond the solicited one a connection may send before it is closed: a few for a confused
+/// client's sake, far too few to matter as work or as log lines.
+pub const UNSOLICITED_PING_ACKS_TOLERATED: u32 = 10;
 
 /// Follows the frame boundaries of a client's byte stream.
 #[derive(Debug)]
@@ -37,6 +56,15 @@ enum Block {
     Closed,
 }
 
+/// What one read's frame headers said.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Seen {
+    /// The last change of header-block state, if any.
+    block: Option<Block>,
+    /// PING frames with the ACK flag.
+    ping_acks: u32,
+}
+
 impl FrameHeaders {
     fn new() -> Self {
         FrameHeaders {
@@ -48,9 +76,9 @@ impl FrameHeaders {
         }
     }
 
-    /// Reads `bytes` and reports the last change of block state among them, if any.
-    fn feed(&mut self, mut bytes: &[u8]) -> Option<Block> {
-        let mut change = None;
+    /// Reads `bytes` and reports what their frame headers said.
+    fn feed(&mut self, mut bytes: &[u8]) -> Seen {
+        let mut seen = Seen::default();
         while !bytes.is_empty() {
             if self.preface_left > 0 {
                 let skipped = self.preface_left.min(bytes.len());
@@ -86,33 +114,85 @@ impl FrameHeaders {
             match kind {
                 HEADERS if !ends_block && !self.in_block => {
                     self.in_block = true;
-                    change = Some(Block::Opened);
+                    seen.block = Some(Block::Opened);
                 }
                 CONTINUATION if ends_block && self.in_block => {
                     self.in_block = false;
-                    change = Some(Block::Closed);
+                    seen.block = Some(Block::Closed);
                 }
+                PING if flags & ACK != 0 => seen.ping_acks = seen.ping_acks.saturating_add(1),
                 _ => {}
             }
         }
-        change
+        seen
+    }
+}
+
+/// Why a client connection was closed under hyper: it kept acknowledging PINGs floodgate never sent.
+#[derive(Debug, thiserror::Error)]
+#[error("the client acknowledged more than {UNSOLICITED_PING_ACKS_TOLERATED} PINGs floodgate never sent")]
+pub struct PingAckFlood;
+
+/// One connection's PING acknowledgements, against what floodgate asked for.
+pub struct PingAcks {
+    seen: u32,
+    /// `floodgate_http2_unsolicited_ping_acks_total`, resolved once for every connection.
+    unsolicited: Counter,
+    peer: SocketAddr,
+}
+
+impl PingAcks {
+    pub fn new(unsolicited: Counter, peer: SocketAddr) -> Self {
+        PingAcks {
+            seen: 0,
+            unsolicited,
+            peer,
+        }
+    }
+
+    /// Counts `acks` more; past the tolerated number the connection is to close (said once, at `debug`: the
+    /// client's doing, counted in the metric).
+    fn acknowledged(&mut self, acks: u32) -> Result<(), PingAckFlood> {
+        let flooded = |seen: u32| seen > SOLICITED_PING_ACKS + UNSOLICITED_PING_ACKS_TOLERATED;
+        if acks == 0 {
+            return if flooded(self.seen) { Err(PingAckFlood) } else { Ok(()) };
+        }
+        // Counted up to the one that closes the connection: the rest of the read is never handed on.
+        let unsolicited = |seen: u32| {
+            seen.saturating_sub(SOLICITED_PING_ACKS)
+                .min(UNSOLICITED_PING_ACKS_TOLERATED + 1)
+        };
+        let before = self.seen;
+        self.seen = self.seen.saturating_add(acks);
+        self.unsolicited
+            .inc_by(u64::from(unsolicited(self.seen) - unsolicited(before)));
+        if flooded(self.seen) {
+            if !flooded(before) {
+                tracing::debug!(peer = %self.peer, "{PingAckFlood}; closing");
+            }
+            return Err(PingAckFlood);
+        }
+        Ok(())
     }
 }
 
 /// An HTTP/2 connection's stream (plain or TLS), read through a [`FrameHeaders`] that tells the connection's
-/// [`ClientActivity`] when a header block opens and closes.
+/// [`ClientActivity`] when a header block opens and closes, and counts its PING acknowledgements: a read that takes
+/// them past the bound fails, which ends hyper's connection and closes the socket.
 pub struct FrameWatch<I> {
     inner: I,
     frames: FrameHeaders,
     activity: Arc<ClientActivity>,
+    ping_acks: PingAcks,
 }
 
 impl<I> FrameWatch<I> {
-    pub fn new(inner: I, activity: Arc<ClientActivity>) -> Self {
+    pub fn new(inner: I, activity: Arc<ClientActivity>, ping_acks: PingAcks) -> Self {
         FrameWatch {
             inner,
             frames: FrameHeaders::new(),
             activity,
+            ping_acks,
         }
     }
 }
@@ -122,12 +202,18 @@ impl<I: AsyncRead + Unpin> AsyncRead for FrameWatch<I> {
         let this = &mut *self;
         let before = buf.filled().len();
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if let Some(read) = buf.filled().get(before..) {
-            match this.frames.feed(read) {
-                Some(Block::Opened) => this.activity.header_block_started(),
-                Some(Block::Closed) => this.activity.header_block_ended(),
-                None => {}
-            }
+        let seen = buf
+            .filled()
+            .get(before..)
+            .map(|read| this.frames.feed(read))
+            .unwrap_or_default();
+        match seen.block {
+            Some(Block::Opened) => this.activity.header_block_started(),
+            Some(Block::Closed) => this.activity.header_block_ended(),
+            None => {}
+        }
+        if let Err(flood) = this.ping_acks.acknowledged(seen.ping_acks) {
+            return Poll::Ready(Err(std::io::Error::new(std::io::ErrorKind::InvalidData, flood)));
         }
         polled
     }
@@ -182,7 +268,7 @@ mod tests {
         let mut frames = FrameHeaders::new();
         let mut seen = Vec::new();
         for chunk in [bytes, opened, more, closed].concat().chunks(1) {
-            seen.extend(frames.feed(chunk));
+            seen.extend(frames.feed(chunk).block);
         }
         assert_eq!(seen, [Block::Opened, Block::Closed]);
     }
@@ -194,7 +280,39 @@ mod tests {
         bytes.extend(frame(HEADERS, END_HEADERS, &[0x82; 20]));
         bytes.extend(frame(0x6, 0, &[0; 8])); // PING
         bytes.extend(frame(0x0, 0, &[7; 100])); // DATA
-        assert_eq!(frames.feed(&bytes), None);
+        assert_eq!(frames.feed(&bytes), Seen::default());
         assert!(!frames.in_block);
+    }
+
+    #[test]
+    fn ping_acks_are_counted_whole_or_split_and_pings_asking_for_one_are_not() {
+        let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        bytes.extend(frame(PING, 0, &[1; 8]));
+        bytes.extend(frame(PING, ACK, &[2; 8]));
+        bytes.extend(frame(0x4, ACK, &[])); // a SETTINGS ACK
+        bytes.extend(frame(PING, ACK, &[3; 8]));
+        let mut frames = FrameHeaders::new();
+        assert_eq!(frames.feed(&bytes).ping_acks, 2);
+        let mut frames = FrameHeaders::new();
+        let split: u32 = bytes.chunks(5).map(|chunk| frames.feed(chunk).ping_acks).sum();
+        assert_eq!(split, 2);
+    }
+
+    #[test]
+    fn the_solicited_ack_is_free_and_the_one_past_the_tolerated_closes_once_counted() {
+        let counter = Counter::default();
+        let mut acks = PingAcks::new(counter.clone(), "127.0.0.1:1".parse().unwrap());
+        assert!(acks.acknowledged(SOLICITED_PING_ACKS).is_ok());
+        assert_eq!(counter.get(), 0, "the goodbye's own ACK is not counted");
+        assert!(acks.acknowledged(UNSOLICITED_PING_ACKS_TOLERATED).is_ok());
+        assert_eq!(counter.get(), u64::from(UNSOLICITED_PING_ACKS_TOLERATED));
+        // Many in one read: the one past the bound is counted, the rest never reach hyper.
+        assert!(acks.acknowledged(500).is_err());
+        assert_eq!(counter.get(), u64::from(UNSOLICITED_PING_ACKS_TOLERATED) + 1);
+        assert!(
+            acks.acknowledged(0).is_err(),
+            "a connection past the bound stays refused"
+        );
+        assert_eq!(counter.get(), u64::from(UNSOLICITED_PING_ACKS_TOLERATED) + 1);
     }
 }

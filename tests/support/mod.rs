@@ -5,7 +5,7 @@
 //! * [`Proxy`]: launches the `floodgate` binary on ephemeral ports and talks to
 //!   its admin listener.
 //! * Clients: [`H1Conn`] / [`H2Conn`] (hyper client connections) and
-//!   [`RawConn`] (bytes on a TCP socket, for malformed requests).
+//!   [`RawConn`] (bytes on a TCP socket, for malformed requests), and [`h2_raw`]'s HTTP/2 frames.
 //! * [`wait_until`]: poll a condition with a deadline (tests never sleep to
 //!   synchronise).
 //! * [`pki`]: a CA and certificates made at test time, TLS clients, and the
@@ -17,6 +17,7 @@
 pub mod chaos;
 pub mod early;
 pub mod flood;
+pub mod h2_raw;
 pub mod pki;
 pub mod scripted;
 pub mod websocket;
