@@ -80,7 +80,8 @@ pub(crate) async fn send(
     // What of the body is already read goes out with the head, as one piece (one chunk); a large piece goes out as
     // it is, between its framing (in `out` before it, in `tail` after it). Read before the head is written, so
     // that a body that turned out empty (an HTTP/2 GET whose stream ended with no data) is sent as none.
-    let mut first_done = body.is_end_stream();
+    let ended_at_start = body.is_end_stream();
+    let mut first_done = ended_at_start;
     let mut gathered = BytesMut::new();
     let mut large = Bytes::new();
     while !first_done && gathered.len() < COALESCE {
@@ -102,8 +103,10 @@ pub(crate) async fn send(
     let piece = if large.is_empty() { gathered.freeze() } else { large };
     // The body's framing follows the body, whatever the method: a GET that carries one (RFC 9110 §9.3.1 gives it no
     // meaning, and a proxy forwards it) sends it, however its bytes are timed.
-    // A body read whole keeps the framing its client gave it (buffering changes nothing the upstream reads).
-    let size = if first_done && piece.is_empty() {
+    // A body read whole keeps the framing its client gave it (buffering changes nothing the upstream reads): an
+    // empty chunked POST goes chunked. Only a GET or HEAD whose stream turned out empty goes as none, as it did.
+    let bodiless = matches!(parts.method, Method::GET | Method::HEAD);
+    let size = if ended_at_start || (bodiless && first_done && piece.is_empty()) {
         BodySize::Empty
     } else {
         declared.map_or(BodySize::Unknown, BodySize::Known)
