@@ -5,6 +5,7 @@
 //! graceful shutdown. It never takes an upstream slot: requests are handed to the [`Proxy`], which admits them.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +19,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::h1_strict::{self, StrictRequests};
 use super::h2_frames::{FrameWatch, PingAcks};
 use super::{h1_conn, proxy_header, OpenClient};
 use crate::activity::{ClientActivity, Expired};
@@ -193,6 +195,10 @@ fn own_http1(
     }
 }
 
+const ASKED_NOTHING: u8 = 0;
+const ASKED_UPGRADE: u8 = 1;
+const ASKED_CONNECT: u8 = 2;
+
 /// What is known of a connection once its protocol is.
 struct Conn {
     /// The socket under the stream hyper drives, watched for an HTTP/1 client leaving while its request is queued.
@@ -234,9 +240,36 @@ async fn serve_io<I>(
     // for, whatever (close_notify included) comes before it.
     let http1_stream = (protocol == Protocol::Http1).then_some(stream);
     let client = Arc::new(ClientInfo::new(peer, proxy.is_trusted(peer.ip()), http1_stream).over_tls(tls));
+    // What the HTTP/1 request being answered asked of an upgrade (hyper answers one at a time): a refused upgrade
+    // ends the connection, since `StrictRequests` no longer reads what follows such a request.
+    let asked = Arc::new(AtomicU8::new(ASKED_NOTHING));
+    let answered = asked.clone();
     let service = TowerToHyperService::new(
         tower::ServiceBuilder::new()
+            .map_response(move |mut response: http::Response<_>| {
+                let connect = match answered.swap(ASKED_NOTHING, Ordering::Relaxed) {
+                    ASKED_UPGRADE => false,
+                    ASKED_CONNECT => true,
+                    _ => return response,
+                };
+                if h1_strict::refused_upgrade(response.status(), connect) {
+                    response
+                        .headers_mut()
+                        .insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+                }
+                response
+            })
             .map_request(move |request: http::Request<hyper::body::Incoming>| {
+                if protocol == Protocol::Http1 {
+                    let upgrade = request.version() == http::Version::HTTP_11
+                        && request.headers().contains_key(http::header::UPGRADE);
+                    let asks = match (request.method() == http::Method::CONNECT, upgrade) {
+                        (true, _) => ASKED_CONNECT,
+                        (false, true) => ASKED_UPGRADE,
+                        (false, false) => ASKED_NOTHING,
+                    };
+                    asked.store(asks, Ordering::Relaxed);
+                }
                 let mut request = request.map(ClientBody::Hyper);
                 // An HTTP/1 upgrade ends hyper's connection, not the client's: its tunnel holds its place.
                 if protocol == Protocol::Http1 && request.headers().contains_key(http::header::UPGRADE) {
@@ -260,7 +293,8 @@ async fn serve_io<I>(
                 .max_header_size(config.max_header_bytes)
                 .keep_alive(true);
             // A 101 hands the connection to the tunnel's task (`proxy::tunnel`), and this one ends.
-            let conn = builder.serve_connection(TokioIo::new(io), service).with_upgrades();
+            let strict = StrictRequests::new(io, config.max_header_bytes);
+            let conn = builder.serve_connection(TokioIo::new(strict), service).with_upgrades();
             drive(conn, deadlines, goodbye, shutdown, |c| c.graceful_shutdown()).await
         }
         Protocol::Http2 => {

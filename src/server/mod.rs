@@ -7,6 +7,7 @@
 
 mod connection;
 mod h1_conn;
+mod h1_strict;
 mod h2_frames;
 mod proxy_header;
 
