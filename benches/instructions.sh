@@ -36,8 +36,11 @@ sleep 0.5
 count() {
   local binary=$1 requests=$2 listen admin pid
   listen=$(port); admin=$(port)
+  # The allocator's tuning given here: floodgate would otherwise start itself again with it (src/allocator.rs),
+  # through /proc/self/exe, which under valgrind is valgrind's own binary.
   # shellcheck disable=SC2086
-  valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file="$work/out" \
+  _RJEM_MALLOC_CONF=${_RJEM_MALLOC_CONF:-dirty_decay_ms:1000,muzzy_decay_ms:0} \
+    valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file="$work/out" \
     "$binary" --listen "127.0.0.1:$listen" --admin "127.0.0.1:$admin" --upstream "http://127.0.0.1:$up_port" \
     --max-connections 8 --threads 1 ${FLOODGATE_FLAGS:-} >"$work/log" 2>&1 &
   pid=$!
