@@ -189,6 +189,44 @@ macro_rules! forward_to_any {
     )*};
 }
 
+/// What both readers do alike whatever they hold: the shapes that read as any value, or as a sequence.
+macro_rules! forward_shapes {
+    () => {
+        fn deserialize_ignored_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Refusal> {
+            visitor.visit_unit()
+        }
+
+        forward_to_any!(deserialize_char deserialize_str deserialize_string deserialize_bytes deserialize_byte_buf
+            deserialize_unit deserialize_map deserialize_identifier);
+
+        fn deserialize_unit_struct<V: Visitor<'de>>(self, _: &'static str, visitor: V) -> Result<V::Value, Refusal> {
+            self.deserialize_any(visitor)
+        }
+
+        fn deserialize_tuple<V: Visitor<'de>>(self, _: usize, visitor: V) -> Result<V::Value, Refusal> {
+            self.deserialize_seq(visitor)
+        }
+
+        fn deserialize_tuple_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            _: usize,
+            visitor: V,
+        ) -> Result<V::Value, Refusal> {
+            self.deserialize_seq(visitor)
+        }
+
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            _: &'static [&'static str],
+            visitor: V,
+        ) -> Result<V::Value, Refusal> {
+            self.deserialize_any(visitor)
+        }
+    };
+}
+
 impl<'de> NodeReader<'de> {
     fn integer<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Refusal> {
         match &self.node.value {
@@ -272,38 +310,7 @@ impl<'de> de::Deserializer<'de> for NodeReader<'de> {
         }
     }
 
-    fn deserialize_ignored_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Refusal> {
-        visitor.visit_unit()
-    }
-
-    forward_to_any!(deserialize_char deserialize_str deserialize_string deserialize_bytes deserialize_byte_buf
-        deserialize_unit deserialize_map deserialize_identifier);
-
-    fn deserialize_unit_struct<V: Visitor<'de>>(self, _: &'static str, visitor: V) -> Result<V::Value, Refusal> {
-        self.deserialize_any(visitor)
-    }
-
-    fn deserialize_tuple<V: Visitor<'de>>(self, _: usize, visitor: V) -> Result<V::Value, Refusal> {
-        self.deserialize_seq(visitor)
-    }
-
-    fn deserialize_tuple_struct<V: Visitor<'de>>(
-        self,
-        _: &'static str,
-        _: usize,
-        visitor: V,
-    ) -> Result<V::Value, Refusal> {
-        self.deserialize_seq(visitor)
-    }
-
-    fn deserialize_struct<V: Visitor<'de>>(
-        self,
-        _: &'static str,
-        _: &'static [&'static str],
-        visitor: V,
-    ) -> Result<V::Value, Refusal> {
-        self.deserialize_any(visitor)
-    }
+    forward_shapes!();
 }
 
 /// A file's integers fit an i64; a variable's may not, and the key's type then says it is too large.
@@ -395,38 +402,7 @@ impl<'de> de::Deserializer<'de> for TextReader<'de> {
             .map_err(|refusal: Refusal| refusal.at(&self.key))
     }
 
-    fn deserialize_ignored_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Refusal> {
-        visitor.visit_unit()
-    }
-
-    forward_to_any!(deserialize_char deserialize_str deserialize_string deserialize_bytes deserialize_byte_buf
-        deserialize_unit deserialize_map deserialize_identifier);
-
-    fn deserialize_unit_struct<V: Visitor<'de>>(self, _: &'static str, visitor: V) -> Result<V::Value, Refusal> {
-        self.deserialize_any(visitor)
-    }
-
-    fn deserialize_tuple<V: Visitor<'de>>(self, _: usize, visitor: V) -> Result<V::Value, Refusal> {
-        self.deserialize_seq(visitor)
-    }
-
-    fn deserialize_tuple_struct<V: Visitor<'de>>(
-        self,
-        _: &'static str,
-        _: usize,
-        visitor: V,
-    ) -> Result<V::Value, Refusal> {
-        self.deserialize_seq(visitor)
-    }
-
-    fn deserialize_struct<V: Visitor<'de>>(
-        self,
-        _: &'static str,
-        _: &'static [&'static str],
-        visitor: V,
-    ) -> Result<V::Value, Refusal> {
-        self.deserialize_any(visitor)
-    }
+    forward_shapes!();
 }
 
 struct TableReader<'a> {
