@@ -126,6 +126,46 @@ async fn over_tls_a_flood_of_unsolicited_http2_ping_acks_is_counted_and_closed_t
     assert_eq!(about_pings, 0, "{about_pings} lines about PINGs at the default level");
 }
 
+/// TLS clients are served by hyper's HTTP/1 server, which read a bare LF ending a trailer line as a line's end and
+/// the request pipelined behind it as trailers; floodgate's own reader, in front of it, refuses the body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_a_bare_lf_in_trailers_is_refused_and_the_request_behind_it_never_read() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = Upstream::start().await;
+    let cert = TestCert::new();
+    let config = TempConfig::new(&config_text(&upstream.url(), &cert.cert_path(), &cert.key_path()));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let mut tls = tls_connect(&cert.connector(&[b"http/1.1"]), proxy.listen).await;
+    tls.write_all(
+        b"POST /echo/tls HTTP/1.1\r\nHost: client.test\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nx-t: 1\n\r\n\
+          GET /smuggled HTTP/1.1\r\nHost: client.test\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut got = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut buf = [0u8; 4096];
+        // A close without close_notify reads as an error: either way the connection is over.
+        while let Ok(n) = tls.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the connection was left open");
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert_eq!(text.matches("HTTP/1.1 ").count(), 1, "{text}");
+    let reached: Vec<_> = upstream
+        .recorded()
+        .into_iter()
+        .filter(|r| r.uri.starts_with("/echo") || r.uri.starts_with("/smuggled"))
+        .collect();
+    assert!(reached.is_empty(), "{reached:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_over_http1_and_h2_reaches_the_upstream_within_the_cap() {
     let upstream = Upstream::start().await;
