@@ -40,6 +40,10 @@ pub enum ProxyError {
     AuthorityFormTarget,
     #[error("request target has a scheme other than http or https")]
     UnsupportedScheme,
+    /// A target that cannot be routed as every upstream would read it: its path climbs above the root or hides a
+    /// dot segment where another reader would find one (see `forward::resolve_dot_segments`).
+    #[error("invalid request target: {0}")]
+    InvalidTarget(&'static str),
     #[error("request body uses a transfer coding other than chunked")]
     UnsupportedTransferCoding,
     #[error("the client's request body failed: {0}")]
@@ -211,6 +215,7 @@ impl ProxyError {
             ProxyError::AsteriskTarget => "request target * is only for OPTIONS\n",
             ProxyError::AuthorityFormTarget => "request target in authority form is only for CONNECT\n",
             ProxyError::UnsupportedScheme => "request target scheme is not http or https\n",
+            ProxyError::InvalidTarget(_) => "invalid request target\n",
             ProxyError::UnsupportedTransferCoding => "transfer coding not supported\n",
             ProxyError::ClientBody(_) => "bad request body\n",
             ProxyError::ClientBodyTimeout(_) | ProxyError::ClientTooSlow(_) => "request body timeout\n",
@@ -243,6 +248,7 @@ impl ProxyError {
             | ProxyError::AsteriskTarget
             | ProxyError::AuthorityFormTarget
             | ProxyError::UnsupportedScheme
+            | ProxyError::InvalidTarget(_)
             | ProxyError::ClientBody(_) => Outcome::BadRequest,
             ProxyError::UnsupportedTransferCoding => Outcome::NotImplemented,
             ProxyError::ClientBodyTimeout(_) | ProxyError::ClientTooSlow(_) => Outcome::ClientTimeout,

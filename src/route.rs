@@ -1,10 +1,11 @@
 //! Routing: which upstream a request goes to.
 //!
-//! Owns the matching rules: Host compared case-insensitively with any port and a trailing dot ignored
-//! (`:authority` for HTTP/2), path prefixes matched on segment boundaries, the most specific route first, and the
-//! upstreams those routes lead to, with what each route sets for its requests ([`RouteSettings`]: timeouts, a
-//! prefix to strip, header fields to set or remove). A reload replaces the whole router at once, so a request sees
-//! either the old routes and pools or the new ones. It never changes the request: `proxy` applies the settings.
+//! Owns the matching rules: Host compared case-insensitively with any port and a trailing dot ignored (`:authority` for
+//! HTTP/2), path prefixes matched on segment boundaries (of a path whose dot segments the proxy has resolved,
+//! `forward::resolve_dot_segments`, so the path matched is the one forwarded), the most specific route first, and the
+//! upstreams those routes lead to, with what each route sets for its requests ([`RouteSettings`]: timeouts, a prefix to
+//! strip, header fields to set or remove). A reload replaces the whole router at once, so a request sees either the old
+//! routes and pools or the new ones. It never changes the request: `proxy` applies the settings.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -1,5 +1,7 @@
 //! The `request_head` target: bytes from a client socket through hyper's HTTP/1 server, the way a floodgate
-//! listener serves them, then floodgate's own steps before admission (tunnel check, route, rewrite).
+//! listener serves them, then floodgate's own steps before admission (tunnel check, target, route, rewrite). The
+//! path goes upstream as RFC 3986 §5.2.4 resolves it, found here apart from floodgate's code
+//! (`upstream_head::routed_target`), and a target it cannot resolve is refused.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -121,11 +123,16 @@ async fn on_request(proxy: &Proxy, client: &ClientInfo, request: Request<Incomin
     let client_head = ClientHead::of(&parts);
     // An upgrade is served as a tunnel before this step (`proxy::tunnel`); here it is an ordinary request.
     let tunnel = parts.method == Method::CONNECT;
+    // What the path must be routed and forwarded as, its dot segments resolved; `None`: it must be refused.
+    let routed = upstream_head::routed_target(&client_head.uri);
     match proxy.prepare(Request::from_parts(parts, crate::body::ClientBody::Hyper(body)), client) {
         Ok((pool, _, upstream_request)) => {
             assert!(!tunnel, "a tunnel request is forwarded");
+            let Some(routed) = routed else {
+                panic!("a target that must be refused is forwarded: {client_head:?}");
+            };
             let (sent, body) = upstream_request.into_parts();
-            upstream_head::check(&client_head, &sent, client, &pool.authority);
+            upstream_head::check(&client_head.as_routed(&routed), &sent, client, &pool.authority);
             // hyper has already resolved the framing: one Content-Length, a plain number.
             let lengths: Vec<_> = sent.headers.get_all(header::CONTENT_LENGTH).iter().collect();
             assert!(
@@ -192,6 +199,9 @@ async fn on_request(proxy: &Proxy, client: &ClientInfo, request: Request<Incomin
                     .all(|c| c.eq_ignore_ascii_case(b"chunked") || c.eq_ignore_ascii_case(b"identity")),
                 "refused for a transfer coding: {client_head:?}"
             );
+        }
+        Err(ProxyError::InvalidTarget(why)) => {
+            assert!(routed.is_none(), "refused for its target ({why}): {client_head:?}")
         }
         Err(ProxyError::AsteriskTarget) => assert!(
             client_head.uri.path() == "*" && client_head.method != Method::OPTIONS,

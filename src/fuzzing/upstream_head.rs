@@ -24,6 +24,87 @@ impl ClientHead {
             headers: parts.headers.clone(),
         }
     }
+
+    /// The head with `routed` (from [`routed_target`]) as its path and query: what the upstream is to get.
+    pub fn as_routed(&self, routed: &str) -> ClientHead {
+        let mut uri = self.uri.clone();
+        if self
+            .uri
+            .path_and_query()
+            .is_some_and(|target| target.as_str() != routed)
+        {
+            let mut parts = self.uri.clone().into_parts();
+            parts.path_and_query = http::uri::PathAndQuery::try_from(routed).ok();
+            match Uri::from_parts(parts) {
+                Ok(resolved) => uri = resolved,
+                Err(err) => panic!("the resolved target {routed:?} is no target: {err}"),
+            }
+        }
+        ClientHead {
+            method: self.method.clone(),
+            uri,
+            version: self.version,
+            headers: self.headers.clone(),
+        }
+    }
+}
+
+/// The path and query as floodgate must route and forward them, by RFC 3986 §5.2.4's own steps (an input and an
+/// output buffer), each segment that is only dots, as they are or as `%2e`, read as that dot segment; `None` when
+/// the target must be refused: a path that climbs above the root, or a segment with a dot segment between `%2f`,
+/// `%5c`, `\` or `;`. Written apart from `forward::path`, which it judges.
+pub(super) fn routed_target(uri: &Uri) -> Option<String> {
+    let Some(target) = uri.path_and_query() else {
+        return Some(String::new());
+    };
+    let path = uri.path();
+    let query = uri.query().map(|query| format!("?{query}")).unwrap_or_default();
+    let Some(segments) = path.strip_prefix('/') else {
+        return Some(target.as_str().to_string());
+    };
+    let as_dots = |segment: &str| -> Option<&'static str> {
+        match segment.to_ascii_lowercase().replace("%2e", ".").as_str() {
+            "." => Some("."),
+            ".." => Some(".."),
+            _ => None,
+        }
+    };
+    let mut written = Vec::new();
+    for segment in segments.split('/') {
+        let lower = segment.to_ascii_lowercase();
+        let parts = lower.replace("%2f", "/").replace("%5c", "/").replace(['\\', ';'], "/");
+        if parts.contains('/') && parts.split('/').any(|part| as_dots(part).is_some()) {
+            return None;
+        }
+        written.push(as_dots(segment).unwrap_or(segment));
+    }
+    let mut input = format!("/{}", written.join("/"));
+    let mut output = String::new();
+    let mut climbed = false;
+    let mut remove_last = |output: &mut String| match output.rfind('/') {
+        Some(at) => output.truncate(at),
+        None => climbed = true,
+    };
+    while !input.is_empty() {
+        if input.starts_with("/./") {
+            input.replace_range(..3, "/");
+        } else if input == "/." {
+            input = "/".to_string();
+        } else if input.starts_with("/../") {
+            input.replace_range(..4, "/");
+            remove_last(&mut output);
+        } else if input == "/.." {
+            input = "/".to_string();
+            remove_last(&mut output);
+        } else {
+            let end = input
+                .get(1..)
+                .and_then(|rest| rest.find('/'))
+                .map_or(input.len(), |at| at + 1);
+            output.extend(input.drain(..end));
+        }
+    }
+    (!climbed).then(|| format!("{output}{query}"))
 }
 
 /// RFC 9110 §7.6.1 and the obsolete ones still seen on the wire.
