@@ -46,6 +46,10 @@ pub enum ProxyError {
     InvalidTarget(&'static str),
     #[error("request body uses a transfer coding other than chunked")]
     UnsupportedTransferCoding,
+    /// `chunked` applied more than once (RFC 9112 §6.1 forbids it): decoded once, the inner framing would be taken
+    /// for the content.
+    #[error("request body is chunked more than once")]
+    ChunkedTwice,
     #[error("the client's request body failed: {0}")]
     ClientBody(String),
     #[error("the client's request body made no progress for {0:?}")]
@@ -217,6 +221,7 @@ impl ProxyError {
             ProxyError::UnsupportedScheme => "request target scheme is not http or https\n",
             ProxyError::InvalidTarget(_) => "invalid request target\n",
             ProxyError::UnsupportedTransferCoding => "transfer coding not supported\n",
+            ProxyError::ChunkedTwice => "transfer coding chunked applied more than once\n",
             ProxyError::ClientBody(_) => "bad request body\n",
             ProxyError::ClientBodyTimeout(_) | ProxyError::ClientTooSlow(_) => "request body timeout\n",
             ProxyError::ClientGone => "request body incomplete\n",
@@ -249,6 +254,7 @@ impl ProxyError {
             | ProxyError::AuthorityFormTarget
             | ProxyError::UnsupportedScheme
             | ProxyError::InvalidTarget(_)
+            | ProxyError::ChunkedTwice
             | ProxyError::ClientBody(_) => Outcome::BadRequest,
             ProxyError::UnsupportedTransferCoding => Outcome::NotImplemented,
             ProxyError::ClientBodyTimeout(_) | ProxyError::ClientTooSlow(_) => Outcome::ClientTimeout,

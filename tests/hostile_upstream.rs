@@ -328,3 +328,13 @@ async fn content_in_a_transfer_coding_other_than_chunked_is_a_502_not_passed_on_
         assert_eq!(upstream_errors(&proxy).await, 1.0, "{answer}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_chunked_twice_is_a_502() {
+    // Decoded once, the inner chunked framing would reach the client as the content.
+    let answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, chunked\r\n\r\n\
+                   f\r\n5\r\nhello\r\n0\r\n\r\n\r\n0\r\n\r\n";
+    let (status, proxy, _up) = status_through(answer, Then::Close).await;
+    assert_eq!(status, Some(502));
+    assert_eq!(upstream_errors(&proxy).await, 1.0);
+}

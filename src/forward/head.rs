@@ -316,19 +316,25 @@ pub(super) fn plain_host(bytes: &[u8]) -> bool {
 /// another coding (gzip, say) would reach the upstream with that coding undeclared. RFC 9112 §6.1 answers a coding
 /// the server does not understand with 501. `identity` (a no-op from older RFCs) passes. A list whose last coding
 /// is not chunked, and Transfer-Encoding on HTTP/1.0, hyper refuses itself (400). Empty list elements
-/// (`,chunked`) are no coding: RFC 9110 §5.6.1 has recipients ignore them.
+/// (`,chunked`) are no coding: RFC 9110 §5.6.1 has recipients ignore them. `chunked` more than once, in one line
+/// or over several, is malformed (RFC 9112 §6.1: it is applied only once): the body is decoded once, and what the
+/// inner coding framed would go on as the content (h11 refuses it too).
 pub fn check_transfer_coding(headers: &HeaderMap) -> Result<(), ProxyError> {
-    let understood = |coding: &str| {
-        coding.is_empty() || coding.eq_ignore_ascii_case("chunked") || coding.eq_ignore_ascii_case("identity")
-    };
-    let all_understood = headers.get_all(header::TRANSFER_ENCODING).iter().all(|line| {
-        line.to_str()
-            .is_ok_and(|line| line.split(',').map(str::trim).all(understood))
-    });
-    if all_understood {
-        Ok(())
+    let mut chunked = 0;
+    for line in headers.get_all(header::TRANSFER_ENCODING) {
+        let line = line.to_str().map_err(|_| ProxyError::UnsupportedTransferCoding)?;
+        for coding in line.split(',').map(str::trim) {
+            if coding.eq_ignore_ascii_case("chunked") {
+                chunked += 1;
+            } else if !(coding.is_empty() || coding.eq_ignore_ascii_case("identity")) {
+                return Err(ProxyError::UnsupportedTransferCoding);
+            }
+        }
+    }
+    if chunked > 1 {
+        Err(ProxyError::ChunkedTwice)
     } else {
-        Err(ProxyError::UnsupportedTransferCoding)
+        Ok(())
     }
 }
 

@@ -180,9 +180,11 @@ pub(super) fn malformed(parts: &mut http::response::Parts) -> Option<&'static st
         return Some("both Content-Length and Transfer-Encoding");
     }
     // Transfer-Encoding is hop-by-hop and stops here: content in a coding hyper does not decode (gzip) would reach
-    // the client as if it had none.
-    if check_transfer_coding(&parts.headers).is_err() {
-        return Some("a transfer coding other than chunked");
+    // the client as if it had none, and a body chunked twice is decoded once, its inner framing taken for content.
+    match check_transfer_coding(&parts.headers) {
+        Ok(()) => {}
+        Err(ProxyError::ChunkedTwice) => return Some("chunked more than once"),
+        Err(_) => return Some("a transfer coding other than chunked"),
     }
     // hyper checks it only where it frames the body: HEAD, 204 and 304 answers would carry it on as it came.
     match content_length(&parts.headers) {

@@ -131,6 +131,11 @@ async fn on_request(proxy: &Proxy, client: &ClientInfo, request: Request<Incomin
             let Some(routed) = routed else {
                 panic!("a target that must be refused is forwarded: {client_head:?}");
             };
+            // RFC 9112 §6.1: decoded once, a body chunked twice would go upstream with its inner framing as content.
+            assert!(
+                chunked(&client_head.headers) <= 1,
+                "a body chunked twice is forwarded: {client_head:?}"
+            );
             let (sent, body) = upstream_request.into_parts();
             upstream_head::check(&client_head.as_routed(&routed), &sent, client, &pool.authority);
             // hyper has already resolved the framing: one Content-Length, a plain number.
@@ -203,12 +208,26 @@ async fn on_request(proxy: &Proxy, client: &ClientInfo, request: Request<Incomin
         Err(ProxyError::InvalidTarget(why)) => {
             assert!(routed.is_none(), "refused for its target ({why}): {client_head:?}")
         }
+        Err(ProxyError::ChunkedTwice) => assert!(
+            chunked(&client_head.headers) > 1,
+            "refused as chunked twice: {client_head:?}"
+        ),
         Err(ProxyError::AsteriskTarget) => assert!(
             client_head.uri.path() == "*" && client_head.method != Method::OPTIONS,
             "refused for an asterisk target: {client_head:?}"
         ),
         Err(err) => panic!("refused before admission for {err}: {client_head:?}"),
     }
+}
+
+/// How many times the `Transfer-Encoding` lines name `chunked`.
+fn chunked(headers: &http::HeaderMap) -> usize {
+    headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|line| line.as_bytes().split(|&b| b == b','))
+        .filter(|coding| coding.trim_ascii().eq_ignore_ascii_case(b"chunked"))
+        .count()
 }
 
 /// `host[:port]` with nothing else: no userinfo, path or whitespace; a port that fits 16 bits; a name without an
