@@ -829,3 +829,23 @@ async fn a_path_that_climbs_above_the_root_or_hides_a_dot_segment_is_refused_400
         9.0
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_padded_content_length_goes_upstream_as_the_number_it_states() {
+    for server in ["floodgate", "hyper"] {
+        let upstream = Upstream::start().await;
+        let proxy = Proxy::for_upstream(&upstream, 1, &["--http1-server", server]).await;
+        let mut conn = RawConn::connect(proxy.listen).await;
+        conn.write(
+            b"POST /echo HTTP/1.1\r\nHost: client.test\r\n\
+              Content-Length: 0000000000000000000000000000005\r\n\r\nhello",
+        )
+        .await
+        .unwrap();
+        let resp = conn.read_response(false, Duration::from_secs(10)).await.unwrap();
+        assert_eq!((resp.status, resp.text()), (200, "5".to_string()), "{server}");
+        let seen = upstream.recorded();
+        assert_eq!(seen.len(), 1, "{server}: {seen:?}");
+        assert_eq!(seen[0].header_all("content-length"), ["5"], "{server}: {:?}", seen[0]);
+    }
+}

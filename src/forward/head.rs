@@ -1,5 +1,6 @@
-//! The request as the upstream sees it: hop-by-hop headers removed, `X-Forwarded-*` set, Host kept less a trailing
-//! dot, an HTTP/2 cookie joined into one line, the target checked and put in origin form. It never touches a body.
+//! The request as the upstream sees it: hop-by-hop headers removed, `X-Forwarded-*` set, Host kept less a trailing dot,
+//! an HTTP/2 cookie joined into one line, `Content-Length` in its canonical form, the target checked and put in origin
+//! form. It never touches a body.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -141,6 +142,8 @@ pub fn upstream_head(
     // A message with both framings is a smuggling attempt's tell; the upstream only ever sees one of them.
     if parts.headers.contains_key(header::TRANSFER_ENCODING) {
         parts.headers.remove(header::CONTENT_LENGTH);
+    } else {
+        canonical_length(&mut parts.headers);
     }
     strip_hop_by_hop(&mut parts.headers);
     // We answer `Expect: 100-continue` ourselves once admitted (hyper sends 100 when the body is first read).
@@ -150,6 +153,51 @@ pub fn upstream_head(
     parts.uri = origin_form(&parts.uri, &parts.method);
     parts.version = Version::HTTP_11;
     Ok(())
+}
+
+/// RFC 9110 §8.6: the length goes upstream as the number it states, in one line. `0000000000000000000000000000005`
+/// is 5 to floodgate's reader and hyper's, and may be a number too long to read, or octal, to the upstream's; `5, 5`
+/// is one length to floodgate and two to a reader that takes lists as they come.
+fn canonical_length(headers: &mut HeaderMap) {
+    let mut lines = headers.get_all(header::CONTENT_LENGTH).iter();
+    let plain = match (lines.next(), lines.next()) {
+        (None, _) => return,
+        (Some(line), None) => {
+            let digits = line.as_bytes();
+            !digits.is_empty()
+                && digits.iter().all(u8::is_ascii_digit)
+                && (digits.len() == 1 || digits.first() != Some(&b'0'))
+        }
+        _ => false,
+    };
+    if plain {
+        return;
+    }
+    // A length that states no one number is left for the framing to refuse (`h1::write` sends such a body chunked).
+    if let Some(length) = stated_length(headers) {
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+    }
+}
+
+/// The one number every `Content-Length` line and list element states, if they all state the same one.
+fn stated_length(headers: &HeaderMap) -> Option<u64> {
+    let mut length = None;
+    let elements = headers
+        .get_all(header::CONTENT_LENGTH)
+        .iter()
+        .flat_map(|line| line.as_bytes().split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii);
+    for element in elements {
+        if element.is_empty() || !element.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        let number = std::str::from_utf8(element).ok()?.parse::<u64>().ok()?;
+        if length.is_some_and(|length| length != number) {
+            return None;
+        }
+        length = Some(number);
+    }
+    length
 }
 
 /// The request target's form (RFC 9112 §3.2): origin or absolute form, `*` for OPTIONS. Authority form is for

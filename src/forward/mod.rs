@@ -2,11 +2,11 @@
 //!
 //! Owns the request target's path as it is routed and forwarded (dot segments resolved: `path`), header rewriting
 //! (hop-by-hop headers removed, `X-Forwarded-*` set, Host kept less a trailing dot, an HTTP/2 cookie joined into one
-//! line), the request body that times out when the client stops sending (sent from memory when it was read before
-//! admission), and the response body that holds the lease until its last byte read from the upstream: it returns the
-//! connection when the body ends, and when the client leaves early it reads the rest of the response (bounded) so the
-//! connection can still be reused. A response small enough to buffer is read in full first and relayed from memory
-//! without a lease. It never decides admission or counts connections.
+//! line, `Content-Length` in its canonical form), the request body that times out when the client stops sending (sent
+//! from memory when it was read before admission), and the response body that holds the lease until its last byte read
+//! from the upstream: it returns the connection when the body ends, and when the client leaves early it reads the rest
+//! of the response (bounded) so the connection can still be reused. A response small enough to buffer is read in full
+//! first and relayed from memory without a lease. It never decides admission or counts connections.
 
 mod head;
 mod path;

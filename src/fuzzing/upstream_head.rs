@@ -218,12 +218,21 @@ pub(super) fn check(client_head: &ClientHead, sent: &Parts, client: &ClientInfo,
         }
     }
 
-    // One framing at most, and an unambiguous one.
+    // One framing at most, and an unambiguous one: a length as the plain number the client stated, in one line.
     let lengths: Vec<&HeaderValue> = headers.get_all(header::CONTENT_LENGTH).iter().collect();
     if client_head.headers.contains_key(header::TRANSFER_ENCODING) {
         assert!(
             lengths.is_empty(),
             "a chunked request goes upstream with Content-Length {lengths:?}"
+        );
+    } else if let Some(stated) = stated_length(&client_head.headers).filter(|_| {
+        // A client's Connection may name it: then it is hop-by-hop, and goes nowhere.
+        !connection_options(&client_head.headers).contains(&b"content-length".to_vec())
+    }) {
+        assert_eq!(
+            lengths,
+            [&HeaderValue::from(stated)],
+            "Content-Length {stated} goes upstream as it came, not as the number"
         );
     }
 
@@ -297,6 +306,7 @@ pub(super) fn check(client_head: &ClientHead, sent: &Parts, client: &ClientInfo,
     }
     for name in client_head.headers.keys() {
         let rewritten = SET_BY_PROXY.contains(name)
+            || (name == header::CONTENT_LENGTH && stated_length(&client_head.headers).is_some())
             || HOP_BY_HOP.contains(name)
             || named.contains(name)
             || [header::EXPECT, header::FORWARDED].contains(name)
@@ -308,6 +318,23 @@ pub(super) fn check(client_head: &ClientHead, sent: &Parts, client: &ClientInfo,
             assert_eq!(before, after, "{name} is changed on its way upstream");
         }
     }
+}
+
+/// The one number all of a head's `Content-Length` lines and their list elements state, if they state one.
+fn stated_length(headers: &HeaderMap) -> Option<u64> {
+    let mut numbers = headers
+        .get_all(header::CONTENT_LENGTH)
+        .iter()
+        .flat_map(|line| line.as_bytes().split(|&b| b == b','))
+        .map(|element| {
+            let element = element.trim_ascii();
+            let digits = !element.is_empty() && element.iter().all(u8::is_ascii_digit);
+            digits
+                .then(|| std::str::from_utf8(element).ok()?.parse::<u64>().ok())
+                .flatten()
+        });
+    let first = numbers.next()??;
+    numbers.all(|number| number == Some(first)).then_some(first)
 }
 
 /// `host[:port]` less a trailing dot on the name (the part before the first `:` past any `]`), unless nothing of
