@@ -849,3 +849,40 @@ async fn a_zero_padded_content_length_goes_upstream_as_the_number_it_states() {
         assert_eq!(seen[0].header_all("content-length"), ["5"], "{server}: {:?}", seen[0]);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_names_with_underscores_that_read_as_floodgates_own_fields_never_reach_the_upstream() {
+    let upstream = Upstream::start().await;
+    let config = TempConfig::new(&format!(
+        "[upstreams.app]\nurl = \"{}\"\nmax_connections = 1\n\n\
+         [[routes]]\nupstream = \"app\"\nset_request_headers = {{ \"x-user-role\" = \"guest\" }}\n\
+         remove_request_headers = [\"x-internal-token\"]\n",
+        upstream.url()
+    ));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    // A CGI or WSGI upstream reads `X_Forwarded_For` and `X-Forwarded-For` as the one HTTP_X_FORWARDED_FOR.
+    let r = upstream_view(
+        &proxy,
+        &upstream,
+        b"GET /headers?underscores=1 HTTP/1.1\r\n\
+          Host: app.example\r\n\
+          X_Forwarded_For: 6.6.6.6\r\n\
+          x_forwarded-proto: https\r\n\
+          X-Forwarded_Host: evil.example\r\n\
+          X_Request_Id: chosen-by-the-client\r\n\
+          X_User_Role: admin\r\n\
+          X_Internal_Token: forged\r\n\
+          X_Custom_Field: kept\r\n\
+          \r\n",
+    )
+    .await;
+    let underscored: Vec<&str> = r
+        .headers
+        .iter()
+        .map(|(name, _)| name.as_str())
+        .filter(|name| name.contains('_'))
+        .collect();
+    assert_eq!(underscored, ["x_custom_field"], "{r:?}");
+    assert_eq!(r.header_all("x-forwarded-for"), ["127.0.0.1"], "{r:?}");
+    assert_eq!(r.header_all("x-user-role"), ["guest"], "{r:?}");
+}

@@ -1,6 +1,6 @@
-//! The request as the upstream sees it: hop-by-hop headers removed, `X-Forwarded-*` set, Host kept less a trailing dot,
-//! an HTTP/2 cookie joined into one line, `Content-Length` in its canonical form, the target checked and put in origin
-//! form. It never touches a body.
+//! The request as the upstream sees it: hop-by-hop headers removed, `X-Forwarded-*` set (and names that alias them with
+//! `_` dropped), Host kept less a trailing dot, an HTTP/2 cookie joined into one line, `Content-Length` in its
+//! canonical form, the target checked and put in origin form. It never touches a body.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -146,6 +146,7 @@ pub fn upstream_head(
         canonical_length(&mut parts.headers);
     }
     strip_hop_by_hop(&mut parts.headers);
+    drop_underscore_aliases(&mut parts.headers, &SET_HERE);
     // We answer `Expect: 100-continue` ourselves once admitted (hyper sends 100 when the body is first read).
     parts.headers.remove(header::EXPECT);
     parts.headers.insert(header::HOST, host.clone());
@@ -198,6 +199,43 @@ fn stated_length(headers: &HeaderMap) -> Option<u64> {
         length = Some(number);
     }
     length
+}
+
+/// The fields floodgate sets on every request, by names with a `-`: `set_forwarded`'s and the request ID that
+/// `edge` sets. (Host, `Forwarded` and the trace context's `traceparent`/`tracestate` have no `-` to alias.)
+const SET_HERE: [HeaderName; 4] = [
+    X_FORWARDED_FOR,
+    X_FORWARDED_PROTO,
+    X_FORWARDED_HOST,
+    crate::access::X_REQUEST_ID,
+];
+
+/// Removes every field whose name has an `_` and reads as one of `names` when each `_` is taken for a `-`
+/// (`X_Forwarded_For`, `x-forwarded_for`): CGI, WSGI and the servers that follow them name a field's variable
+/// with both as `_` (RFC 3875 §4.1.18, `HTTP_X_FORWARDED_FOR`), so such a field would reach the upstream as the
+/// one floodgate sets, beside it or instead of it. Other names with an `_` pass.
+pub fn drop_underscore_aliases(headers: &mut HeaderMap, names: &[HeaderName]) {
+    // One look over the names first: a name with an underscore is rare.
+    if names.is_empty() || !headers.keys().any(|name| name.as_str().contains('_')) {
+        return;
+    }
+    let aliases: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| name.as_str().contains('_') && names.iter().any(|own| reads_as(name.as_str(), own.as_str())))
+        .cloned()
+        .collect();
+    for alias in aliases {
+        headers.remove(alias);
+    }
+}
+
+/// Whether `alias` is `own` with some of its `-` written as `_` (both are lower case, as header names are kept).
+fn reads_as(alias: &str, own: &str) -> bool {
+    alias.len() == own.len()
+        && alias
+            .bytes()
+            .zip(own.bytes())
+            .all(|(a, o)| a == o || (a == b'_' && o == b'-'))
 }
 
 /// The request target's form (RFC 9112 §3.2): origin or absolute form, `*` for OPTIONS. Authority form is for

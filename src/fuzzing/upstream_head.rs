@@ -236,6 +236,15 @@ pub(super) fn check(client_head: &ClientHead, sent: &Parts, client: &ClientInfo,
         );
     }
 
+    // A name that is one floodgate sets with `_` for `-` would reach a CGI-style upstream as floodgate's own.
+    for name in headers.keys() {
+        let aliases = SET_BY_PROXY
+            .iter()
+            .chain([&X_REQUEST_ID])
+            .any(|own| is_alias(name, own));
+        assert!(!aliases, "{name} goes upstream beside floodgate's own field");
+    }
+
     // X-Forwarded-*: one line each; an untrusted client's own are replaced, a trusted one's extended.
     let one = |name: &str| -> &HeaderValue {
         let values: Vec<&HeaderValue> = headers.get_all(name).iter().collect();
@@ -306,6 +315,10 @@ pub(super) fn check(client_head: &ClientHead, sent: &Parts, client: &ClientInfo,
     }
     for name in client_head.headers.keys() {
         let rewritten = SET_BY_PROXY.contains(name)
+            || SET_BY_PROXY
+                .iter()
+                .chain([&X_REQUEST_ID])
+                .any(|own| is_alias(name, own))
             || (name == header::CONTENT_LENGTH && stated_length(&client_head.headers).is_some())
             || HOP_BY_HOP.contains(name)
             || named.contains(name)
@@ -318,6 +331,13 @@ pub(super) fn check(client_head: &ClientHead, sent: &Parts, client: &ClientInfo,
             assert_eq!(before, after, "{name} is changed on its way upstream");
         }
     }
+}
+
+const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Whether `name` has an `_` and is `own` once each `_` is read as `-`.
+fn is_alias(name: &HeaderName, own: &HeaderName) -> bool {
+    name.as_str().contains('_') && name.as_str().replace('_', "-") == own.as_str()
 }
 
 /// The one number all of a head's `Content-Length` lines and their list elements state, if they state one.

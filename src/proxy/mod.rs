@@ -216,6 +216,7 @@ impl Proxy {
         let route = picked.settings.clone();
         if !route.edits_nothing() {
             let (mut parts, body) = upstream_request.into_parts();
+            forward::drop_underscore_aliases(&mut parts.headers, &route.guarded_request);
             route.edit_request(&mut parts.uri, &mut parts.headers);
             upstream_request = Request::from_parts(parts, body);
         }

@@ -80,6 +80,7 @@ impl Proxy {
             Err(err) => return self.answer_error(&pool, err, access),
         };
         let (mut parts, body) = upstream_request.into_parts();
+        forward::drop_underscore_aliases(&mut parts.headers, &picked.settings.guarded_request);
         picked.settings.edit_request(&mut parts.uri, &mut parts.headers);
         let mut upstream_request = Request::from_parts(parts, body);
         tunnel::upstream_head(&mut upstream_request, upgrade);
