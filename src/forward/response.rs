@@ -1,5 +1,6 @@
-//! The answer the client gets: the upstream's head checked for framing it must not pass on, a small body read in
-//! full first and relayed from memory without a lease, or a short answer of floodgate's own. It never dials.
+//! The answer the client gets: the upstream's head checked for framing it must not pass on (and a 204's
+//! `Content-Length` dropped), a small body read in full first and relayed from memory without a lease, or a short
+//! answer of floodgate's own. It never dials.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -260,6 +261,10 @@ pub async fn to_client(
         lease.forbid_reuse();
     }
     strip_hop_by_hop(&mut parts.headers);
+    // RFC 9110 §8.6: a 204 has no Content-Length (a 304's states its representation's length, and stays).
+    if parts.status == StatusCode::NO_CONTENT {
+        parts.headers.remove(header::CONTENT_LENGTH);
+    }
     route.edit_response(&mut parts.headers);
     parts.version = Version::HTTP_11;
     let completion = Completion::new(counters, parts.status, access, span.clone());
