@@ -41,7 +41,8 @@ pub enum ProxyError {
     #[error("request target has a scheme other than http or https")]
     UnsupportedScheme,
     /// A target that cannot be routed as every upstream would read it: its path climbs above the root or hides a
-    /// dot segment where another reader would find one (see `forward::resolve_dot_segments`).
+    /// dot segment where another reader would find one, or it holds a byte that is not ASCII (see
+    /// `forward::resolve_dot_segments`).
     #[error("invalid request target: {0}")]
     InvalidTarget(&'static str),
     #[error("request body uses a transfer coding other than chunked")]

@@ -1,8 +1,8 @@
 //! The request target's path as routing matches it and the upstream gets it: dot segments (RFC 3986 §5.2.4) resolved,
 //! their percent-encoded forms (`%2e`, `%2E`, `.%2e`…) with them, so that the path a route was picked by is the path
 //! that is forwarded. A path that climbs above the root, a segment that a server splitting it differently would read as
-//! a dot segment (`..%2f`, `..\`, `..;x`) are refused. It decodes nothing but the dots it resolves, and resolves
-//! nothing in the query.
+//! a dot segment (`..%2f`, `..\`, `..;x`), and a target with a byte that is not ASCII are refused. It decodes nothing
+//! but the dots it resolves, and resolves nothing in the query.
 
 use http::uri::{PathAndQuery, Uri};
 
@@ -18,6 +18,13 @@ use crate::error::ProxyError;
 /// upstream that reads those as `/` (or, as servlet containers do, `;` as the start of a segment's parameters)
 /// would resolve a segment floodgate kept; an encoded slash elsewhere (`a%2Fb`) goes on as it came.
 pub fn resolve_dot_segments(uri: &mut Uri) -> Result<(), ProxyError> {
+    let Some(target) = uri.path_and_query() else {
+        return Ok(());
+    };
+    // A raw UTF-8 target reaches each upstream as whatever it decodes it as; RFC 3986 §2 wants it percent-encoded.
+    if !target.as_str().is_ascii() {
+        return Err(ProxyError::InvalidTarget("a byte that is not ASCII"));
+    }
     let Some(resolved) = resolved(uri.path())? else {
         return Ok(());
     };
@@ -172,7 +179,7 @@ mod tests {
     }
 
     #[test]
-    fn climbing_above_the_root_and_hidden_dot_segments_are_refused() {
+    fn climbing_above_the_root_hidden_dot_segments_and_non_ascii_bytes_are_refused() {
         for target in [
             "/..",
             "/../a",
@@ -184,6 +191,8 @@ mod tests {
             "/a/..\\b",
             "/a/..;jsessionid=1/b",
             "/a/x;..",
+            "/caf\u{e9}",
+            "/a?q=\u{e9}",
         ] {
             let refused = resolve(target);
             assert!(

@@ -51,12 +51,15 @@ impl ClientHead {
 
 /// The path and query as floodgate must route and forward them, by RFC 3986 §5.2.4's own steps (an input and an
 /// output buffer), each segment that is only dots, as they are or as `%2e`, read as that dot segment; `None` when
-/// the target must be refused: a path that climbs above the root, or a segment with a dot segment between `%2f`,
-/// `%5c`, `\` or `;`. Written apart from `forward::path`, which it judges.
+/// the target must be refused: a byte that is not ASCII, a path that climbs above the root, or a segment with a
+/// dot segment between `%2f`, `%5c`, `\` or `;`. Written apart from `forward::path`, which it judges.
 pub(super) fn routed_target(uri: &Uri) -> Option<String> {
     let Some(target) = uri.path_and_query() else {
         return Some(String::new());
     };
+    if target.as_str().bytes().any(|b| b >= 0x80) {
+        return None;
+    }
     let path = uri.path();
     let query = uri.query().map(|query| format!("?{query}")).unwrap_or_default();
     let Some(segments) = path.strip_prefix('/') else {
