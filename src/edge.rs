@@ -123,7 +123,7 @@ impl Service<Request<ClientBody>> for ProxyService {
         }
         // Routed first so the span is made with its fields (each later record costs about as much as making
         // it); the fields are read only when the span is on.
-        let routed = self.proxy.route(&request);
+        let routed = self.proxy.route(&mut request);
         let arrived = std::time::Instant::now();
         let route_metrics = routed.as_ref().ok().map(|(_, picked)| picked.metrics.clone());
         let traced = self.proxy.tracing().map(|tracing| {

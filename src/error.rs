@@ -40,8 +40,17 @@ pub enum ProxyError {
     AuthorityFormTarget,
     #[error("request target has a scheme other than http or https")]
     UnsupportedScheme,
+    /// A target that cannot be routed as every upstream would read it: its path climbs above the root or hides a
+    /// dot segment where another reader would find one, or it holds a byte that is not ASCII (see
+    /// `forward::resolve_dot_segments`).
+    #[error("invalid request target: {0}")]
+    InvalidTarget(&'static str),
     #[error("request body uses a transfer coding other than chunked")]
     UnsupportedTransferCoding,
+    /// `chunked` applied more than once (RFC 9112 §6.1 forbids it): decoded once, the inner framing would be taken
+    /// for the content.
+    #[error("request body is chunked more than once")]
+    ChunkedTwice,
     #[error("the client's request body failed: {0}")]
     ClientBody(String),
     #[error("the client's request body made no progress for {0:?}")]
@@ -211,7 +220,9 @@ impl ProxyError {
             ProxyError::AsteriskTarget => "request target * is only for OPTIONS\n",
             ProxyError::AuthorityFormTarget => "request target in authority form is only for CONNECT\n",
             ProxyError::UnsupportedScheme => "request target scheme is not http or https\n",
+            ProxyError::InvalidTarget(_) => "invalid request target\n",
             ProxyError::UnsupportedTransferCoding => "transfer coding not supported\n",
+            ProxyError::ChunkedTwice => "transfer coding chunked applied more than once\n",
             ProxyError::ClientBody(_) => "bad request body\n",
             ProxyError::ClientBodyTimeout(_) | ProxyError::ClientTooSlow(_) => "request body timeout\n",
             ProxyError::ClientGone => "request body incomplete\n",
@@ -243,6 +254,8 @@ impl ProxyError {
             | ProxyError::AsteriskTarget
             | ProxyError::AuthorityFormTarget
             | ProxyError::UnsupportedScheme
+            | ProxyError::InvalidTarget(_)
+            | ProxyError::ChunkedTwice
             | ProxyError::ClientBody(_) => Outcome::BadRequest,
             ProxyError::UnsupportedTransferCoding => Outcome::NotImplemented,
             ProxyError::ClientBodyTimeout(_) | ProxyError::ClientTooSlow(_) => Outcome::ClientTimeout,

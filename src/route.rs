@@ -1,10 +1,12 @@
 //! Routing: which upstream a request goes to.
 //!
-//! Owns the matching rules: Host compared case-insensitively with any port and a trailing dot ignored
-//! (`:authority` for HTTP/2), path prefixes matched on segment boundaries, the most specific route first, and the
-//! upstreams those routes lead to, with what each route sets for its requests ([`RouteSettings`]: timeouts, a
-//! prefix to strip, header fields to set or remove). A reload replaces the whole router at once, so a request sees
-//! either the old routes and pools or the new ones. It never changes the request: `proxy` applies the settings.
+//! Owns the matching rules: Host compared case-insensitively with any port and a trailing dot ignored (`:authority` for
+//! HTTP/2), path prefixes matched on segment boundaries (of a path whose dot segments the proxy has resolved,
+//! `forward::resolve_dot_segments`, so the path matched is the one forwarded), the most specific route first, and the
+//! upstreams those routes lead to, with what each route sets for its requests ([`RouteSettings`]: timeouts, a prefix to
+//! strip, header fields to set or remove, and the names whose underscore aliases are dropped with them). A reload
+//! replaces the whole router at once, so a request sees either the old routes and pools or the new ones. It never
+//! changes the request: `proxy` applies the settings.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -47,11 +49,14 @@ pub struct RouteSettings {
     pub remove_request: Vec<HeaderName>,
     pub set_response: Vec<(HeaderName, HeaderValue)>,
     pub remove_response: Vec<HeaderName>,
+    /// The request fields set or removed with a `-` in their names: a client's name for one of them with `_` for a
+    /// `-` is dropped (`forward::drop_underscore_aliases`), as floodgate's own fields' are.
+    pub guarded_request: Vec<HeaderName>,
 }
 
 impl RouteSettings {
     fn of(route: &RouteConfig, prefix: Option<&str>) -> RouteSettings {
-        RouteSettings {
+        let mut settings = RouteSettings {
             request_timeout: route.request_timeout,
             body_idle_timeout: route.body_idle_timeout,
             strip_prefix: prefix
@@ -62,7 +67,14 @@ impl RouteSettings {
             remove_request: RouteConfig::fields_to_remove(&route.remove_request_headers).unwrap_or_default(),
             set_response: RouteConfig::fields_to_set(&route.set_response_headers).unwrap_or_default(),
             remove_response: RouteConfig::fields_to_remove(&route.remove_response_headers).unwrap_or_default(),
-        }
+            guarded_request: Vec::new(),
+        };
+        settings.guarded_request = (settings.set_request.iter().map(|(name, _)| name))
+            .chain(&settings.remove_request)
+            .filter(|name| name.as_str().contains('-'))
+            .cloned()
+            .collect();
+        settings
     }
 
     /// Whether the route changes nothing of a request's head or answer: the common case, left alone.

@@ -922,3 +922,150 @@ fn bad_route_settings_stop_start_up_naming_the_key() {
         );
     }
 }
+
+/// The answer to a GET of `target`, written on the wire byte for byte, on a fresh raw HTTP/1 connection.
+async fn raw_get(proxy: &Proxy, target: &[u8]) -> RawResponse {
+    let mut conn = RawConn::connect(proxy.listen).await;
+    let head = [b"GET ", target, b" HTTP/1.1\r\nHost: client.test\r\n\r\n"].concat();
+    conn.write(&head).await.unwrap();
+    conn.read_response(false, Duration::from_secs(10)).await.unwrap()
+}
+
+/// A proxy whose only route is `/public`, its prefix stripped, to `upstream`: no catch-all behind it.
+async fn public_only(upstream: &Upstream) -> (Proxy, TempConfig) {
+    let config = TempConfig::new(&format!(
+        "[upstreams.public]\nurl = \"{}\"\nmax_connections = 2\n\n\
+         [[routes]]\npath_prefix = \"/public\"\nupstream = \"public\"\nstrip_prefix = true\n",
+        upstream.url()
+    ));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    (proxy, config)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dot_segments_are_resolved_before_routing_and_the_upstream_gets_the_path_that_was_routed() {
+    let upstream = Upstream::start().await;
+    let (proxy, _config) = public_only(&upstream).await;
+    // Each climbs out of /public to /admin, which no route serves; percent-encoded dots are dots (RFC 3986 §2.3).
+    for target in [
+        "/public/../admin",
+        "/public/%2e%2e/admin",
+        "/public/%2E%2E/admin",
+        "/public/.%2e/admin",
+        "/public/%2e./admin",
+        "/public/./../admin",
+        "/public/x/../../admin?q=1",
+    ] {
+        let resp = raw_get(&proxy, target.as_bytes()).await;
+        assert_eq!(resp.status, 404, "{target}: {}", resp.text());
+    }
+    // Resolved within the route: forwarded as resolved, then stripped of the prefix it matched.
+    for (target, forwarded) in [
+        ("/public/a/./b/../c?q=/../x", "/a/c?q=/../x"),
+        ("/public/%2e/x", "/x"),
+        ("/public/a/%2E%2e", "/"),
+        ("/public/a/b/..", "/a/"),
+        ("/public/a%2Fb/c", "/a%2Fb/c"),
+    ] {
+        let resp = raw_get(&proxy, target.as_bytes()).await;
+        assert_eq!(resp.status, 200, "{target}: {}", resp.text());
+        let seen: Vec<String> = upstream.recorded().into_iter().map(|r| r.uri).collect();
+        assert_eq!(seen.last().map(String::as_str), Some(forwarded), "{target}: {seen:?}");
+    }
+    // HTTP/2 alike.
+    let mut h2 = H2Conn::connect(proxy.listen).await;
+    let resp = h2.try_get("/public/%2e%2E/admin").await.unwrap();
+    assert_eq!(resp.status, StatusCode::NOT_FOUND, "{}", resp.text());
+    let resp = h2.try_get("/public/a/../b").await.unwrap();
+    assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+    let seen: Vec<String> = upstream.recorded().into_iter().map(|r| r.uri).collect();
+    assert_eq!(seen, ["/a/c?q=/../x", "/x", "/", "/a/", "/a%2Fb/c", "/b"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_that_climbs_above_the_root_or_hides_a_dot_segment_is_refused_400() {
+    let upstream = Upstream::start().await;
+    let (proxy, _config) = public_only(&upstream).await;
+    for target in [
+        &b"/../public/x"[..],
+        b"/public/../../public/x",
+        b"/%2e%2e/public/x",
+        // An upstream that reads an encoded slash or a backslash as `/` would see `..` here.
+        b"/public/..%2fadmin",
+        b"/public/x%2F%2e%2E%2F..%2Fadmin",
+        b"/public/..%5Cadmin",
+        b"/public/..\\admin",
+        // A servlet container reads `..;x` as `..`.
+        b"/public/..;/admin",
+    ] {
+        let resp = raw_get(&proxy, target).await;
+        assert_eq!(resp.status, 400, "{}: {}", String::from_utf8_lossy(target), resp.text());
+        assert_eq!(resp.text(), "invalid request target\n");
+    }
+    let mut h2 = H2Conn::connect(proxy.listen).await;
+    let resp = h2.try_get("/public/../../public/x").await.unwrap();
+    assert_eq!(resp.status, StatusCode::BAD_REQUEST, "{}", resp.text());
+    assert!(upstream.recorded().is_empty(), "{:?}", upstream.recorded());
+    let metrics = parse_metrics(&proxy.metrics().await);
+    assert_eq!(
+        metric_sum(&metrics, "floodgate_requests_total", &[("outcome", "bad_request")]),
+        9.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_padded_content_length_goes_upstream_as_the_number_it_states() {
+    for server in ["floodgate", "hyper"] {
+        let upstream = Upstream::start().await;
+        let proxy = Proxy::for_upstream(&upstream, 1, &["--http1-server", server]).await;
+        let mut conn = RawConn::connect(proxy.listen).await;
+        conn.write(
+            b"POST /echo HTTP/1.1\r\nHost: client.test\r\n\
+              Content-Length: 0000000000000000000000000000005\r\n\r\nhello",
+        )
+        .await
+        .unwrap();
+        let resp = conn.read_response(false, Duration::from_secs(10)).await.unwrap();
+        assert_eq!((resp.status, resp.text()), (200, "5".to_string()), "{server}");
+        let seen = upstream.recorded();
+        assert_eq!(seen.len(), 1, "{server}: {seen:?}");
+        assert_eq!(seen[0].header_all("content-length"), ["5"], "{server}: {:?}", seen[0]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_names_with_underscores_that_read_as_floodgates_own_fields_never_reach_the_upstream() {
+    let upstream = Upstream::start().await;
+    let config = TempConfig::new(&format!(
+        "[upstreams.app]\nurl = \"{}\"\nmax_connections = 1\n\n\
+         [[routes]]\nupstream = \"app\"\nset_request_headers = {{ \"x-user-role\" = \"guest\" }}\n\
+         remove_request_headers = [\"x-internal-token\"]\n",
+        upstream.url()
+    ));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    // A CGI or WSGI upstream reads `X_Forwarded_For` and `X-Forwarded-For` as the one HTTP_X_FORWARDED_FOR.
+    let r = upstream_view(
+        &proxy,
+        &upstream,
+        b"GET /headers?underscores=1 HTTP/1.1\r\n\
+          Host: app.example\r\n\
+          X_Forwarded_For: 6.6.6.6\r\n\
+          x_forwarded-proto: https\r\n\
+          X-Forwarded_Host: evil.example\r\n\
+          X_Request_Id: chosen-by-the-client\r\n\
+          X_User_Role: admin\r\n\
+          X_Internal_Token: forged\r\n\
+          X_Custom_Field: kept\r\n\
+          \r\n",
+    )
+    .await;
+    let underscored: Vec<&str> = r
+        .headers
+        .iter()
+        .map(|(name, _)| name.as_str())
+        .filter(|name| name.contains('_'))
+        .collect();
+    assert_eq!(underscored, ["x_custom_field"], "{r:?}");
+    assert_eq!(r.header_all("x-forwarded-for"), ["127.0.0.1"], "{r:?}");
+    assert_eq!(r.header_all("x-user-role"), ["guest"], "{r:?}");
+}

@@ -237,3 +237,57 @@ async fn queued_http2_uploads_hold_no_more_than_their_stream_windows_and_count_t
         upload.abort();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_body_chunked_twice_is_refused_400_and_never_reaches_the_upstream() {
+    // "hello", chunked, then chunked again: decoded once, the inner framing would go upstream as the content.
+    let inner = b"5\r\nhello\r\n0\r\n\r\n";
+    let mut body = format!("{:x}\r\n", inner.len()).into_bytes();
+    body.extend_from_slice(inner);
+    body.extend_from_slice(b"\r\n0\r\n\r\n");
+    for server in ["floodgate", "hyper"] {
+        let upstream = Upstream::start().await;
+        let proxy = Proxy::for_upstream(&upstream, 1, &["--http1-server", server]).await;
+        for codings in [
+            "Transfer-Encoding: chunked, chunked\r\n",
+            "Transfer-Encoding: Chunked\r\nTransfer-Encoding: chunked\r\n",
+            "Transfer-Encoding: identity, chunked,chunked\r\n",
+        ] {
+            let mut request = format!("POST /echo HTTP/1.1\r\nHost: client.test\r\n{codings}\r\n").into_bytes();
+            request.extend_from_slice(&body);
+            let mut conn = RawConn::connect(proxy.listen).await;
+            conn.write(&request).await.unwrap();
+            let answer = conn.read_response(false, Duration::from_secs(10)).await.unwrap();
+            assert_eq!(answer.status, 400, "{server}, {codings:?}: {}", answer.text());
+        }
+        assert_eq!(upstream.requests(), 0, "{server}: {:?}", upstream.recorded());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_target_with_raw_non_ascii_bytes_is_refused_400() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &[]).await;
+    for target in [&b"/caf\xc3\xa9"[..], b"/search?q=\xc3\xa9t\xc3\xa9", b"/\xe2\x80\xae/x"] {
+        let mut request = b"GET ".to_vec();
+        request.extend_from_slice(target);
+        request.extend_from_slice(b" HTTP/1.1\r\nHost: client.test\r\n\r\n");
+        let mut conn = RawConn::connect(proxy.listen).await;
+        conn.write(&request).await.unwrap();
+        let answer = conn.read_response(false, Duration::from_secs(10)).await.unwrap();
+        assert_eq!(
+            answer.status,
+            400,
+            "{}: {}",
+            String::from_utf8_lossy(target),
+            answer.text()
+        );
+    }
+    let mut h2 = H2Conn::connect(proxy.listen).await;
+    let resp = h2.try_get("/caf\u{e9}").await.unwrap();
+    assert_eq!(resp.status, http::StatusCode::BAD_REQUEST, "{}", resp.text());
+    assert_eq!(upstream.requests(), 0, "{:?}", upstream.recorded());
+    // The same bytes percent-encoded are an ordinary target.
+    assert_eq!(get(proxy.listen, "/caf%C3%A9").await.status, http::StatusCode::OK);
+    assert_eq!(upstream.recorded()[0].uri, "/caf%C3%A9");
+}

@@ -620,3 +620,38 @@ async fn a_routes_response_edits_apply_to_the_switch_and_to_a_refusal() {
     assert_eq!(refused.status(), StatusCode::FORBIDDEN);
     assert_eq!(refused.headers()["x-served-by"], "edge");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_101_to_a_protocol_the_client_did_not_offer_is_a_502_and_its_socket_closed() {
+    let upstream = WsUpstream::start().await;
+    let proxy = proxy_for(&upstream, 1, 2, &[]).await;
+    // The upstream switches to IRC/6.9 when asked for a WebSocket (RFC 9110 §7.8: a server must not).
+    let refused = ws_refused(proxy.listen, "/elsewhere").await;
+    assert_eq!(refused.status(), StatusCode::BAD_GATEWAY);
+    wait_until_sync("the upstream's socket closed", T, || upstream.sockets() == 0).await;
+    let stream = TcpStream::connect(proxy.listen).await.unwrap();
+    let refused = ws_open_h2(stream, "http", "/elsewhere")
+        .await
+        .expect_err("no tunnel to another protocol");
+    assert!(refused.contains("502"), "{refused}");
+    wait_until_sync("the upstream's socket closed", T, || upstream.sockets() == 0).await;
+    proxy.wait_until_field(UP, "tunnels_open", 0, T).await;
+    let metrics = parse_metrics(&proxy.metrics().await);
+    assert_eq!(
+        metric_sum(&metrics, "floodgate_tunnels_opened_total", &[("upstream", UP)]),
+        0.0
+    );
+    // Protocol names compare case-insensitively: `WebSocket` asked, `websocket` switched to, is a switch.
+    let mut conn = RawConn::connect(proxy.listen).await;
+    conn.write(
+        b"GET /chat HTTP/1.1\r\nHost: client.test\r\nConnection: Upgrade\r\nUpgrade: WebSocket\r\n\
+          Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let switched = conn.read_head(T).await.unwrap();
+    assert_eq!(switched.status, 101, "{switched:?}");
+    assert_eq!(switched.header("upgrade"), Some("websocket"));
+    drop(conn);
+    the_slot_comes_back(&proxy, &upstream, "/fine", "the bound is free again").await;
+}

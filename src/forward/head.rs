@@ -1,5 +1,6 @@
-//! The request as the upstream sees it: hop-by-hop headers removed, `X-Forwarded-*` set, Host kept less a trailing
-//! dot, an HTTP/2 cookie joined into one line, the target checked and put in origin form. It never touches a body.
+//! The request as the upstream sees it: hop-by-hop headers removed, `X-Forwarded-*` set (and names that alias them with
+//! `_` dropped), Host kept less a trailing dot, an HTTP/2 cookie joined into one line, `Content-Length` in its
+//! canonical form, the target checked and put in origin form. It never touches a body.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -141,8 +142,11 @@ pub fn upstream_head(
     // A message with both framings is a smuggling attempt's tell; the upstream only ever sees one of them.
     if parts.headers.contains_key(header::TRANSFER_ENCODING) {
         parts.headers.remove(header::CONTENT_LENGTH);
+    } else {
+        canonical_length(&mut parts.headers);
     }
     strip_hop_by_hop(&mut parts.headers);
+    drop_underscore_aliases(&mut parts.headers, &SET_HERE);
     // We answer `Expect: 100-continue` ourselves once admitted (hyper sends 100 when the body is first read).
     parts.headers.remove(header::EXPECT);
     parts.headers.insert(header::HOST, host.clone());
@@ -150,6 +154,88 @@ pub fn upstream_head(
     parts.uri = origin_form(&parts.uri, &parts.method);
     parts.version = Version::HTTP_11;
     Ok(())
+}
+
+/// RFC 9110 §8.6: the length goes upstream as the number it states, in one line. `0000000000000000000000000000005`
+/// is 5 to floodgate's reader and hyper's, and may be a number too long to read, or octal, to the upstream's; `5, 5`
+/// is one length to floodgate and two to a reader that takes lists as they come.
+fn canonical_length(headers: &mut HeaderMap) {
+    let mut lines = headers.get_all(header::CONTENT_LENGTH).iter();
+    let plain = match (lines.next(), lines.next()) {
+        (None, _) => return,
+        (Some(line), None) => {
+            let digits = line.as_bytes();
+            !digits.is_empty()
+                && digits.iter().all(u8::is_ascii_digit)
+                && (digits.len() == 1 || digits.first() != Some(&b'0'))
+        }
+        _ => false,
+    };
+    if plain {
+        return;
+    }
+    // A length that states no one number is left for the framing to refuse (`h1::write` sends such a body chunked).
+    if let Some(length) = stated_length(headers) {
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+    }
+}
+
+/// The one number every `Content-Length` line and list element states, if they all state the same one.
+fn stated_length(headers: &HeaderMap) -> Option<u64> {
+    let mut length = None;
+    let elements = headers
+        .get_all(header::CONTENT_LENGTH)
+        .iter()
+        .flat_map(|line| line.as_bytes().split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii);
+    for element in elements {
+        if element.is_empty() || !element.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        let number = std::str::from_utf8(element).ok()?.parse::<u64>().ok()?;
+        if length.is_some_and(|length| length != number) {
+            return None;
+        }
+        length = Some(number);
+    }
+    length
+}
+
+/// The fields floodgate sets on every request, by names with a `-`: `set_forwarded`'s and the request ID that
+/// `edge` sets. (Host, `Forwarded` and the trace context's `traceparent`/`tracestate` have no `-` to alias.)
+const SET_HERE: [HeaderName; 4] = [
+    X_FORWARDED_FOR,
+    X_FORWARDED_PROTO,
+    X_FORWARDED_HOST,
+    crate::access::X_REQUEST_ID,
+];
+
+/// Removes every field whose name has an `_` and reads as one of `names` when each `_` is taken for a `-`
+/// (`X_Forwarded_For`, `x-forwarded_for`): CGI, WSGI and the servers that follow them name a field's variable
+/// with both as `_` (RFC 3875 §4.1.18, `HTTP_X_FORWARDED_FOR`), so such a field would reach the upstream as the
+/// one floodgate sets, beside it or instead of it. Other names with an `_` pass.
+pub fn drop_underscore_aliases(headers: &mut HeaderMap, names: &[HeaderName]) {
+    // One look over the names first: a name with an underscore is rare.
+    if names.is_empty() || !headers.keys().any(|name| name.as_str().contains('_')) {
+        return;
+    }
+    let aliases: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| name.as_str().contains('_') && names.iter().any(|own| reads_as(name.as_str(), own.as_str())))
+        .cloned()
+        .collect();
+    for alias in aliases {
+        headers.remove(alias);
+    }
+}
+
+/// Whether `alias` is `own` with some of its `-` written as `_` (both are lower case, as header names are kept).
+fn reads_as(alias: &str, own: &str) -> bool {
+    alias.len() == own.len()
+        && alias
+            .bytes()
+            .zip(own.bytes())
+            .all(|(a, o)| a == o || (a == b'_' && o == b'-'))
 }
 
 /// The request target's form (RFC 9112 §3.2): origin or absolute form, `*` for OPTIONS. Authority form is for
@@ -316,19 +402,25 @@ pub(super) fn plain_host(bytes: &[u8]) -> bool {
 /// another coding (gzip, say) would reach the upstream with that coding undeclared. RFC 9112 §6.1 answers a coding
 /// the server does not understand with 501. `identity` (a no-op from older RFCs) passes. A list whose last coding
 /// is not chunked, and Transfer-Encoding on HTTP/1.0, hyper refuses itself (400). Empty list elements
-/// (`,chunked`) are no coding: RFC 9110 §5.6.1 has recipients ignore them.
+/// (`,chunked`) are no coding: RFC 9110 §5.6.1 has recipients ignore them. `chunked` more than once, in one line
+/// or over several, is malformed (RFC 9112 §6.1: it is applied only once): the body is decoded once, and what the
+/// inner coding framed would go on as the content (h11 refuses it too).
 pub fn check_transfer_coding(headers: &HeaderMap) -> Result<(), ProxyError> {
-    let understood = |coding: &str| {
-        coding.is_empty() || coding.eq_ignore_ascii_case("chunked") || coding.eq_ignore_ascii_case("identity")
-    };
-    let all_understood = headers.get_all(header::TRANSFER_ENCODING).iter().all(|line| {
-        line.to_str()
-            .is_ok_and(|line| line.split(',').map(str::trim).all(understood))
-    });
-    if all_understood {
-        Ok(())
+    let mut chunked = 0;
+    for line in headers.get_all(header::TRANSFER_ENCODING) {
+        let line = line.to_str().map_err(|_| ProxyError::UnsupportedTransferCoding)?;
+        for coding in line.split(',').map(str::trim) {
+            if coding.eq_ignore_ascii_case("chunked") {
+                chunked += 1;
+            } else if !(coding.is_empty() || coding.eq_ignore_ascii_case("identity")) {
+                return Err(ProxyError::UnsupportedTransferCoding);
+            }
+        }
+    }
+    if chunked > 1 {
+        Err(ProxyError::ChunkedTwice)
     } else {
-        Err(ProxyError::UnsupportedTransferCoding)
+        Ok(())
     }
 }
 

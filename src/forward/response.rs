@@ -1,5 +1,6 @@
-//! The answer the client gets: the upstream's head checked for framing it must not pass on, a small body read in
-//! full first and relayed from memory without a lease, or a short answer of floodgate's own. It never dials.
+//! The answer the client gets: the upstream's head checked for framing it must not pass on (and a 204's
+//! `Content-Length` dropped), a small body read in full first and relayed from memory without a lease, or a short
+//! answer of floodgate's own. It never dials.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -180,9 +181,11 @@ pub(super) fn malformed(parts: &mut http::response::Parts) -> Option<&'static st
         return Some("both Content-Length and Transfer-Encoding");
     }
     // Transfer-Encoding is hop-by-hop and stops here: content in a coding hyper does not decode (gzip) would reach
-    // the client as if it had none.
-    if check_transfer_coding(&parts.headers).is_err() {
-        return Some("a transfer coding other than chunked");
+    // the client as if it had none, and a body chunked twice is decoded once, its inner framing taken for content.
+    match check_transfer_coding(&parts.headers) {
+        Ok(()) => {}
+        Err(ProxyError::ChunkedTwice) => return Some("chunked more than once"),
+        Err(_) => return Some("a transfer coding other than chunked"),
     }
     // hyper checks it only where it frames the body: HEAD, 204 and 304 answers would carry it on as it came.
     match content_length(&parts.headers) {
@@ -258,6 +261,10 @@ pub async fn to_client(
         lease.forbid_reuse();
     }
     strip_hop_by_hop(&mut parts.headers);
+    // RFC 9110 §8.6: a 204 has no Content-Length (a 304's states its representation's length, and stays).
+    if parts.status == StatusCode::NO_CONTENT {
+        parts.headers.remove(header::CONTENT_LENGTH);
+    }
     route.edit_response(&mut parts.headers);
     parts.version = Version::HTTP_11;
     let completion = Completion::new(counters, parts.status, access, span.clone());

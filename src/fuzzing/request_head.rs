@@ -1,5 +1,7 @@
 //! The `request_head` target: bytes from a client socket through hyper's HTTP/1 server, the way a floodgate
-//! listener serves them, then floodgate's own steps before admission (tunnel check, route, rewrite).
+//! listener serves them, then floodgate's own steps before admission (tunnel check, target, route, rewrite). The
+//! path goes upstream as RFC 3986 §5.2.4 resolves it, found here apart from floodgate's code
+//! (`upstream_head::routed_target`), and a target it cannot resolve is refused.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -121,11 +123,21 @@ async fn on_request(proxy: &Proxy, client: &ClientInfo, request: Request<Incomin
     let client_head = ClientHead::of(&parts);
     // An upgrade is served as a tunnel before this step (`proxy::tunnel`); here it is an ordinary request.
     let tunnel = parts.method == Method::CONNECT;
+    // What the path must be routed and forwarded as, its dot segments resolved; `None`: it must be refused.
+    let routed = upstream_head::routed_target(&client_head.uri);
     match proxy.prepare(Request::from_parts(parts, crate::body::ClientBody::Hyper(body)), client) {
         Ok((pool, _, upstream_request)) => {
             assert!(!tunnel, "a tunnel request is forwarded");
+            let Some(routed) = routed else {
+                panic!("a target that must be refused is forwarded: {client_head:?}");
+            };
+            // RFC 9112 §6.1: decoded once, a body chunked twice would go upstream with its inner framing as content.
+            assert!(
+                chunked(&client_head.headers) <= 1,
+                "a body chunked twice is forwarded: {client_head:?}"
+            );
             let (sent, body) = upstream_request.into_parts();
-            upstream_head::check(&client_head, &sent, client, &pool.authority);
+            upstream_head::check(&client_head.as_routed(&routed), &sent, client, &pool.authority);
             // hyper has already resolved the framing: one Content-Length, a plain number.
             let lengths: Vec<_> = sent.headers.get_all(header::CONTENT_LENGTH).iter().collect();
             assert!(
@@ -193,12 +205,29 @@ async fn on_request(proxy: &Proxy, client: &ClientInfo, request: Request<Incomin
                 "refused for a transfer coding: {client_head:?}"
             );
         }
+        Err(ProxyError::InvalidTarget(why)) => {
+            assert!(routed.is_none(), "refused for its target ({why}): {client_head:?}")
+        }
+        Err(ProxyError::ChunkedTwice) => assert!(
+            chunked(&client_head.headers) > 1,
+            "refused as chunked twice: {client_head:?}"
+        ),
         Err(ProxyError::AsteriskTarget) => assert!(
             client_head.uri.path() == "*" && client_head.method != Method::OPTIONS,
             "refused for an asterisk target: {client_head:?}"
         ),
         Err(err) => panic!("refused before admission for {err}: {client_head:?}"),
     }
+}
+
+/// How many times the `Transfer-Encoding` lines name `chunked`.
+fn chunked(headers: &http::HeaderMap) -> usize {
+    headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|line| line.as_bytes().split(|&b| b == b','))
+        .filter(|coding| coding.trim_ascii().eq_ignore_ascii_case(b"chunked"))
+        .count()
 }
 
 /// `host[:port]` with nothing else: no userinfo, path or whitespace; a port that fits 16 bits; a name without an

@@ -24,6 +24,90 @@ impl ClientHead {
             headers: parts.headers.clone(),
         }
     }
+
+    /// The head with `routed` (from [`routed_target`]) as its path and query: what the upstream is to get.
+    pub fn as_routed(&self, routed: &str) -> ClientHead {
+        let mut uri = self.uri.clone();
+        if self
+            .uri
+            .path_and_query()
+            .is_some_and(|target| target.as_str() != routed)
+        {
+            let mut parts = self.uri.clone().into_parts();
+            parts.path_and_query = http::uri::PathAndQuery::try_from(routed).ok();
+            match Uri::from_parts(parts) {
+                Ok(resolved) => uri = resolved,
+                Err(err) => panic!("the resolved target {routed:?} is no target: {err}"),
+            }
+        }
+        ClientHead {
+            method: self.method.clone(),
+            uri,
+            version: self.version,
+            headers: self.headers.clone(),
+        }
+    }
+}
+
+/// The path and query as floodgate must route and forward them, by RFC 3986 §5.2.4's own steps (an input and an
+/// output buffer), each segment that is only dots, as they are or as `%2e`, read as that dot segment; `None` when
+/// the target must be refused: a byte that is not ASCII, a path that climbs above the root, or a segment with a
+/// dot segment between `%2f`, `%5c`, `\` or `;`. Written apart from `forward::path`, which it judges.
+pub(super) fn routed_target(uri: &Uri) -> Option<String> {
+    let Some(target) = uri.path_and_query() else {
+        return Some(String::new());
+    };
+    if target.as_str().bytes().any(|b| b >= 0x80) {
+        return None;
+    }
+    let path = uri.path();
+    let query = uri.query().map(|query| format!("?{query}")).unwrap_or_default();
+    let Some(segments) = path.strip_prefix('/') else {
+        return Some(target.as_str().to_string());
+    };
+    let as_dots = |segment: &str| -> Option<&'static str> {
+        match segment.to_ascii_lowercase().replace("%2e", ".").as_str() {
+            "." => Some("."),
+            ".." => Some(".."),
+            _ => None,
+        }
+    };
+    let mut written = Vec::new();
+    for segment in segments.split('/') {
+        let lower = segment.to_ascii_lowercase();
+        let parts = lower.replace("%2f", "/").replace("%5c", "/").replace(['\\', ';'], "/");
+        if parts.contains('/') && parts.split('/').any(|part| as_dots(part).is_some()) {
+            return None;
+        }
+        written.push(as_dots(segment).unwrap_or(segment));
+    }
+    let mut input = format!("/{}", written.join("/"));
+    let mut output = String::new();
+    let mut climbed = false;
+    let mut remove_last = |output: &mut String| match output.rfind('/') {
+        Some(at) => output.truncate(at),
+        None => climbed = true,
+    };
+    while !input.is_empty() {
+        if input.starts_with("/./") {
+            input.replace_range(..3, "/");
+        } else if input == "/." {
+            input = "/".to_string();
+        } else if input.starts_with("/../") {
+            input.replace_range(..4, "/");
+            remove_last(&mut output);
+        } else if input == "/.." {
+            input = "/".to_string();
+            remove_last(&mut output);
+        } else {
+            let end = input
+                .get(1..)
+                .and_then(|rest| rest.find('/'))
+                .map_or(input.len(), |at| at + 1);
+            output.extend(input.drain(..end));
+        }
+    }
+    (!climbed).then(|| format!("{output}{query}"))
 }
 
 /// RFC 9110 §7.6.1 and the obsolete ones still seen on the wire.
@@ -137,13 +221,31 @@ pub(super) fn check(client_head: &ClientHead, sent: &Parts, client: &ClientInfo,
         }
     }
 
-    // One framing at most, and an unambiguous one.
+    // One framing at most, and an unambiguous one: a length as the plain number the client stated, in one line.
     let lengths: Vec<&HeaderValue> = headers.get_all(header::CONTENT_LENGTH).iter().collect();
     if client_head.headers.contains_key(header::TRANSFER_ENCODING) {
         assert!(
             lengths.is_empty(),
             "a chunked request goes upstream with Content-Length {lengths:?}"
         );
+    } else if let Some(stated) = stated_length(&client_head.headers).filter(|_| {
+        // A client's Connection may name it: then it is hop-by-hop, and goes nowhere.
+        !connection_options(&client_head.headers).contains(&b"content-length".to_vec())
+    }) {
+        assert_eq!(
+            lengths,
+            [&HeaderValue::from(stated)],
+            "Content-Length {stated} goes upstream as it came, not as the number"
+        );
+    }
+
+    // A name that is one floodgate sets with `_` for `-` would reach a CGI-style upstream as floodgate's own.
+    for name in headers.keys() {
+        let aliases = SET_BY_PROXY
+            .iter()
+            .chain([&X_REQUEST_ID])
+            .any(|own| is_alias(name, own));
+        assert!(!aliases, "{name} goes upstream beside floodgate's own field");
     }
 
     // X-Forwarded-*: one line each; an untrusted client's own are replaced, a trusted one's extended.
@@ -216,6 +318,11 @@ pub(super) fn check(client_head: &ClientHead, sent: &Parts, client: &ClientInfo,
     }
     for name in client_head.headers.keys() {
         let rewritten = SET_BY_PROXY.contains(name)
+            || SET_BY_PROXY
+                .iter()
+                .chain([&X_REQUEST_ID])
+                .any(|own| is_alias(name, own))
+            || (name == header::CONTENT_LENGTH && stated_length(&client_head.headers).is_some())
             || HOP_BY_HOP.contains(name)
             || named.contains(name)
             || [header::EXPECT, header::FORWARDED].contains(name)
@@ -227,6 +334,30 @@ pub(super) fn check(client_head: &ClientHead, sent: &Parts, client: &ClientInfo,
             assert_eq!(before, after, "{name} is changed on its way upstream");
         }
     }
+}
+
+const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Whether `name` has an `_` and is `own` once each `_` is read as `-`.
+fn is_alias(name: &HeaderName, own: &HeaderName) -> bool {
+    name.as_str().contains('_') && name.as_str().replace('_', "-") == own.as_str()
+}
+
+/// The one number all of a head's `Content-Length` lines and their list elements state, if they state one.
+fn stated_length(headers: &HeaderMap) -> Option<u64> {
+    let mut numbers = headers
+        .get_all(header::CONTENT_LENGTH)
+        .iter()
+        .flat_map(|line| line.as_bytes().split(|&b| b == b','))
+        .map(|element| {
+            let element = element.trim_ascii();
+            let digits = !element.is_empty() && element.iter().all(u8::is_ascii_digit);
+            digits
+                .then(|| std::str::from_utf8(element).ok()?.parse::<u64>().ok())
+                .flatten()
+        });
+    let first = numbers.next()??;
+    numbers.all(|number| number == Some(first)).then_some(first)
 }
 
 /// `host[:port]` less a trailing dot on the name (the part before the first `:` past any `]`), unless nothing of

@@ -3,11 +3,11 @@
 //! small bodies, a GET through one that streams every body, and a HEAD.
 //!
 //! What the client gets must be a response head, never a `101`, never with both `Content-Length` and
-//! `Transfer-Encoding`, and then either its whole body as framed or an honest cut (closed short, no last chunk),
-//! never more. An upstream head hyper cannot read, a `101`, both framings, a Content-Length that is not one
-//! number or a transfer coding other than chunked is a `502`. A plain, complete upstream message arrives with its
-//! status and body intact; a truncated one never arrives whole. Each request is counted once: `ok` only for a
-//! whole answer, `upstream_error`/`upstream_timeout` for a `502`, `504` or a cut.
+//! `Transfer-Encoding`, and then either its whole body as framed or an honest cut (closed short, no last chunk), never
+//! more, and a `204` without `Content-Length`. An upstream head hyper cannot read, a `101`, both framings, a
+//! Content-Length that is not one number, a transfer coding other than chunked or chunked twice is a `502`. A plain,
+//! complete upstream message arrives with its status and body intact; a truncated one never arrives whole. Each request
+//! is counted once: `ok` only for a whole answer, `upstream_error`/`upstream_timeout` for a `502`, `504` or a cut.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -291,6 +291,12 @@ impl Got {
                 show(bytes)
             );
         }
+        // RFC 9110 §8.6: a 204 never states a length, whatever its upstream did.
+        assert!(
+            status != 204 || lengths.is_empty(),
+            "{what}: the client got a 204 with Content-Length: {}",
+            show(bytes)
+        );
         let rest = bytes.get(head_len..).unwrap_or_default();
         let length = match lengths.as_slice() {
             [] => None,
@@ -422,6 +428,15 @@ fn decode(bytes: &[u8], head: bool) -> Expect {
             .all(|coding| understood(coding.trim_ascii()))
         {
             return Expect::BadGateway("a transfer coding other than chunked");
+        }
+        // RFC 9112 §6.1: chunked is applied once; twice, a reader decoding once takes the inner framing for content.
+        let chunked = codings
+            .iter()
+            .flat_map(|line| line.split(|&b| b == b','))
+            .filter(|coding| coding.trim_ascii().eq_ignore_ascii_case(b"chunked"))
+            .count();
+        if chunked > 1 {
+            return Expect::BadGateway("chunked more than once");
         }
         let length = match content_length(&lengths) {
             Ok(length) => length,

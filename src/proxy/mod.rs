@@ -1,5 +1,5 @@
-//! The request's path through floodgate, built in one place: tunnel check → route → rewrite → small body read
-//! → admission → exchange → answer.
+//! The request's path through floodgate, built in one place: tunnel check → target (its dot segments resolved) →
+//! route → rewrite → small body read → admission → exchange → answer.
 //!
 //! Owns the order of the steps and the one place where a [`ProxyError`] becomes a response and is counted. A
 //! client that leaves while its request is at the upstream does not cancel the exchange: its remainder is
@@ -171,10 +171,10 @@ impl Proxy {
     /// Serves one request from `client`'s connection.
     pub async fn serve(
         self: Arc<Self>,
-        request: Request<ClientBody>,
+        mut request: Request<ClientBody>,
         client: Arc<ClientInfo>,
     ) -> Response<ResponseBody> {
-        let routed = self.route(&request);
+        let routed = self.route(&mut request);
         self.serve_routed(request, client, routed).await
     }
 
@@ -216,6 +216,7 @@ impl Proxy {
         let route = picked.settings.clone();
         if !route.edits_nothing() {
             let (mut parts, body) = upstream_request.into_parts();
+            forward::drop_underscore_aliases(&mut parts.headers, &route.guarded_request);
             route.edit_request(&mut parts.uri, &mut parts.headers);
             upstream_request = Request::from_parts(parts, body);
         }
@@ -316,22 +317,25 @@ impl Proxy {
     #[cfg(feature = "fuzzing")]
     pub(crate) fn prepare(
         &self,
-        request: Request<ClientBody>,
+        mut request: Request<ClientBody>,
         client: &ClientInfo,
     ) -> Result<(Arc<UpstreamPool>, Picked, Request<forward::RequestBody>), ProxyError> {
-        let (pool, picked) = self.route(&request)?;
+        let (pool, picked) = self.route(&mut request)?;
         let upstream_request = forward::to_upstream(request, client, &pool)?;
         Ok((pool, picked, upstream_request))
     }
 
     /// Which upstream and route `request` goes to, once the checks that come before routing pass (a forward-proxy
-    /// CONNECT refused, a sound target and Host). Decided before the request's span opens, so the span carries them.
-    pub(crate) fn route<B>(&self, request: &Request<B>) -> Result<(Arc<UpstreamPool>, Picked), ProxyError> {
+    /// CONNECT refused, a sound target and Host). The target's dot segments are resolved in place first, so the
+    /// path the route is picked by is the one that goes upstream. Decided before the request's span opens, so the
+    /// span carries them.
+    pub(crate) fn route<B>(&self, request: &mut Request<B>) -> Result<(Arc<UpstreamPool>, Picked), ProxyError> {
         if request.method() == Method::CONNECT && !crate::tunnel::extended_connect(request) {
             return Err(ProxyError::ConnectRefused);
         }
         // Before routing: an authority-form target must not pick a route by its authority.
         forward::check_target(request.method(), request.uri())?;
+        forward::resolve_dot_segments(request.uri_mut())?;
         forward::check_host(request.uri(), request.headers())?;
         forward::check_transfer_coding(request.headers())?;
         let host = forward::target_host(request.uri(), request.headers());

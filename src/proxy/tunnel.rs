@@ -80,9 +80,10 @@ impl Proxy {
             Err(err) => return self.answer_error(&pool, err, access),
         };
         let (mut parts, body) = upstream_request.into_parts();
+        forward::drop_underscore_aliases(&mut parts.headers, &picked.settings.guarded_request);
         picked.settings.edit_request(&mut parts.uri, &mut parts.headers);
         let mut upstream_request = Request::from_parts(parts, body);
-        tunnel::upstream_head(&mut upstream_request, upgrade);
+        tunnel::upstream_head(&mut upstream_request, upgrade.clone());
         // A tunnel may last hours: one beyond the bound is refused now rather than queued.
         let Some(slot) = pool.tunnel_slot() else {
             pool.metrics.tunnels_refused_limit.inc();
@@ -112,9 +113,10 @@ impl Proxy {
                 .refused_upgrade(&pool, &picked.settings, response, conn, access)
                 .await;
         }
-        let Some((status, mut headers)) = tunnel::client_answer(response.headers(), version) else {
-            let malformed = ProxyError::UpstreamMalformed("101 Switching Protocols without Upgrade");
-            return self.answer_error(&pool, malformed, access);
+        let (status, mut headers) = match tunnel::client_answer(response.headers(), &upgrade, version) {
+            Ok(answer) => answer,
+            // The socket (`conn`) is dropped with this, and closed: it was switched to what nobody here speaks.
+            Err(malformed) => return self.answer_error(&pool, ProxyError::UpstreamMalformed(malformed), access),
         };
         picked.settings.edit_response(&mut headers);
         let span = tracing::Span::current();

@@ -90,20 +90,45 @@ fn websocket_key() -> HeaderValue {
     HeaderValue::from_str(&key).unwrap_or_else(|_| HeaderValue::from_static("dGhlIHNhbXBsZSBub25jZQ=="))
 }
 
-/// The client's answer to an upgrade the upstream accepted with `switched` (its `101` head): the upstream's
-/// fields but the hop-by-hop ones, and the switch itself. Over HTTP/2 it is a `200` without the HTTP/1.1 fields
-/// (RFC 8441 §5). `None` when the `101` names no protocol, which cannot be relayed.
-pub fn client_answer(switched: &HeaderMap, version: Version) -> Option<(StatusCode, HeaderMap)> {
-    let upgrade = switched.get(header::UPGRADE)?.clone();
+/// The client's answer to an upgrade to `offered` (the `Upgrade` sent upstream) that the upstream accepted with
+/// `switched` (its `101` head): the upstream's fields but the hop-by-hop ones and `Content-Length` (RFC 9110 §8.6:
+/// none on a `1xx`), and the switch itself. Over HTTP/2 it is a `200` without the HTTP/1.1 fields (RFC 8441 §5).
+/// Refused, with why, when the `101` names no protocol, or one the client did not offer (RFC 9110 §7.8: a server
+/// must not switch to it; the client would speak one protocol and the upstream another): neither can be relayed.
+pub fn client_answer(
+    switched: &HeaderMap,
+    offered: &HeaderValue,
+    version: Version,
+) -> Result<(StatusCode, HeaderMap), &'static str> {
+    let upgrade = switched
+        .get(header::UPGRADE)
+        .ok_or("101 Switching Protocols without Upgrade")?
+        .clone();
+    if protocols(&upgrade).next().is_none() {
+        return Err("101 Switching Protocols without Upgrade");
+    }
+    if !protocols(&upgrade).all(|chosen| protocols(offered).any(|asked| asked.eq_ignore_ascii_case(chosen))) {
+        return Err("101 Switching Protocols to a protocol the client did not offer");
+    }
     let mut headers = switched.clone();
     strip_hop_by_hop(&mut headers);
+    headers.remove(header::CONTENT_LENGTH);
     if version == Version::HTTP_2 {
         headers.remove(SEC_WEBSOCKET_ACCEPT);
-        return Some((StatusCode::OK, headers));
+        return Ok((StatusCode::OK, headers));
     }
     headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     headers.insert(header::UPGRADE, upgrade);
-    Some((StatusCode::SWITCHING_PROTOCOLS, headers))
+    Ok((StatusCode::SWITCHING_PROTOCOLS, headers))
+}
+
+/// The protocols an `Upgrade` value names (`websocket`, `IRC/6.9`), empty list elements passed over.
+fn protocols(upgrade: &HeaderValue) -> impl Iterator<Item = &[u8]> {
+    upgrade
+        .as_bytes()
+        .split(|&b| b == b',')
+        .map(<[u8]>::trim_ascii)
+        .filter(|protocol| !protocol.is_empty())
 }
 
 /// A tunnel the upstream has accepted: its socket, open until the relay ends, then closed by the pool's closing
@@ -293,14 +318,39 @@ mod tests {
             SEC_WEBSOCKET_ACCEPT,
             HeaderValue::from_static("s3pPLMBiTxaQ9kYGzzhZRbK+xOo="),
         );
-        let (status, headers) = client_answer(&switched, Version::HTTP_11).unwrap();
+        switched.insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+        let offered = HeaderValue::from_static("WebSocket");
+        let (status, headers) = client_answer(&switched, &offered, Version::HTTP_11).unwrap();
         assert_eq!(status, StatusCode::SWITCHING_PROTOCOLS);
         assert_eq!(headers[header::CONNECTION], "upgrade");
         assert_eq!(headers[header::UPGRADE], "websocket");
         assert!(!headers.contains_key("x-secret"));
-        let (status, headers) = client_answer(&switched, Version::HTTP_2).unwrap();
+        assert!(!headers.contains_key(header::CONTENT_LENGTH));
+        let (status, headers) = client_answer(&switched, &offered, Version::HTTP_2).unwrap();
         assert_eq!(status, StatusCode::OK);
         assert!(headers.is_empty(), "{headers:?}");
-        assert!(client_answer(&HeaderMap::new(), Version::HTTP_11).is_none());
+        assert!(client_answer(&HeaderMap::new(), &offered, Version::HTTP_11).is_err());
+    }
+
+    #[test]
+    fn a_switch_names_only_protocols_the_client_offered() {
+        let switched = |protocol: &'static str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::UPGRADE, HeaderValue::from_static(protocol));
+            headers
+        };
+        let offered = HeaderValue::from_static("foo/2, websocket");
+        for accepted in ["websocket", "WEBSOCKET", "foo/2, websocket", "Foo/2"] {
+            assert!(
+                client_answer(&switched(accepted), &offered, Version::HTTP_11).is_ok(),
+                "{accepted}"
+            );
+        }
+        for refused in ["IRC/6.9", "foo", "foo/3", "websocket, h2c", ""] {
+            assert!(
+                client_answer(&switched(refused), &offered, Version::HTTP_11).is_err(),
+                "{refused:?}"
+            );
+        }
     }
 }

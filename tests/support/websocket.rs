@@ -1,7 +1,9 @@
 //! A WebSocket upstream that serves ordinary HTTP/1.1 on the same port, counting its sockets exactly: every
 //! WebSocket echoes what it is sent, `/hold` answers only when released (so requests can be held in flight), and
-//! `/refuse` answers an upgrade `403`, `/ignore` answers it an ordinary `200`, and a WebSocket to `/vanish` is reset (as if its host went away) when its
-//! first bytes come. And a WebSocket client over a plain or TLS stream to the proxy.
+//! `/refuse` answers an upgrade `403`, `/ignore` answers it an ordinary `200`, `/elsewhere` switches to another
+//! protocol than the one asked for (`IRC/6.9`) and holds its socket until the proxy closes it, and a WebSocket to
+//! `/vanish` is reset (as if its host went away) when its first bytes come. And a WebSocket client over a plain or
+//! TLS stream to the proxy.
 
 use super::*;
 
@@ -212,8 +214,16 @@ async fn serve(
         }
         let on_upgrade = hyper::upgrade::on(&mut request);
         let vanish = request.uri().path() == "/vanish";
+        let elsewhere = request.uri().path() == "/elsewhere";
         tokio::spawn(async move {
             let Ok(upgraded) = on_upgrade.await else { return };
+            if elsewhere {
+                // Speaks no WebSocket: it only waits for the proxy's end of the socket.
+                let mut io = TokioIo::new(upgraded);
+                let mut buf = [0u8; 1024];
+                while matches!(io.read(&mut buf).await, Ok(n) if n > 0) {}
+                return;
+            }
             if vanish {
                 let Ok(parts) = upgraded.downcast::<TokioIo<Counted>>() else {
                     return;
@@ -241,7 +251,8 @@ async fn serve(
         *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
         let headers = response.headers_mut();
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        let protocol = if elsewhere { "IRC/6.9" } else { "websocket" };
+        headers.insert(header::UPGRADE, HeaderValue::from_static(protocol));
         headers.insert(
             "sec-websocket-accept",
             HeaderValue::from_str(&derive_accept_key(&key)).unwrap(),
