@@ -14,7 +14,12 @@ const CAP: usize = 2;
 /// Long enough for a few hundred exchanges at cap / service time.
 const WINDOW: Duration = Duration::from_secs(4);
 
+/// One flood at a time: the tests of this file would otherwise flood the same two cores at once, and each measure
+/// the others' load as much as its own proxy's.
+static ONE_FLOOD: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn goodput_under_flood(threads: &str) {
+    let _alone = ONE_FLOOD.lock().await;
     let upstream = Upstream::start().await;
     // A short queue, so that almost all of the flood is refused at once (queue_full), and a long queue timeout,
     // so that what is queued is served rather than timed out.
@@ -71,6 +76,7 @@ async fn refusing_a_flood_on_two_threads_does_not_starve_the_admitted_requests()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_refusal_in_a_flood_is_a_503_with_retry_after_and_its_reason() {
+    let _alone = ONE_FLOOD.lock().await;
     let upstream = Upstream::start().await;
     let proxy = Proxy::for_upstream(&upstream, 1, &["--max-queue", "1", "--queue-timeout", "30s"]).await;
     let flood = Flood::start(proxy.listen, 50, "/delay/20");
