@@ -30,3 +30,17 @@ pub fn unsolicited_ping_acks(n: usize) -> Vec<u8> {
         .flat_map(|i| frame(PING, ACK, 0, &i.to_be_bytes()))
         .collect()
 }
+
+/// Asserts that the proxy counted a flood of unsolicited PING ACKs: at least one, and no more than it tolerates
+/// before closing the connection (the rest of that read is never handed on).
+pub async fn assert_unsolicited_ping_acks_counted(proxy: &super::Proxy) {
+    let counted = super::metric_sum(
+        &super::parse_metrics(&proxy.metrics().await),
+        "floodgate_http2_unsolicited_ping_acks_total",
+        &[],
+    );
+    assert!(
+        (1.0..=16.0).contains(&counted),
+        "{counted} unsolicited PING ACKs counted"
+    );
+}
