@@ -5,7 +5,8 @@
 #
 #   benches/thread_share.sh BINARY [THREADS [SECONDS [CLIENTS [CAP]]]]   (defaults 2 6 200 64)
 #
-# Needs oha (cargo install oha) and bench_upstream (cargo build --release --examples), which answers at once.
+# Needs wrk (installed with apt-get when missing) and bench_upstream (cargo build --release --examples), which
+# answers at once.
 set -euo pipefail
 binary=${1:?usage: $0 BINARY [THREADS [SECONDS [CLIENTS [CAP]]]]}
 threads=${2:-2}
@@ -15,7 +16,10 @@ cap=${5:-64}
 target=${CARGO_TARGET_DIR:-$(dirname "$0")/../target}
 upstream="$target/release/examples/bench_upstream"
 [ -x "$upstream" ] || { echo "build it first: cargo build --release --examples" >&2; exit 2; }
-command -v oha >/dev/null || { echo "needs oha (cargo install oha)" >&2; exit 2; }
+if ! command -v wrk >/dev/null; then
+  command -v apt-get >/dev/null || { echo "needs wrk" >&2; exit 2; }
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null
+fi
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 up_port=$(port); ctl_port=$(port); listen=$(port); admin=$(port)
 work=$(mktemp -d)
@@ -41,14 +45,14 @@ print(sys.argv[1].split("/")[4], name.replace(" ", "_"), int(fields[11]) + int(f
 EOF
   done
 }
-oha -z "$((seconds + 2))s" -c "$clients" --no-tui "http://127.0.0.1:$listen/" >"$work/oha" 2>&1 &
+wrk -t 2 -c "$clients" -d "$((seconds + 2))s" "http://127.0.0.1:$listen/" >"$work/load" 2>&1 &
 load=$!
 sleep 1
 ticks >"$work/before"
 sleep "$seconds"
 ticks >"$work/after"
 wait "$load" || true
-python3 - "$work/before" "$work/after" "$work/oha" "$threads" <<'EOF'
+python3 - "$work/before" "$work/after" "$work/load" "$threads" <<'EOF'
 import re, sys
 def read(path):
     return {tid: (name, int(t)) for tid, name, t in (line.split() for line in open(path))}

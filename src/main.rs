@@ -16,7 +16,7 @@ mod cli;
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use floodgate::config::{AccessLogFormat, AccessLogTarget, Config, Env, LogFormat, Overrides, REDACTED};
 use floodgate::reload::ConfigSource;
-use floodgate::server::Floodgate;
+use floodgate::server::{Floodgate, Workers};
 
 /// A reverse proxy that turns any number of clients into a fixed, bounded keep-alive pool per upstream.
 ///
@@ -188,8 +188,17 @@ fn main() -> ExitCode {
         };
     let access_log = access_log.zip(config.access_log_format());
     init_logging(config.log_format, &config.log_level, access_log);
-    let runtime = match start_runtime(config.threads) {
+    let runtime = match start_runtime(Flavor::Serving) {
         Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("floodgate: cannot start the runtime: {err}");
+            return ExitCode::from(1);
+        }
+    };
+    // The other threads that serve clients, each a runtime like this one (`floodgate::server::Workers`); before
+    // anything else starts threads, so that a process limit is met here, as the runtime's.
+    let workers = match Workers::start(serving_threads(config.threads).saturating_sub(1)) {
+        Ok(workers) => workers,
         Err(err) => {
             eprintln!("floodgate: cannot start the runtime: {err}");
             return ExitCode::from(1);
@@ -201,7 +210,7 @@ fn main() -> ExitCode {
     if let Err(err) = tikv_jemalloc_ctl::background_thread::write(true) {
         tracing::warn!(error = %err, "the allocator's purging thread did not start; freed memory goes back later");
     }
-    match runtime.block_on(serve(config, source, file)) {
+    match runtime.block_on(serve(config, source, file, workers)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("floodgate: {err:#}");
@@ -241,9 +250,9 @@ fn run_check(args: LayerArgs, quiet: bool) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-async fn serve(config: Config, source: ConfigSource, file: Option<PathBuf>) -> anyhow::Result<()> {
+async fn serve(config: Config, source: ConfigSource, file: Option<PathBuf>, workers: Workers) -> anyhow::Result<()> {
     let watch = config.config_watch_interval;
-    let floodgate = Floodgate::bind(config).await?.reload_from(source);
+    let floodgate = Floodgate::bind(config).await?.reload_from(source).with_workers(workers);
     // Both signal handlers are in place before the ready line: a signal sent on seeing it is never missed.
     reload_on_hangup(floodgate.reloader());
     if let Some(file) = file.filter(|_| !watch.is_zero()) {
@@ -387,33 +396,37 @@ fn notify_systemd(states: &[sd_notify::NotifyState<'_>]) {
     }
 }
 
-/// See `build_runtime` and `floodgate::upstream_lane`.
-const LANE_EVERY_TASKS: u32 = 8;
-
-/// [`build_runtime`], with a thread the OS refuses as an error rather than a panic (see [`without_panic`]).
-fn start_runtime(threads: Option<usize>) -> Result<tokio::runtime::Runtime, String> {
-    without_panic(move || build_runtime(threads)).and_then(|built| built.map_err(|err| err.to_string()))
+#[derive(Clone, Copy)]
+enum Flavor {
+    Serving,
+    Demo,
 }
 
-fn build_runtime(threads: Option<usize>) -> std::io::Result<tokio::runtime::Runtime> {
-    // One thread: the current-thread scheduler, which hands a woken task over without the work-stealing
-    // machinery (atomics, a parked worker to unpark) that a single worker cannot use anyway.
-    let mut builder = match threads {
-        Some(1) => {
+/// [`build_runtime`], with a thread the OS refuses as an error rather than a panic (see [`without_panic`]).
+fn start_runtime(flavor: Flavor) -> Result<tokio::runtime::Runtime, String> {
+    without_panic(move || build_runtime(flavor)).and_then(|built| built.map_err(|err| err.to_string()))
+}
+
+/// The runtime `main` blocks on. Serving, it is the first of floodgate's worker threads (the others are
+/// `floodgate::server::Workers`): a current-thread scheduler, which hands a woken task over without the work-stealing
+/// machinery, and whose `block_on` future (the upstream lane, see `floodgate::upstream_lane`) is polled before
+/// each batch of `LANE_EVERY_TASKS` client tasks. The demo's: tokio's multi-thread runtime.
+fn build_runtime(flavor: Flavor) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = match flavor {
+        Flavor::Serving => {
             let mut builder = tokio::runtime::Builder::new_current_thread();
-            // The upstream lane runs as this runtime's block_on future, polled before each batch of this many
-            // client tasks: the most a hand-off waits (tokio's default is 61). Measured no dearer at 0 ms and
-            // 200 clients, and it kept a pipelining flood from starving the lane (docs/storm.md).
-            builder.event_interval(LANE_EVERY_TASKS);
+            builder.event_interval(floodgate::server::LANE_EVERY_TASKS);
             builder
         }
-        _ => tokio::runtime::Builder::new_multi_thread(),
+        Flavor::Demo => tokio::runtime::Builder::new_multi_thread(),
     };
     builder.enable_all();
-    if let Some(threads) = threads.filter(|&t| t > 1) {
-        builder.worker_threads(threads);
-    }
     builder.build()
+}
+
+/// How many threads serve clients: `threads`, else one per CPU the process may run on.
+fn serving_threads(threads: Option<usize>) -> usize {
+    threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |cpus| cpus.get()))
 }
 
 /// Runs `make` on a thread of its own and returns what it made, or the message it panicked with. tokio and
@@ -448,7 +461,7 @@ fn without_panic<T: Send + 'static>(make: impl FnOnce() -> T + Send + 'static) -
 }
 
 fn run_demo(args: cli::demo::DemoArgs, overrides: Overrides) -> ExitCode {
-    let runtime = match start_runtime(None) {
+    let runtime = match start_runtime(Flavor::Demo) {
         Ok(runtime) => runtime,
         Err(err) => {
             eprintln!("floodgate: cannot start the runtime: {err}");

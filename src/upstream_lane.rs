@@ -3,10 +3,13 @@
 //! already admitted (`docs/storm.md` has the mechanism and the figures).
 //!
 //! On a current-thread runtime the lane is part of the `block_on` future ([`crate::server::Floodgate::run`]),
-//! which tokio polls before each batch of `event_interval` tasks: at light load nothing changes threads; on a
-//! multi-thread runtime it gets a thread and an I/O driver of its own ([`UpstreamLane::start_thread`]). It owns no
-//! policy: what runs here is decided by the proxy and the pool.
+//! which tokio polls before each batch of `event_interval` tasks: at light load nothing changes threads. With
+//! `--threads` above one, each worker thread is such a runtime with a lane of its own ([`UpstreamLane::make_here`]),
+//! and work is spawned into the lane of the thread that spawns it, so an exchange runs where its client is. On a
+//! multi-thread runtime (a library user's) the lane gets a thread and an I/O driver of its own
+//! ([`UpstreamLane::start_thread`]). It owns no policy: what runs here is decided by the proxy and the pool.
 
+use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -17,6 +20,15 @@ use futures_util::FutureExt;
 use tokio::sync::mpsc;
 
 type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+thread_local! {
+    /// The lane of the worker thread this is, on floodgate's worker threads (`server::workers`).
+    static HERE: RefCell<Option<Arc<UpstreamLane>>> = const { RefCell::new(None) };
+}
+
+/// How many times one poll of the lane takes in what its tasks spawned meanwhile (an upload's rest, an abandoned
+/// exchange's drain) and runs it, rather than leaving it for the next turn after a batch of client tasks.
+const ROUNDS_PER_POLL: usize = 2;
 
 /// Where upstream work is spawned: the lane a running floodgate drives, or, for a pool used on its own (tests,
 /// benches), the tokio runtime it was built in.
@@ -58,12 +70,29 @@ impl UpstreamLane {
         })
     }
 
-    /// Runs `task` in the lane. Once the lane has stopped (floodgate is exiting), the task is dropped unrun. A task
-    /// that panics ends alone (what it held is dropped, so its lease and slot go back): one exchange's bug must not
-    /// stop every upstream connection.
+    /// Runs `task` in the lane of the worker thread the caller is on, else in this lane: an exchange stays on its
+    /// client's thread, and so does the connection it dials. Once the lane has stopped (floodgate is exiting), the
+    /// task is dropped unrun. A task that panics ends alone (what it held is dropped, so its lease and slot go
+    /// back): one exchange's bug must not stop every upstream connection.
     pub fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
         // Boxed as it is: an exchange's future is kilobytes, and each wrapper around it before the box is a copy.
-        let _ = self.inbox.send(Box::pin(task));
+        let task: Task = Box::pin(task);
+        let task = HERE.with_borrow(|here| match here {
+            Some(lane) => {
+                let _ = lane.inbox.send(task);
+                None
+            }
+            None => Some(task),
+        });
+        if let Some(task) = task {
+            let _ = self.inbox.send(task);
+        }
+    }
+
+    /// Makes `lane` the one work spawned from this thread runs in; for a worker thread whose runtime's `block_on`
+    /// polls `lane.run()`.
+    pub fn make_here(lane: Arc<UpstreamLane>) {
+        HERE.set(Some(lane));
     }
 
     /// Runs the lane's tasks until the returned future is dropped, or the lane is and its last task has ended; to
@@ -82,25 +111,41 @@ impl UpstreamLane {
             let mut running = FuturesUnordered::new();
             let mut open = true;
             std::future::poll_fn(move |cx| {
-                while open {
-                    match inbox.poll_recv(cx) {
-                        Poll::Ready(Some(task)) => running.push(std::panic::AssertUnwindSafe(task).catch_unwind()),
-                        Poll::Ready(None) => open = false,
-                        Poll::Pending => break,
-                    }
-                }
-                // Every task that is ready runs now; FuturesUnordered yields by itself after a pass over all of
-                // them, and tokio's cooperative budget bounds the rest.
-                loop {
-                    match running.poll_next_unpin(cx) {
-                        Poll::Ready(Some(Ok(()))) => {}
-                        Poll::Ready(Some(Err(_))) => {
-                            tracing::error!("a task in the upstream lane panicked; its exchange is abandoned")
+                let mut took = false;
+                for round in 0..ROUNDS_PER_POLL {
+                    took = false;
+                    while open {
+                        match inbox.poll_recv(cx) {
+                            Poll::Ready(Some(task)) => {
+                                running.push(std::panic::AssertUnwindSafe(task).catch_unwind());
+                                took = true;
+                            }
+                            Poll::Ready(None) => open = false,
+                            Poll::Pending => break,
                         }
-                        Poll::Ready(None) if !open => return Poll::Ready(()),
-                        Poll::Ready(None) | Poll::Pending => return Poll::Pending,
+                    }
+                    if round > 0 && !took {
+                        break;
+                    }
+                    // Every task that is ready runs now; FuturesUnordered yields by itself after a pass over all
+                    // of them, and tokio's cooperative budget bounds the rest.
+                    loop {
+                        match running.poll_next_unpin(cx) {
+                            Poll::Ready(Some(Ok(()))) => {}
+                            Poll::Ready(Some(Err(_))) => {
+                                tracing::error!("a task in the upstream lane panicked; its exchange is abandoned")
+                            }
+                            Poll::Ready(None) if !open => return Poll::Ready(()),
+                            Poll::Ready(None) | Poll::Pending => break,
+                        }
                     }
                 }
+                // Work taken in on the last round has run once; what it spawned waits for the next poll, which
+                // this asks for (the inbox registered no waker while it still had tasks to give).
+                if took {
+                    cx.waker().wake_by_ref();
+                }
+                Poll::Pending
             })
             .await
         }

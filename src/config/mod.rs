@@ -47,7 +47,7 @@ pub use validate::{is_addressable_name, LARGEST_RUNTIME_COUNT, MAX_THREADS};
 pub struct Config {
     pub listen: SocketAddr,
     pub admin: SocketAddr,
-    /// Tokio worker threads; `None` lets the runtime use one per CPU.
+    /// Threads serving clients, each a runtime with an upstream lane of its own; `None`: one per CPU.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "integer::option")]
     pub threads: Option<usize>,

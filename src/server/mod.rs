@@ -10,6 +10,10 @@ mod h1_conn;
 mod h1_strict;
 mod h2_frames;
 mod proxy_header;
+mod workers;
+
+use workers::Job;
+pub use workers::{Workers, LANE_EVERY_TASKS};
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -56,6 +60,7 @@ pub struct Floodgate {
     listener: TcpListener,
     admin: TcpListener,
     state: Arc<State>,
+    workers: Workers,
 }
 
 /// A handle that reloads a running floodgate.
@@ -74,8 +79,8 @@ impl Floodgate {
     pub async fn bind(config: Config) -> Result<Floodgate, StartError> {
         let metrics = Arc::new(Metrics::new());
         let lane = UpstreamLane::new();
-        // On a multi-thread runtime, the lane gets its own thread (see upstream_lane); on a current-thread one,
-        // `run` drives it ahead of the client connections.
+        // On a multi-thread runtime (a library user's), the lane gets its own thread (see upstream_lane); on a
+        // current-thread one (floodgate's threads, `Workers`), `run` drives it ahead of the client connections.
         if tokio::runtime::Handle::current().runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread {
             lane.start_thread().map_err(StartError::Lane)?;
         }
@@ -116,7 +121,16 @@ impl Floodgate {
                 source: std::sync::OnceLock::new(),
                 reloading: tokio::sync::Mutex::new(()),
             }),
+            workers: Workers::none(),
         })
+    }
+
+    /// Serves clients on `workers` beside the thread [`Floodgate::run`] is awaited on, each with an upstream lane
+    /// of its own. For the lanes to run ahead of the client connections, `run` must be awaited in a current-thread
+    /// runtime's `block_on`, as `main` does.
+    pub fn with_workers(mut self, workers: Workers) -> Floodgate {
+        self.workers = workers;
+        self
     }
 
     /// Where a reload reads the configuration from: the same layers as the one given to [`Floodgate::bind`].
@@ -162,7 +176,12 @@ impl Floodgate {
     }
 
     async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), StartError> {
-        let Floodgate { listener, admin, state } = self;
+        let Floodgate {
+            listener,
+            admin,
+            state,
+            mut workers,
+        } = self;
         let stop = CancellationToken::new();
         let admin_task = tokio::spawn(admin::serve(admin, state.clone(), stop.clone()));
         let connections = TaskTracker::new();
@@ -177,7 +196,7 @@ impl Floodgate {
                 draining.cancel();
             });
         }
-        accept_loop(&listener, &state, &connections, &draining).await;
+        accept_loop(&listener, &state, &connections, &draining, &mut workers).await;
         drop(listener);
         tracing::info!(
             in_flight = connections.len(),
@@ -202,6 +221,7 @@ impl Floodgate {
             let _ = tokio::time::timeout(TUNNELS_STOPPING, both()).await;
         }
         upstreams_done(&state.proxy.all_pools(), deadline).await;
+        drop(workers);
         stop.cancel();
         let _ = admin_task.await;
         Ok(())
@@ -263,6 +283,7 @@ async fn accept_loop(
     state: &Arc<State>,
     connections: &TaskTracker,
     draining: &CancellationToken,
+    workers: &mut Workers,
 ) {
     let limit = &state.client_room;
     let metrics = state.proxy.metrics.clone();
@@ -294,16 +315,30 @@ async fn accept_loop(
                 let draining = draining.clone();
                 let open = OpenClient::new(metrics.client_connections.clone(), permit);
                 let tls = state.tls.load_full().map(TlsAcceptor::from);
-                connections.spawn(connection::serve(
-                    stream,
-                    peer,
-                    tls,
-                    proxy,
-                    config,
-                    draining,
-                    open,
-                    connections.clone(),
-                ));
+                let tracker = connections.clone();
+                let serve = move |stream| {
+                    let task = connection::serve(stream, peer, tls, proxy, config, draining, open, tracker.clone());
+                    tracker.spawn(task);
+                };
+                let Some(worker) = workers.next_turn() else {
+                    serve(stream);
+                    continue;
+                };
+                // The socket moves to the worker's own I/O driver; a worker that has stopped leaves it here.
+                let stream = match stream.into_std() {
+                    Ok(stream) => stream,
+                    Err(err) => {
+                        tracing::debug!(error = %err, "cannot hand an accepted connection to a worker");
+                        continue;
+                    }
+                };
+                let job: Job = Box::new(move || match tokio::net::TcpStream::from_std(stream) {
+                    Ok(stream) => serve(stream),
+                    Err(err) => tracing::debug!(error = %err, "a worker cannot take an accepted connection"),
+                });
+                if let Err(tokio::sync::mpsc::error::SendError(job)) = worker.send(job) {
+                    job();
+                }
             }
             Err(err) => {
                 // Typically out of file descriptors: back off instead of spinning on the same error, and say so
