@@ -13,12 +13,59 @@ const UP: &str = "default";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_hundred_concurrent_clients_are_served_over_exactly_four_upstream_connections() {
+    // One thread: the single-thread runtime the benchmark's floodgate-1 runs on (other tests use the default).
+    five_hundred_clients_over_four_connections("1").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_threads_share_the_clients_and_still_hold_four_upstream_connections_between_them() {
+    let proxy = five_hundred_clients_over_four_connections("4").await;
+    // Each thread has its own lane and its own clients: every worker thread woke for its share of them (one that
+    // got no connection would have slept since start-up, a switch or two).
+    let workers = threads_named(proxy.pid(), "floodgate-worke");
+    assert_eq!(workers.len(), 3, "three worker threads beside main's: {workers:?}");
+    for (tid, switches) in &workers {
+        assert!(
+            *switches >= 20,
+            "worker thread {tid} served nobody: {switches} wake-ups ({workers:?})"
+        );
+    }
+}
+
+/// Thread id and voluntary context switches of each of `pid`'s threads whose name is `name`.
+fn threads_named(pid: u32, name: &str) -> Vec<(String, u64)> {
+    let mut found = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("the proxy's threads") {
+        let task = task.expect("a thread's entry").path();
+        let status = std::fs::read_to_string(task.join("status")).unwrap_or_default();
+        let field = |key: &str| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix(key))
+                .map(|value| value.trim().to_string())
+        };
+        if field("Name:").as_deref() == Some(name) {
+            let switches = field("voluntary_ctxt_switches:")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            let tid = task
+                .file_name()
+                .map(|t| t.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            found.push((tid, switches));
+        }
+    }
+    found
+}
+
+/// 500 clients, all connected before any sends, each asking for a 5 ms answer through a cap of 4, with floodgate
+/// on `threads` threads: every one answered, over the same four upstream connections.
+async fn five_hundred_clients_over_four_connections(threads: &str) -> Proxy {
     let upstream = Upstream::start().await;
-    // One worker thread: the single-thread runtime the benchmark's floodgate-1 runs on (other tests use the default).
     let proxy = Proxy::for_upstream(
         &upstream,
         4,
-        &["--max-queue", "1000", "--queue-timeout", "20s", "--threads", "1"],
+        &["--max-queue", "1000", "--queue-timeout", "20s", "--threads", threads],
     )
     .await;
 
@@ -69,6 +116,7 @@ async fn five_hundred_concurrent_clients_are_served_over_exactly_four_upstream_c
     assert_eq!(status["connections_opened_total"], 4, "/status: {status}");
     assert_eq!(status["max_connections"], 4, "/status: {status}");
     assert_eq!(status["queue_depth"], 0, "/status: {status}");
+    proxy
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
