@@ -109,6 +109,31 @@ children() { # PID: its direct children (nginx workers)
   local f
   for f in /proc/"$1"/task/*/children; do cat "$f" 2>/dev/null || true; done | tr ' ' '\n' | grep -E '^[0-9]+$' || true
 }
+
+thread_ticks() { # PID...: "TID TICKS" (utime+stime) for every thread of each process, one per line
+  local p t fields
+  for p in "$@"; do
+    for t in /proc/"$p"/task/*; do
+      fields=$(sed 's/^.*) //' "$t/stat" 2>/dev/null) || continue
+      read -r -a f <<<"$fields"
+      echo "${t##*/} $((f[11] + f[12]))"
+    done
+  done
+}
+
+# How a window's CPU spread over the threads: {"busiest": share of the busiest thread, "over_5pct": threads above
+# 5 %}, from two thread_ticks listings ({} when nothing ran).
+thread_spread() { # BEFORE AFTER
+  python3 -c '
+import json, sys
+def read(text):
+    return {tid: int(t) for tid, t in (line.split() for line in text.splitlines() if line.strip())}
+before, after = read(sys.argv[1]), read(sys.argv[2])
+used = [t - before.get(tid, 0) for tid, t in after.items()]
+total = sum(used)
+print(json.dumps({"busiest": max(used) / total, "over_5pct": sum(1 for t in used if t > 0.05 * total)} if total else {}))' "$1" "$2"
+}
+
 cpu_ticks() { # PID...: utime+stime summed
   local p sum=0 fields
   for p in "$@"; do
@@ -325,7 +350,7 @@ start_subject() { # SUBJECT UPSTREAM_ADDR RUN_DIR
 # JSON object merged into the line).
 run_case() { # SCENARIO SUBJECT DELAY_MS CLIENTS REP LOAD_FN [EXTRA_JSON]
   local scenario=$1 subject=$2 delay=$3 clients=$4 rep=$5 load_fn=$6 extra=${7:-"{}"}
-  local name="${layout}_${scenario}_${subject}_n${cap}_d${delay}_c${clients}_r${rep}" dir warm stats t0 t1 u0 u1
+  local name="${layout}_${scenario}_${subject}_n${cap}_d${delay}_c${clients}_r${rep}" dir warm stats t0 t1 u0 u1 th0 th1
   [[ $extra != "{}" ]] && name+="_$(tr -cd 'a-z0-9' <<<"$extra")"
   dir=$out/runs/$name
   # Fresh: a line left in a log by an earlier run would be read as this run's ready line before it is truncated.
@@ -341,10 +366,10 @@ run_case() { # SCENARIO SUBJECT DELAY_MS CLIENTS REP LOAD_FN [EXTRA_JSON]
   warm=$(curl -fsS -X POST "http://$up_ctl/reset") || die "upstream control endpoint failed: $(tail -2 "$dir/upstream.out" "$dir/upstream.err")"
   local load1
   load1=$(cut -d' ' -f1 /proc/loadavg) # other work on the machine shows here: the load before this run
-  t0=$(cpu_ticks "${subject_pids[@]}"); u0=$(cpu_ticks "$up_pid")
+  t0=$(cpu_ticks "${subject_pids[@]}"); u0=$(cpu_ticks "$up_pid"); th0=$(thread_ticks "${subject_pids[@]}")
   rm -f "$dir/load.json"
   "$load_fn" measure "$url" "$dir" "$duration" || die "load generator failed in $dir"
-  t1=$(cpu_ticks "${subject_pids[@]}"); u1=$(cpu_ticks "$up_pid")
+  t1=$(cpu_ticks "${subject_pids[@]}"); u1=$(cpu_ticks "$up_pid"); th1=$(thread_ticks "${subject_pids[@]}")
   [[ -s $dir/load.json ]] || die "no load result in $dir/load.json"
   stats=$(curl -fsS "http://$up_ctl/stats") || die "upstream control endpoint failed: $(tail -2 "$dir/upstream.out" "$dir/upstream.err")"
   [[ -n $admin_addr ]] && { curl -fsS "http://$admin_addr/status" >"$dir/floodgate_status.json" 2>/dev/null || true; }
@@ -363,7 +388,8 @@ line = {"scenario": "$scenario", "layout": "$layout", "subject": "$subject", "de
         "upstream": json.loads('''$stats'''), "upstream_warmup": json.loads('''$warm'''),
         "upstream_hwm_kb": $(status_kb VmHWM "$up_pid"), "upstream_threads": $(status_kb Threads "$up_pid"),
         "upstream_cpu_ticks": $((u1 - u0)), "proxy_hwm_kb": $proxy_hwm, "proxy_rss_kb": $proxy_rss,
-        "proxy_cpu_ticks": $proxy_cpu, "clk_tck": $(getconf CLK_TCK), "loadavg_1m": $load1}
+        "proxy_cpu_ticks": $proxy_cpu, "clk_tck": $(getconf CLK_TCK), "loadavg_1m": $load1,
+        "proxy_threads": json.loads('''$(thread_spread "$th0" "$th1")''')}
 line.update(json.loads('''$extra'''))
 line.update(json.loads('''$more'''))
 with open(sys.argv[1], "a") as f:

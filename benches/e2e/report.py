@@ -20,7 +20,7 @@ import sys
 
 from report_common import markdown_table
 
-SCENARIO_ORDER = ["closed", "capacity", "open", "single", "h2", "idle", "jvm", "storm",
+SCENARIO_ORDER = ["closed", "capacity", "open", "single", "h2", "idle", "jvm", "storm", "cores",
                   "overload", "fairness", "adaptive", "slow-readers", "retry-after", "endpoints"]
 KINDS = ("benchmarks", "overload")
 

@@ -8,7 +8,8 @@ Standard library only.
 
 import statistics
 
-SUBJECT_ORDER = ["direct", "floodgate-1", "floodgate-2", "haproxy-1", "haproxy-2", "nginx-1", "nginx-2"]
+SUBJECT_ORDER = ["direct", "floodgate-1", "floodgate-2", "floodgate-4", "haproxy-1", "haproxy-2", "haproxy-4", "nginx-1",
+                 "nginx-2", "nginx-4"]
 # The stand's noise band: differences below these are reported as ties.
 NOISE_RATE = 0.15
 NOISE_P99 = 0.20

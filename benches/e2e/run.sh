@@ -24,6 +24,8 @@ Scenarios (-x), each in benches/e2e/scenarios/NAME.sh:
   h2        h2load, h2c clients (100 connections x 10 streams), 0 and 2 ms; the upstream stays HTTP/1.1
   idle      8,000 clients (idle_clients) make one request each, then stay connected: proxy RSS with them vs before
   jvm       wrk closed loop, 50 ms, thread-per-connection JVM upstream (jvm/), 200-8,000 clients: its threads, RSS
+  cores     floodgate --threads 1/2/4 and HAProxy nbthread 1/2/4: capacity and the retry storm, CPU per response
+            and the busiest thread's share (not in the default -x)
 
 Overload-control scenarios (not in the default -x; their report is docs/overload.md, option -O):
   overload  oha open loop at 0.8x, 1x, 1.2x and 2x of N / service time (8 / 20 ms), clients sending
@@ -44,7 +46,7 @@ Overload-control scenarios (not in the default -x; their report is docs/overload
   after them (overload_factors="2" ...; see each file's head). They run in the shared layout only.
 
 Subjects: direct (no proxy), floodgate-1, floodgate-2 (--threads 1/2), haproxy-1, haproxy-2 (nbthread 1/2),
-nginx-1, nginx-2 (worker_processes 1/2). Each run starts a fresh upstream and a fresh subject.
+nginx-1, nginx-2 (worker_processes 1/2); a -4 of each (4 threads) for the cores scenario. Each run starts a fresh upstream and a fresh subject.
 
 Options:
   -n N         connection cap for every proxy (floodgate --max-connections, HAProxy server maxconn,
@@ -125,7 +127,7 @@ for v in "$cap" "$queue" "$queue_timeout" "$duration" "$warmup" "$reps" "$wrk_th
   [[ $v =~ ^[0-9]+$ ]] || { echo "run.sh: not a whole number: $v" >&2; exit 2; }
 done
 for s in $subjects; do
-  case $s in direct | floodgate-[12] | haproxy-[12] | haproxyq-[12] | nginx-[12]) ;;
+  case $s in direct | floodgate-[124] | haproxy-[124] | haproxyq-[124] | nginx-[124]) ;;
     *) echo "run.sh: unknown subject: $s" >&2; exit 2 ;;
   esac
 done
