@@ -11,6 +11,31 @@ import os
 import re
 import sys
 
+
+
+def crate_modules(text):
+    """The top-level modules named by `crate::` paths, those in `crate::{a, b::c}` groups included."""
+    found = re.findall(r"crate::([a-z_][a-z0-9_]*)", text)
+    for group in re.finditer(r"crate::\{", text):
+        # The group's items at its own depth, each starting with a module's name.
+        depth, items, item = 0, [], ""
+        for ch in text[group.end():]:
+            if ch == "}" and depth == 0:
+                break
+            depth += {"{": 1, "}": -1}.get(ch, 0)
+            if ch == "," and depth == 0:
+                items.append(item)
+                item = ""
+            else:
+                item += ch
+        items.append(item)
+        for it in items:
+            head = re.match(r"\s*([a-z_][a-z0-9_]*)", it)
+            if head and head.group(1) != "self":
+                found.append(head.group(1))
+    return found
+
+
 root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
 uses = collections.defaultdict(lambda: collections.defaultdict(set))
 for path in glob.glob(os.path.join(root, "**", "*.rs"), recursive=True):
@@ -23,7 +48,7 @@ for path in glob.glob(os.path.join(root, "**", "*.rs"), recursive=True):
     text = open(path, encoding="utf-8").read()
     text = re.split(r"#\[cfg\(test\)\]\s*mod tests \{", text)[0]
     text = re.sub(r"//[^\n]*", "", text)
-    for module in re.findall(r"crate::([a-z_]+)", text):
+    for module in crate_modules(text):
         if module != top:
             uses[top][module].add(rel)
 

@@ -5,11 +5,14 @@
 //! is what an upstream's settings and recent pace add to a shed answer (its status, `Retry-After`). Nothing here
 //! logs or counts: the caller does that once, with the outcome this module names.
 
+use std::io;
 use std::time::Duration;
 
 use http::StatusCode;
 
 use crate::admission::Shed;
+use crate::h1::response_head::{MAX_INTERIM_HEADS, MAX_RESPONSE_HEAD_BYTES};
+use crate::h1::HeadError;
 
 /// Why an exchange did not produce the upstream's own answer.
 #[derive(Debug, thiserror::Error)]
@@ -67,7 +70,7 @@ pub enum ProxyError {
     #[error("TLS handshake with upstream failed: {0}")]
     UpstreamTls(String),
     #[error("upstream failed: {0}")]
-    Upstream(#[source] crate::forward::UpstreamError),
+    Upstream(#[source] UpstreamError),
     #[error("upstream did not answer within {0:?}")]
     UpstreamTimeout(Duration),
     #[error("upstream response body went on past its Content-Length")]
@@ -312,4 +315,23 @@ pub struct ShedAdvice {
     pub status: StatusCode,
     pub quota_status: StatusCode,
     pub retry_after_secs: u64,
+}
+
+/// What went wrong on the upstream's side of an exchange.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("connection error: {0}")]
+    Io(#[from] io::Error),
+    #[error("connection closed before the answer's head was complete")]
+    ClosedBeforeHead,
+    #[error("the connection was closed (or spoken on unasked) while it sat idle")]
+    Closed,
+    #[error("invalid answer head: {0}")]
+    Head(#[from] HeadError),
+    #[error("answer body cut short: the connection ended before it did")]
+    BodyCutShort,
+    #[error("invalid chunked answer body: {0}")]
+    Chunked(&'static str),
+    #[error("more than {MAX_INTERIM_HEADS} interim (1xx) answers, or {MAX_RESPONSE_HEAD_BYTES} bytes of them, before the final one")]
+    TooManyInterim,
 }

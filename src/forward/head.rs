@@ -10,6 +10,7 @@ use http::{Method, Request, Uri, Version};
 use tokio::net::TcpStream;
 
 use crate::error::ProxyError;
+use crate::h1::connection_options;
 use crate::pool::UpstreamPool;
 
 use super::RequestBody;
@@ -80,16 +81,6 @@ const HOP_BY_HOP: [HeaderName; 7] = [
     header::TRANSFER_ENCODING,
     header::UPGRADE,
 ];
-
-/// The options of every `Connection` line, read as bytes: a line with a non-ASCII byte still names its other
-/// options (reading it as text would drop the whole line, and with it a `close` or a header to strip).
-pub(crate) fn connection_options(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
-    headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .flat_map(|value| value.as_bytes().split(|&b| b == b','))
-        .map(<[u8]>::trim_ascii)
-}
 
 /// The host a request is for: the URI's authority (absolute form, HTTP/2 `:authority`) wins over `Host`, as
 /// RFC 9112 §3.2.2 asks of a proxy. Routing and the upstream's Host header both use it.
@@ -421,16 +412,5 @@ pub fn check_transfer_coding(headers: &HeaderMap) -> Result<(), ProxyError> {
         Err(ProxyError::ChunkedTwice)
     } else {
         Ok(())
-    }
-}
-
-/// Whether the upstream keeps the connection open after this response.
-pub fn keeps_alive(version: Version, headers: &HeaderMap) -> bool {
-    let connection_has =
-        |token: &str| connection_options(headers).any(|option| option.eq_ignore_ascii_case(token.as_bytes()));
-    match version {
-        Version::HTTP_11 => !connection_has("close"),
-        Version::HTTP_10 => connection_has("keep-alive") && !connection_has("close"),
-        _ => false,
     }
 }

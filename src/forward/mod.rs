@@ -15,19 +15,18 @@ mod relay;
 mod response;
 #[cfg(test)]
 mod tests;
-mod upstream;
 
 use crate::body::IdleTimer;
 pub use crate::body::{BodyStalled, BoxError, CutOff, RequestBody};
-pub(crate) use head::connection_options;
+pub use crate::error::UpstreamError;
+pub(crate) use crate::h1::connection_options;
+pub use crate::h1::keeps_alive;
+pub(crate) use crate::pool::client::send;
+pub use crate::pool::client::{client_body_error, Upload, UpstreamIncoming};
 pub use head::{
-    check_host, check_target, check_transfer_coding, drop_underscore_aliases, keeps_alive, strip_hop_by_hop,
-    target_host, to_upstream, upstream_head, ClientInfo,
+    check_host, check_target, check_transfer_coding, drop_underscore_aliases, strip_hop_by_hop, target_host,
+    to_upstream, upstream_head, ClientInfo,
 };
 pub use path::resolve_dot_segments;
 pub use relay::{complete, Completion, UpstreamBody};
 pub use response::{local_response, to_client, ResponseBody, SHED_REASON};
-pub(crate) use upstream::send;
-pub use upstream::{client_body_error, Upload, UpstreamError, UpstreamIncoming};
-#[cfg(feature = "fuzzing")]
-pub(crate) use upstream::{MAX_INTERIM_HEADS, MAX_RESPONSE_HEAD_BYTES};

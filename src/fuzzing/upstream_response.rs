@@ -408,7 +408,9 @@ fn decode(bytes: &[u8], head: bool) -> Expect {
         if status < 200 {
             interim += 1;
             interim_bytes += len;
-            if interim > crate::forward::MAX_INTERIM_HEADS || interim_bytes > crate::forward::MAX_RESPONSE_HEAD_BYTES {
+            if interim > crate::h1::response_head::MAX_INTERIM_HEADS
+                || interim_bytes > crate::h1::response_head::MAX_RESPONSE_HEAD_BYTES
+            {
                 return Expect::BadGateway("more interim (1xx) answers than floodgate reads");
             }
             continue;

@@ -11,7 +11,7 @@ pub(crate) mod request_head;
 pub(crate) mod response_head;
 pub(crate) mod write;
 
-use http::StatusCode;
+use http::{header, HeaderMap, StatusCode, Version};
 
 /// How many header lines a head may have, as hyper's default; more is answered `431`.
 pub(crate) const MAX_HEADERS: usize = 100;
@@ -42,5 +42,27 @@ impl HeadError {
             HeadError::TargetTooLong => StatusCode::URI_TOO_LONG,
             HeadError::Malformed(_) => StatusCode::BAD_REQUEST,
         }
+    }
+}
+
+/// The options of every `Connection` line, read as bytes: a line with a non-ASCII byte still names its other
+/// options (reading it as text would drop the whole line, and with it a `close` or a header to strip).
+pub(crate) fn connection_options(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .flat_map(|value| value.as_bytes().split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+}
+
+/// Whether the peer keeps the connection open after this message (HTTP/1.1 unless `close`, HTTP/1.0 only with
+/// `keep-alive`).
+pub fn keeps_alive(version: Version, headers: &HeaderMap) -> bool {
+    let connection_has =
+        |token: &str| connection_options(headers).any(|option| option.eq_ignore_ascii_case(token.as_bytes()));
+    match version {
+        Version::HTTP_11 => !connection_has("close"),
+        Version::HTTP_10 => connection_has("keep-alive") && !connection_has("close"),
+        _ => false,
     }
 }

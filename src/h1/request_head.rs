@@ -5,7 +5,7 @@
 //!
 //! It accepts and refuses exactly what hyper's HTTP/1 server does with floodgate's settings, and yields the same
 //! message; `fuzzing::h1_request_head` checks that on every input of the corpus. Whether the connection stays open
-//! is `forward::keeps_alive`'s answer, the relay's own (it reads a `close` even in a `Connection` line with a
+//! is [`super::keeps_alive`]'s answer, the relay's own (it reads a `close` even in a `Connection` line with a
 //! non-ASCII byte, which hyper passes over).
 
 use bytes::BytesMut;
@@ -13,8 +13,8 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Request, Uri, Version};
 
 use super::fields::{self, digits, last_coding_is_chunked};
+use super::keeps_alive;
 use super::{HeadError, ADDED_FIELDS, MAX_CONTENT_LENGTH, MAX_HEADERS};
-use crate::forward::keeps_alive;
 
 /// The longest request target taken; longer is answered `414` (the most a `Uri` holds).
 const MAX_TARGET_BYTES: usize = u16::MAX as usize - 1;

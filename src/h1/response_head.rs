@@ -12,8 +12,15 @@ use http::header;
 use http::{HeaderMap, Method, Response, StatusCode, Version};
 
 use super::fields::{self, last_coding_is_chunked, stated_length};
+use super::keeps_alive;
 use super::{HeadError, ADDED_FIELDS, MAX_CONTENT_LENGTH, MAX_HEADERS};
-use crate::forward::keeps_alive;
+
+/// The largest response head read, as hyper's client bounds it (its largest read buffer).
+pub(crate) const MAX_RESPONSE_HEAD_BYTES: usize = 8192 + 4096 * 100;
+
+/// Interim (`1xx`) heads passed over before a final one: a `100 Continue` and a few `103 Early Hints` are what
+/// servers send; more is a flood, each one held and read for nothing.
+pub(crate) const MAX_INTERIM_HEADS: usize = 16;
 
 /// A complete final response head and what it says of the rest of the connection.
 #[derive(Debug)]

@@ -73,7 +73,7 @@ async fn exchange(
     let answered = match request {
         Ok(request) => {
             let sent = async {
-                let (response, rest) = crate::forward::send(&conn.wire, request).await.ok()?;
+                let (response, rest) = super::client::send(&conn.wire, request).await.ok()?;
                 // A GET without a body has nothing left to send.
                 drop(rest);
                 Some(response)

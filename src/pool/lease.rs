@@ -10,7 +10,7 @@ use std::sync::Arc;
 use super::{Back, Conn, Grant, UpstreamPool};
 use crate::body::UploadProgress;
 use crate::error::ProxyError;
-use crate::forward::UpstreamError;
+use crate::error::UpstreamError;
 
 enum Held {
     Conn(Conn),

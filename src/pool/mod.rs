@@ -9,6 +9,7 @@
 
 mod adaptive;
 mod admit;
+pub(crate) mod client;
 mod connection;
 mod endpoints;
 mod handoff;

@@ -6,7 +6,7 @@
 //! closing task to look (the upstream closing it, or speaking unasked): no task per connection, and nothing to
 //! wake when an exchange takes it or gives it back.
 //!
-//! It never frames HTTP (`forward::upstream` does) and never counts connections (the connection's slot does).
+//! It never frames HTTP (`pool::client` does) and never counts connections (the connection's slot does).
 
 use std::io::{self, ErrorKind};
 use std::pin::Pin;

@@ -1,4 +1,4 @@
-//! floodgate's HTTP/1 client: a request written onto an upstream connection's wire (`h1::write`), the answer's
+//! floodgate's HTTP/1 client, on a pool connection's wire: a request written onto an upstream connection's wire (`h1::write`), the answer's
 //! head read off it (`h1::response_head`), and the answer's body read from it by whoever takes the body, with no
 //! task of the connection's own between them. A request body the upstream answers before it has all of it goes
 //! on being written beside the answer ([`Upload`]), as hyper's client did.
@@ -18,18 +18,13 @@ use http::{Method, Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 
-use super::{BodyStalled, BoxError, RequestBody};
-use crate::body::ClientBodyError;
-use crate::error::ProxyError;
+use super::wire::{self, Wire};
+use crate::body::{BodyStalled, BoxError, ClientBodyError, RequestBody};
+use crate::error::{ProxyError, UpstreamError};
 use crate::h1::body::{BodyFault, Delimited};
 use crate::h1::chunked::ChunkedDecoder;
-use crate::h1::response_head::{self, ResponseFraming};
+use crate::h1::response_head::{self, ResponseFraming, MAX_INTERIM_HEADS, MAX_RESPONSE_HEAD_BYTES};
 use crate::h1::write::{self, BodySize, Encoding, LAST_CHUNK};
-use crate::h1::HeadError;
-use crate::pool::wire::{self, Wire};
-
-/// The largest response head read, as hyper's client bounds it (its largest read buffer).
-pub(crate) const MAX_RESPONSE_HEAD_BYTES: usize = 8192 + 4096 * 100;
 
 /// Room asked for by each read of a head, and of a body.
 const HEAD_ROOM: usize = 4 * 1024;
@@ -40,29 +35,6 @@ const COALESCE: usize = 8 * 1024;
 
 /// The largest trailer section of a chunked answer, as hyper's client bounds it.
 const MAX_TRAILER_BYTES: usize = 16 * 1024;
-
-/// What went wrong on the upstream's side of an exchange.
-#[derive(Debug, thiserror::Error)]
-pub enum UpstreamError {
-    #[error("connection error: {0}")]
-    Io(#[from] io::Error),
-    #[error("connection closed before the answer's head was complete")]
-    ClosedBeforeHead,
-    #[error("the connection was closed (or spoken on unasked) while it sat idle")]
-    Closed,
-    #[error("invalid answer head: {0}")]
-    Head(#[from] HeadError),
-    #[error("answer body cut short: the connection ended before it did")]
-    BodyCutShort,
-    #[error("invalid chunked answer body: {0}")]
-    Chunked(&'static str),
-    #[error("more than {MAX_INTERIM_HEADS} interim (1xx) answers, or {MAX_RESPONSE_HEAD_BYTES} bytes of them, before the final one")]
-    TooManyInterim,
-}
-
-/// Interim (`1xx`) heads passed over before a final one: a `100 Continue` and a few `103 Early Hints` are what
-/// servers send; more is a flood, each one held and read for nothing.
-pub(crate) const MAX_INTERIM_HEADS: usize = 16;
 
 /// The rest of a request body still going out once the answer's head came: to be run to its end (see
 /// [`UpstreamPool::spawn`](crate::pool::UpstreamPool::spawn)), or dropped, which leaves the connection spent. Its
