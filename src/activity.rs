@@ -21,7 +21,7 @@ const NO_HEAD: u64 = u64::MAX;
 
 /// A deadline that passed on a client connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Expired {
+pub(crate) enum Expired {
     /// Idle between requests for `client_idle_timeout`: close politely.
     Idle,
     /// A request head started arriving `header_read_timeout` ago and is still incomplete: cut it off.
@@ -29,7 +29,7 @@ pub enum Expired {
 }
 
 /// Shared by the connection's task, its reads (HTTP/1) and its requests.
-pub struct ClientActivity {
+pub(crate) struct ClientActivity {
     started: Instant,
     in_flight: AtomicUsize,
     /// Milliseconds since `started`.
@@ -42,7 +42,7 @@ pub struct ClientActivity {
 
 impl ClientActivity {
     /// `head_started`: the first bytes of a request are already here (they were sniffed).
-    pub fn new(head_started: bool) -> Arc<Self> {
+    pub(crate) fn new(head_started: bool) -> Arc<Self> {
         Arc::new(ClientActivity {
             started: Instant::now(),
             in_flight: AtomicUsize::new(0),
@@ -62,14 +62,14 @@ impl ClientActivity {
     }
 
     /// A request was dispatched; the returned guard ends it when the answer is done with.
-    pub fn request_started(self: &Arc<Self>) -> InFlight {
+    pub(crate) fn request_started(self: &Arc<Self>) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         self.head_since.store(NO_HEAD, Ordering::Release);
         InFlight(self.clone())
     }
 
     /// An HTTP/2 header block opened (a HEADERS frame without END_HEADERS).
-    pub fn header_block_started(&self) {
+    pub(crate) fn header_block_started(&self) {
         if self.block_since.load(Ordering::Acquire) == NO_HEAD {
             self.block_since.store(self.now_ms(), Ordering::Release);
             self.changed.notify_one();
@@ -77,13 +77,13 @@ impl ClientActivity {
     }
 
     /// The open HTTP/2 header block ended (a CONTINUATION with END_HEADERS).
-    pub fn header_block_ended(&self) {
+    pub(crate) fn header_block_ended(&self) {
         self.block_since.store(NO_HEAD, Ordering::Release);
         self.changed.notify_one();
     }
 
     /// Resolves when a deadline passes.
-    pub async fn expired(&self, header_read_timeout: Duration, idle_timeout: Duration) -> Expired {
+    pub(crate) async fn expired(&self, header_read_timeout: Duration, idle_timeout: Duration) -> Expired {
         loop {
             let block = self.block_since.load(Ordering::Acquire);
             let head = self.head_since.load(Ordering::Acquire);
@@ -122,7 +122,7 @@ impl ClientActivity {
 
     /// Resolves once no request has been in flight for `quiet`: how long a connection closing politely waits for
     /// a peer that does not answer its goodbye.
-    pub async fn quiet_for(&self, quiet: Duration) {
+    pub(crate) async fn quiet_for(&self, quiet: Duration) {
         let from = self.now_ms();
         loop {
             if self.in_flight.load(Ordering::Acquire) > 0 {

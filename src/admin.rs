@@ -131,7 +131,7 @@ impl AdminConnections {
     }
 }
 
-pub async fn serve(listener: TcpListener, state: Arc<State>, stop: CancellationToken) {
+pub(crate) async fn serve(listener: TcpListener, state: Arc<State>, stop: CancellationToken) {
     let connections = Arc::new(AdminConnections::default());
     loop {
         let accepted = tokio::select! {

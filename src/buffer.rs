@@ -22,7 +22,7 @@ use prometheus_client::metrics::gauge::Gauge;
 
 /// HTTP/2 flow-control window per client stream (RFC 9113 §6.9.2's default): the most a queued h2 upload can make
 /// floodgate hold before it is admitted, counted in the budget (`proxy`) and advertised by the listener (`server`).
-pub const HTTP2_STREAM_WINDOW: u32 = 65_535;
+pub(crate) const HTTP2_STREAM_WINDOW: u32 = 65_535;
 
 /// The bytes all buffered bodies may hold at once, and what they hold now.
 pub struct BufferBudget {
@@ -150,7 +150,7 @@ impl Buffered {
 
 /// Why filling a buffer stopped short.
 #[derive(Debug)]
-pub enum ReadError<E> {
+pub(crate) enum ReadError<E> {
     /// No frame came for this long.
     Stalled(Duration),
     /// The body itself failed.
@@ -160,7 +160,7 @@ pub enum ReadError<E> {
 /// Reads `body` until its end, or until at least `limit` bytes are read, waiting at most `idle` for each frame.
 /// `reservation` must hold the bytes expected; it is resized to what was read. What was read is kept whether or
 /// not the body ended there: a body that goes on is continued by its caller after the part returned.
-pub async fn fill<B>(
+pub(crate) async fn fill<B>(
     body: &mut B,
     limit: u64,
     idle: Duration,

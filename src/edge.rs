@@ -43,7 +43,7 @@ const SPAN_TARGET: &str = "floodgate::request";
 
 /// The stack one client connection's requests go through; `activity`, when the connection's deadlines need it
 /// (hyper's servers), counts them in flight on that connection.
-pub fn stack(
+pub(crate) fn stack(
     proxy: Arc<Proxy>,
     client: Arc<ClientInfo>,
     activity: Option<Arc<ClientActivity>>,

@@ -22,10 +22,12 @@
 //! Where a request's outcome is counted ([`forward::complete`]), [`access`] writes its access-log line when
 //! that log is on.
 //! The invariant lives in the pool's `Slots` type, the only code that changes the counts behind the cap; a
-//! [`pool::Slot`] stands for one count, a connection exists only while its task holds one, and a slot is given back
-//! only once the socket is closed on both sides.
+//! [`pool::Slot`] stands for one count, an upstream connection exists only while it holds one (it has no task of
+//! its own: whoever moves its bytes holds its wire), and a slot is given back only once the socket is closed on
+//! both sides.
 
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 #![cfg_attr(
     not(test),
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)

@@ -18,12 +18,12 @@ use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 
 /// Called with every successful read that returned data, so the listener can tell a request head is arriving.
-pub trait ReadObserver: Send + Sync {
+pub(crate) trait ReadObserver: Send + Sync {
     fn on_read(&self);
 }
 
 /// A TCP stream that can be shared: hyper reads and writes through this value, others hold `Arc` clones.
-pub struct SharedStream {
+pub(crate) struct SharedStream {
     stream: Arc<TcpStream>,
     observer: Option<Arc<dyn ReadObserver>>,
     write_stall: Option<WriteStall>,
@@ -57,7 +57,7 @@ impl WriteStall {
 }
 
 impl SharedStream {
-    pub fn new(stream: Arc<TcpStream>, observer: Option<Arc<dyn ReadObserver>>) -> Self {
+    pub(crate) fn new(stream: Arc<TcpStream>, observer: Option<Arc<dyn ReadObserver>>) -> Self {
         SharedStream {
             stream,
             observer,
@@ -67,12 +67,12 @@ impl SharedStream {
 
     /// Replaces the read observer: under TLS the protocol, which decides whether there is one, is only known once
     /// the handshake has run over this stream.
-    pub fn set_observer(&mut self, observer: Option<Arc<dyn ReadObserver>>) {
+    pub(crate) fn set_observer(&mut self, observer: Option<Arc<dyn ReadObserver>>) {
         self.observer = observer;
     }
 
     /// Writes that cannot progress for `limit` fail with `TimedOut`.
-    pub fn with_write_stall_limit(mut self, limit: Duration) -> Self {
+    pub(crate) fn with_write_stall_limit(mut self, limit: Duration) -> Self {
         self.write_stall = Some(WriteStall {
             limit,
             timer: None,
@@ -204,7 +204,7 @@ impl AsyncWrite for SharedStream {
 }
 
 /// Sends our FIN; the peer may still send until it closes too.
-pub fn shutdown_write(stream: &TcpStream) -> io::Result<()> {
+pub(crate) fn shutdown_write(stream: &TcpStream) -> io::Result<()> {
     match SockRef::from(stream).shutdown(std::net::Shutdown::Write) {
         Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(()),
         other => other,
@@ -214,7 +214,7 @@ pub fn shutdown_write(stream: &TcpStream) -> io::Result<()> {
 /// Closes our side and waits for the peer's end of stream, discarding anything it still sends, for at most
 /// `limit` (`None`: for as long as it takes; the socket's keep-alive still ends it if the peer's host is gone);
 /// past that the socket is set to reset on close. Returns whether the peer closed in time.
-pub async fn close_and_wait_for_peer(stream: &TcpStream, limit: Option<Duration>) -> bool {
+pub(crate) async fn close_and_wait_for_peer(stream: &TcpStream, limit: Option<Duration>) -> bool {
     let _ = shutdown_write(stream);
     let mut scratch = [0u8; 4096];
     let peer_closed = async {
@@ -244,7 +244,7 @@ pub async fn close_and_wait_for_peer(stream: &TcpStream, limit: Option<Duration>
 }
 
 /// What is at the front of a socket's received bytes, looked at without waiting and without taking anything.
-pub enum Peeked {
+pub(crate) enum Peeked {
     /// Bytes to read.
     Data,
     /// The peer closed its side, and everything it sent has been read.
@@ -258,13 +258,13 @@ pub enum Peeked {
 /// `stream.try_read_buf(buf)`; a read that leaves room in `buf` unfilled shows the receive queue drained, and the
 /// readiness is cleared then (as tokio's own `poll_read` does) rather than found out by a read that says only
 /// EAGAIN. `try_io` clears the readiness it saw before the read, so data that arrived since is not missed.
-pub fn try_read_drained(stream: &TcpStream, buf: &mut bytes::BytesMut) -> io::Result<usize> {
+pub(crate) fn try_read_drained(stream: &TcpStream, buf: &mut bytes::BytesMut) -> io::Result<usize> {
     let room = buf.capacity() - buf.len();
     read_drained(stream, room, || stream.try_read_buf(buf))
 }
 
 /// Reads what `stream` has into `buf`, as [`try_read_drained`] does; nothing added: the peer closed its side.
-pub fn poll_read_into(stream: &TcpStream, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+pub(crate) fn poll_read_into(stream: &TcpStream, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
     loop {
         ready!(stream.poll_read_ready(cx))?;
         match try_read_slice_drained(stream, buf.initialize_unfilled()) {
@@ -279,7 +279,7 @@ pub fn poll_read_into(stream: &TcpStream, cx: &mut Context<'_>, buf: &mut ReadBu
 }
 
 /// Writes some of `bytes` to `stream` once it takes them.
-pub fn poll_write_some(stream: &TcpStream, cx: &mut Context<'_>, bytes: &[u8]) -> Poll<io::Result<usize>> {
+pub(crate) fn poll_write_some(stream: &TcpStream, cx: &mut Context<'_>, bytes: &[u8]) -> Poll<io::Result<usize>> {
     loop {
         ready!(stream.poll_write_ready(cx))?;
         match stream.try_write(bytes) {
@@ -290,7 +290,7 @@ pub fn poll_write_some(stream: &TcpStream, cx: &mut Context<'_>, bytes: &[u8]) -
 }
 
 /// [`try_read_drained`] into a slice.
-pub fn try_read_slice_drained(stream: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
+pub(crate) fn try_read_slice_drained(stream: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
     let room = buf.len();
     read_drained(stream, room, || stream.try_read(buf))
 }
@@ -312,7 +312,7 @@ fn read_drained(stream: &TcpStream, room: usize, mut read: impl FnMut() -> io::R
     }
 }
 
-pub fn peek(stream: &TcpStream) -> Peeked {
+pub(crate) fn peek(stream: &TcpStream) -> Peeked {
     let mut byte = [std::mem::MaybeUninit::<u8>::uninit(); 1];
     match SockRef::from(stream).peek(&mut byte) {
         Ok(0) => Peeked::Closed,
@@ -326,7 +326,7 @@ pub fn peek(stream: &TcpStream) -> Peeked {
 
 /// Forgets `stream`'s read readiness, so that the next wait is for something new: bytes left unread (a request not
 /// yet wanted) would otherwise wake every wait at once.
-pub fn forget_readable(stream: &TcpStream) {
+pub(crate) fn forget_readable(stream: &TcpStream) {
     let _ = stream.try_io(tokio::io::Interest::READABLE, || {
         Err::<(), _>(io::ErrorKind::WouldBlock.into())
     });
@@ -334,7 +334,7 @@ pub fn forget_readable(stream: &TcpStream) {
 
 /// Whether the peer has closed its side of `stream` (or the socket failed): pending data (a pipelined request)
 /// means it has not.
-pub fn peer_has_closed(stream: &TcpStream) -> bool {
+pub(crate) fn peer_has_closed(stream: &TcpStream) -> bool {
     // Peeked only if the socket's readiness says something came since it was last read dry (a close sets it):
     // asked for every queued request, a peek each would be a system call each.
     let peeked = stream.try_io(Interest::READABLE, || match peek(stream) {
@@ -346,7 +346,7 @@ pub fn peer_has_closed(stream: &TcpStream) -> bool {
 
 /// Resolves once the peer has closed its side of `stream` (or the socket failed), without consuming any of the
 /// data waiting to be read: it watches a duplicate of the socket, whose readiness is its own.
-pub async fn peer_closed(stream: &TcpStream) {
+pub(crate) async fn peer_closed(stream: &TcpStream) {
     let watcher = match SockRef::from(stream).try_clone().and_then(|socket| {
         let std_stream: std::net::TcpStream = socket.into();
         std_stream.set_nonblocking(true)?;

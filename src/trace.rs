@@ -8,9 +8,9 @@ mod off;
 mod otlp;
 
 #[cfg(not(feature = "otlp"))]
-pub use off::{Marks, RequestSpan, Tracing};
+pub(crate) use off::{Marks, RequestSpan, Tracing};
 #[cfg(feature = "otlp")]
-pub use otlp::{Marks, RequestSpan, Tracing};
+pub(crate) use otlp::{Marks, RequestSpan, Tracing};
 
 /// Whether this build can export traces (the `otlp` feature).
-pub const EXPORTER_BUILT: bool = cfg!(feature = "otlp");
+pub(crate) const EXPORTER_BUILT: bool = cfg!(feature = "otlp");

@@ -10,7 +10,7 @@ use std::time::Duration;
 /// `grpc-timeout` (1 to 8 digits and a unit: `H`, `M`, `S`, `m`, `u`, `n`); the shorter when both are there. A
 /// value that does not parse is no deadline: shedding a request for a header it cannot read would turn a client's
 /// typo into failures.
-pub fn client_timeout(headers: &http::HeaderMap, header: &str, grpc: bool) -> Option<Duration> {
+pub(crate) fn client_timeout(headers: &http::HeaderMap, header: &str, grpc: bool) -> Option<Duration> {
     let millis = (!header.is_empty())
         .then(|| headers.get(header))
         .flatten()

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 /// Up to this many keyed lanes stay in the map when they empty: building a lane again (a map entry and its
 /// buffer) is most of the cost of a queue that forms and drains all the time.
-pub const KEPT_EMPTY: usize = 16;
+pub(super) const KEPT_EMPTY: usize = 16;
 
 struct Lane<T> {
     items: VecDeque<T>,
@@ -55,7 +55,7 @@ enum Turn {
     Key(Arc<str>),
 }
 
-pub struct Lanes<T> {
+pub(super) struct Lanes<T> {
     shared: Lane<T>,
     lanes: HashMap<Arc<str>, Lane<T>>,
     /// Lanes with requests waiting, in turn order; the front one is served next.
@@ -76,16 +76,16 @@ impl<T> Default for Lanes<T> {
 
 impl<T> Lanes<T> {
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.len
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// How many requests `key` has waiting (`None`: the shared lane).
-    pub fn len_of(&self, key: Option<&str>) -> usize {
+    pub(super) fn len_of(&self, key: Option<&str>) -> usize {
         match key {
             None => self.shared.items.len(),
             Some(key) => self.lanes.get(key).map_or(0, |lane| lane.items.len()),
@@ -94,7 +94,7 @@ impl<T> Lanes<T> {
 
     /// Adds `item` at the back of `key`'s lane (`None`: the shared one); a lane that had nothing waiting joins the
     /// end of the turns.
-    pub fn push(&mut self, key: Option<&Arc<str>>, weight: u32, item: T) {
+    pub(super) fn push(&mut self, key: Option<&Arc<str>>, weight: u32, item: T) {
         let (lane, turn) = match key {
             None => (&mut self.shared, Turn::Shared),
             Some(key) => (
@@ -111,7 +111,7 @@ impl<T> Lanes<T> {
     }
 
     /// The next request by the turns: from the lane whose turn it is, its oldest (or, `newest`, its latest).
-    pub fn pop(&mut self, newest: bool) -> Option<T> {
+    pub(super) fn pop(&mut self, newest: bool) -> Option<T> {
         let (item, turn_over, emptied_key) = match self.turns.front()? {
             Turn::Shared => {
                 let (item, over) = self.shared.take(newest);
@@ -147,7 +147,7 @@ impl<T> Lanes<T> {
     }
 
     /// Removes the first request `matches` picks, wherever it waits; false if there is none.
-    pub fn remove(&mut self, mut matches: impl FnMut(&T) -> bool) -> bool {
+    pub(super) fn remove(&mut self, mut matches: impl FnMut(&T) -> bool) -> bool {
         if let Some(index) = self.shared.items.iter().position(&mut matches) {
             self.shared.items.remove(index);
             self.len -= 1;

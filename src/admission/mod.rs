@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-pub use deadline::client_timeout;
+pub(crate) use deadline::client_timeout;
 
 /// Why a request was not admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -133,10 +133,10 @@ impl Patience {
 /// The time, read from the clock at most once and only when asked for: serving FIFO waiters without deadlines
 /// needs none, and on some machines a clock read costs as much as the rest of a hand-off.
 #[derive(Debug, Default)]
-pub struct Now(Option<Instant>);
+pub(crate) struct Now(Option<Instant>);
 
 impl Now {
-    pub fn get(&mut self) -> Instant {
+    pub(crate) fn get(&mut self) -> Instant {
         *self.0.get_or_insert_with(Instant::now)
     }
 }
@@ -149,7 +149,7 @@ impl From<Instant> for Now {
 
 /// A request waiting for a grant `G`; it leaves the queue by being granted, by being shed, or by removing
 /// itself.
-pub struct Waiter<G> {
+pub(crate) struct Waiter<G> {
     id: u64,
     answer: oneshot::Sender<Result<G, Shed>>,
     since: Instant,
@@ -158,7 +158,7 @@ pub struct Waiter<G> {
 
 impl<G> Waiter<G> {
     /// Hands the grant over; gives it back if the waiter is already gone.
-    pub fn grant(self, grant: G) -> Result<(), G> {
+    pub(crate) fn grant(self, grant: G) -> Result<(), G> {
         match self.answer.send(Ok(grant)) {
             Ok(()) => Ok(()),
             Err(Ok(grant)) => Err(grant),
@@ -174,7 +174,7 @@ impl<G> Waiter<G> {
 }
 
 /// The waiting queue of one upstream. Not synchronised: the pool holds it under its own lock.
-pub struct WaitQueue<G> {
+pub(crate) struct WaitQueue<G> {
     /// Retries of admitted requests: served before anyone else, never shed by the discipline.
     retries: VecDeque<Waiter<G>>,
     /// By priority class; the highest class with anyone waiting is served first.
@@ -197,13 +197,13 @@ enum Among {
 }
 
 /// A place in the queue, as seen by the waiting request.
-pub struct Ticket<G> {
+pub(crate) struct Ticket<G> {
     pub id: u64,
     pub answer: oneshot::Receiver<Result<G, Shed>>,
 }
 
 impl<G> WaitQueue<G> {
-    pub fn new(policy: QueuePolicy) -> Self {
+    pub(crate) fn new(policy: QueuePolicy) -> Self {
         WaitQueue {
             retries: VecDeque::new(),
             classes: BTreeMap::new(),
@@ -216,29 +216,29 @@ impl<G> WaitQueue<G> {
     }
 
     /// A new bound or discipline applies from now on; waiters already queued keep their place.
-    pub fn set_policy(&mut self, policy: QueuePolicy) {
+    pub(crate) fn set_policy(&mut self, policy: QueuePolicy) {
         if policy.discipline != self.policy.discipline {
             self.above_target_since = None;
         }
         self.policy = policy;
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.retries.len() + self.waiting
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// Joins the queue at `now`, or sheds when it is full. A retry of a request that was already admitted
     /// (`priority`) is served before the others and is never shed for a full queue: it has waited its turn once.
-    pub fn join(&mut self, priority: bool, now: Instant, deadline: Option<Instant>) -> Result<Ticket<G>, Shed> {
+    pub(crate) fn join(&mut self, priority: bool, now: Instant, deadline: Option<Instant>) -> Result<Ticket<G>, Shed> {
         self.join_at(priority, now, deadline, &Place::default())
     }
 
     /// [`Self::join`] in a priority class and a client's lane; a key at `per_key_max` is shed for its quota.
-    pub fn join_at(
+    pub(crate) fn join_at(
         &mut self,
         priority: bool,
         now: Instant,
@@ -289,29 +289,29 @@ impl<G> WaitQueue<G> {
     }
 
     /// Whether a retry of an admitted request is waiting.
-    pub fn has_retries(&self) -> bool {
+    pub(crate) fn has_retries(&self) -> bool {
         !self.retries.is_empty()
     }
 
     /// Whether a request that is not a retry is waiting.
-    pub fn has_waiting(&self) -> bool {
+    pub(crate) fn has_waiting(&self) -> bool {
         self.waiting > 0
     }
 
     /// The next waiter to serve at `now`. On the way, waiters whose deadline has passed are shed, and so are
     /// those CoDel gives up on.
-    pub fn next(&mut self, now: impl Into<Now>) -> Option<Waiter<G>> {
+    pub(crate) fn next(&mut self, now: impl Into<Now>) -> Option<Waiter<G>> {
         self.next_from(now.into(), Among::Any)
     }
 
     /// [`Self::next`] among the retries only: what a grant the adaptive limit holds back from new requests may
     /// still go to.
-    pub fn next_retry(&mut self, now: impl Into<Now>) -> Option<Waiter<G>> {
+    pub(crate) fn next_retry(&mut self, now: impl Into<Now>) -> Option<Waiter<G>> {
         self.next_from(now.into(), Among::Retries)
     }
 
     /// [`Self::next`] among the requests that are not retries only.
-    pub fn next_waiting(&mut self, now: impl Into<Now>) -> Option<Waiter<G>> {
+    pub(crate) fn next_waiting(&mut self, now: impl Into<Now>) -> Option<Waiter<G>> {
         self.next_from(now.into(), Among::Waiting)
     }
 
@@ -366,7 +366,7 @@ impl<G> WaitQueue<G> {
     }
 
     /// Removes a waiter that gave up (timeout, client gone); false if it was already taken by [`Self::next`].
-    pub fn leave(&mut self, id: u64) -> bool {
+    pub(crate) fn leave(&mut self, id: u64) -> bool {
         let removed = match self.retries.iter().position(|w| w.id == id) {
             Some(index) => self.retries.remove(index).is_some(),
             None => {

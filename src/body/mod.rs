@@ -8,8 +8,8 @@ mod request;
 mod stall;
 
 pub(crate) use client::{discard_received, Reading};
-pub use client::{ClientBody, ClientBodyError, Http1Body};
-pub use progress::UploadProgress;
+pub(crate) use client::{ClientBody, ClientBodyError, Http1Body};
+pub(crate) use progress::UploadProgress;
 pub use request::{CutOff, RequestBody};
 pub use stall::BodyStalled;
 pub(crate) use stall::IdleTimer;

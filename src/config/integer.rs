@@ -8,7 +8,7 @@ use std::marker::PhantomData;
 use serde::de::{self, Deserialize, Deserializer, Visitor};
 
 /// An integer type a key may have, with its range for the refusal.
-pub trait Whole: TryFrom<i128> {
+pub(super) trait Whole: TryFrom<i128> {
     const MIN: i128;
     const MAX: i128;
 }
@@ -70,15 +70,15 @@ impl<'de, T: Whole> Deserialize<'de> for Int<T> {
     }
 }
 
-pub fn deserialize<'de, D: Deserializer<'de>, T: Whole>(deserializer: D) -> Result<T, D::Error> {
+pub(super) fn deserialize<'de, D: Deserializer<'de>, T: Whole>(deserializer: D) -> Result<T, D::Error> {
     Int::deserialize(deserializer).map(|Int(value)| value)
 }
 
-pub fn option<'de, D: Deserializer<'de>, T: Whole>(deserializer: D) -> Result<Option<T>, D::Error> {
+pub(super) fn option<'de, D: Deserializer<'de>, T: Whole>(deserializer: D) -> Result<Option<T>, D::Error> {
     Option::<Int<T>>::deserialize(deserializer).map(|value| value.map(|Int(value)| value))
 }
 
-pub fn map<'de, D: Deserializer<'de>, T: Whole>(deserializer: D) -> Result<BTreeMap<String, T>, D::Error> {
+pub(super) fn map<'de, D: Deserializer<'de>, T: Whole>(deserializer: D) -> Result<BTreeMap<String, T>, D::Error> {
     let map = BTreeMap::<String, Int<T>>::deserialize(deserializer)?;
     Ok(map.into_iter().map(|(key, Int(value))| (key, value)).collect())
 }

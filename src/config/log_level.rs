@@ -11,7 +11,7 @@ const LEVELS: &str = "trace, debug, info, warn, error or off";
 /// the rate it sends frames: h2's `recv PING ack that we never sent` (a WARN per PING ACK nobody asked for).
 /// They are held to errors unless a directive names them; floodgate counts such frames itself and closes a
 /// connection that keeps sending them (`server::h2_frames`).
-pub const PEER_PACED_TARGETS: [&str; 1] = ["h2::proto::ping_pong"];
+pub(super) const PEER_PACED_TARGETS: [&str; 1] = ["h2::proto::ping_pong"];
 
 /// The filter `directives` describe (`info`, `warn,floodgate::pool=debug`), or what is wrong with the first
 /// directive that is not one.

@@ -425,11 +425,11 @@ pub(super) mod fair_key_text {
 
     use super::FairKey;
 
-    pub fn serialize<S: Serializer>(key: &Option<FairKey>, serializer: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(key: &Option<FairKey>, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_str(&key.as_ref().map(FairKey::text).unwrap_or_default())
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<FairKey>, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<FairKey>, D::Error> {
         let text = String::deserialize(deserializer)?;
         FairKey::parse(&text).map_err(serde::de::Error::custom)
     }

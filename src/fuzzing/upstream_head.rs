@@ -16,7 +16,7 @@ pub(super) struct ClientHead {
 }
 
 impl ClientHead {
-    pub fn of(parts: &Parts) -> Self {
+    pub(super) fn of(parts: &Parts) -> Self {
         ClientHead {
             method: parts.method.clone(),
             uri: parts.uri.clone(),
@@ -26,7 +26,7 @@ impl ClientHead {
     }
 
     /// The head with `routed` (from [`routed_target`]) as its path and query: what the upstream is to get.
-    pub fn as_routed(&self, routed: &str) -> ClientHead {
+    pub(super) fn as_routed(&self, routed: &str) -> ClientHead {
         let mut uri = self.uri.clone();
         if self
             .uri

@@ -22,7 +22,7 @@ const MAX_PROBE_WINDOWS: u32 = 20;
 
 /// The estimate's settings, read from the upstream's configuration.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Params {
+pub(super) struct Params {
     pub on: bool,
     pub min: usize,
     pub max: usize,
@@ -33,7 +33,7 @@ pub struct Params {
 }
 
 impl Params {
-    pub fn of(limits: &UpstreamConfig) -> Params {
+    pub(super) fn of(limits: &UpstreamConfig) -> Params {
         let max = limits.max_connections.max(1);
         Params {
             on: limits.adaptive_limit == AdaptiveLimit::Gradient,
@@ -153,7 +153,7 @@ impl Estimate {
 }
 
 /// One upstream's adaptive limit: samples in atomics, the estimate under its own small lock.
-pub struct Adaptive {
+pub(super) struct Adaptive {
     on: AtomicBool,
     epoch: Instant,
     sum_us: AtomicU64,
@@ -165,7 +165,7 @@ pub struct Adaptive {
 }
 
 impl Adaptive {
-    pub fn new(params: Params) -> Adaptive {
+    pub(super) fn new(params: Params) -> Adaptive {
         let epoch = Instant::now();
         Adaptive {
             on: AtomicBool::new(params.on),
@@ -184,16 +184,16 @@ impl Adaptive {
     }
 
     /// The number in force now (`usize::MAX` when off).
-    pub fn in_force(&self) -> usize {
+    pub(super) fn in_force(&self) -> usize {
         self.lock().in_force()
     }
 
     /// Whether the limit adapts now; read without a lock.
-    pub fn is_on(&self) -> bool {
+    pub(super) fn is_on(&self) -> bool {
         self.on.load(Ordering::Relaxed)
     }
 
-    pub fn snapshot(&self) -> Option<AdaptiveSnapshot> {
+    pub(super) fn snapshot(&self) -> Option<AdaptiveSnapshot> {
         let estimate = self.lock();
         estimate.params.on.then(|| estimate.snapshot())
     }
@@ -201,7 +201,7 @@ impl Adaptive {
     /// A response head arrived `took` after dispatch, with `in_flight` requests in flight at the dispatch. When it
     /// closes a window, `apply` is called with the number now in force, still under the estimate's lock so that
     /// two windows closing in turn cannot put their numbers in force in the other order.
-    pub fn observe(&self, in_flight: usize, took: Duration, apply: impl FnOnce(usize)) {
+    pub(super) fn observe(&self, in_flight: usize, took: Duration, apply: impl FnOnce(usize)) {
         if !self.on.load(Ordering::Relaxed) {
             return;
         }
@@ -236,7 +236,7 @@ impl Adaptive {
     /// New settings from a reload or the admin API; `apply` gets the number in force, when it changed, under the
     /// estimate's lock. Turned on, the estimate starts again from `min_connections`; turned off, the number is
     /// `usize::MAX`.
-    pub fn reconfigure(&self, params: Params, apply: impl FnOnce(usize)) {
+    pub(super) fn reconfigure(&self, params: Params, apply: impl FnOnce(usize)) {
         let mut estimate = self.lock();
         let before = estimate.in_force();
         let now = Instant::now();

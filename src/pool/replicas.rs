@@ -21,15 +21,15 @@ use crate::config::ReplicaSource;
 
 /// The most replicas a count may say: a larger number is a typo or garbage, not a tier of floodgates (and past the
 /// total every replica takes one connection anyway).
-pub const MAX_REPLICAS: usize = 10_000;
+pub(super) const MAX_REPLICAS: usize = 10_000;
 
 /// The most bytes of a count file read: a number takes a few, a list of addresses a line each. A longer file is
 /// refused rather than cut short, since a list cut short would count fewer replicas and widen the share.
-pub const MAX_COUNT_BYTES: u64 = 64 * 1024;
+pub(super) const MAX_COUNT_BYTES: u64 = 64 * 1024;
 
 /// Why a count was not taken; the count in force stays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Uncounted {
+pub(super) enum Uncounted {
     /// The file is missing or cannot be opened or read, or the DNS name does not resolve.
     #[error("the source cannot be read ({0})")]
     Unreadable(std::io::ErrorKind),
@@ -45,10 +45,11 @@ pub enum Uncounted {
 
 impl Uncounted {
     /// Every reason's word, as the metrics label them.
-    pub const REASONS: [&'static str; 5] = ["unreadable", "not_a_file", "too_long", "not_a_count", "out_of_range"];
+    pub(super) const REASONS: [&'static str; 5] =
+        ["unreadable", "not_a_file", "too_long", "not_a_count", "out_of_range"];
 
     /// This reason's word in `floodgate_replica_counts_refused_total`.
-    pub fn reason(self) -> &'static str {
+    pub(super) fn reason(self) -> &'static str {
         match self {
             Uncounted::Unreadable(_) => "unreadable",
             Uncounted::NotAFile => "not_a_file",
@@ -71,7 +72,7 @@ pub(super) fn share(total: usize, replicas: usize) -> usize {
 }
 
 /// How many replicas `source` counts now, or why no count can be taken from it.
-pub async fn count(source: &ReplicaSource) -> Result<usize, Uncounted> {
+pub(super) async fn count(source: &ReplicaSource) -> Result<usize, Uncounted> {
     if let Some(name) = &source.dns {
         let addresses = tokio::net::lookup_host((name.as_str(), 0))
             .await

@@ -68,7 +68,7 @@ impl Reading {
 }
 
 /// A client's stream, read by floodgate's request reader before hyper reads it.
-pub struct StrictRequests<I> {
+pub(super) struct StrictRequests<I> {
     inner: I,
     /// Bytes read from the client and not yet handed to hyper; the first `taken` of them the reader has taken.
     held: BytesMut,
@@ -80,7 +80,7 @@ pub struct StrictRequests<I> {
 }
 
 impl<I> StrictRequests<I> {
-    pub fn new(inner: I, max_header_bytes: usize) -> Self {
+    pub(super) fn new(inner: I, max_header_bytes: usize) -> Self {
         StrictRequests {
             inner,
             held: BytesMut::new(),
@@ -164,7 +164,7 @@ impl<I> StrictRequests<I> {
 
 /// Whether an answer to a request that asked for an upgrade (`connect`: a CONNECT) refused it: such an answer ends
 /// its connection, since [`StrictRequests`] no longer reads what the client sends after such a request.
-pub fn refused_upgrade(status: http::StatusCode, connect: bool) -> bool {
+pub(super) fn refused_upgrade(status: http::StatusCode, connect: bool) -> bool {
     if connect {
         !status.is_success()
     } else {

@@ -37,7 +37,7 @@ const SOLICITED_PING_ACKS: u32 = 1;
 
 /// PING acknowledgements beyond the solicited one a connection may send before it is closed: a few for a confused
 /// client's sake, far too few to matter as work or as log lines.
-pub const UNSOLICITED_PING_ACKS_TOLERATED: u32 = 10;
+pub(super) const UNSOLICITED_PING_ACKS_TOLERATED: u32 = 10;
 
 /// Follows the frame boundaries of a client's byte stream.
 #[derive(Debug)]
@@ -131,10 +131,10 @@ impl FrameHeaders {
 /// Why a client connection was closed under hyper: it kept acknowledging PINGs floodgate never sent.
 #[derive(Debug, thiserror::Error)]
 #[error("the client acknowledged more than {UNSOLICITED_PING_ACKS_TOLERATED} PINGs floodgate never sent")]
-pub struct PingAckFlood;
+pub(super) struct PingAckFlood;
 
 /// One connection's PING acknowledgements, against what floodgate asked for.
-pub struct PingAcks {
+pub(super) struct PingAcks {
     seen: u32,
     /// `floodgate_http2_unsolicited_ping_acks_total`, resolved once for every connection.
     unsolicited: Counter,
@@ -142,7 +142,7 @@ pub struct PingAcks {
 }
 
 impl PingAcks {
-    pub fn new(unsolicited: Counter, peer: SocketAddr) -> Self {
+    pub(super) fn new(unsolicited: Counter, peer: SocketAddr) -> Self {
         PingAcks {
             seen: 0,
             unsolicited,
@@ -179,7 +179,7 @@ impl PingAcks {
 /// An HTTP/2 connection's stream (plain or TLS), read through a [`FrameHeaders`] that tells the connection's
 /// [`ClientActivity`] when a header block opens and closes, and counts its PING acknowledgements: a read that takes
 /// them past the bound fails, which ends hyper's connection and closes the socket.
-pub struct FrameWatch<I> {
+pub(super) struct FrameWatch<I> {
     inner: I,
     frames: FrameHeaders,
     activity: Arc<ClientActivity>,
@@ -187,7 +187,7 @@ pub struct FrameWatch<I> {
 }
 
 impl<I> FrameWatch<I> {
-    pub fn new(inner: I, activity: Arc<ClientActivity>, ping_acks: PingAcks) -> Self {
+    pub(super) fn new(inner: I, activity: Arc<ClientActivity>, ping_acks: PingAcks) -> Self {
         FrameWatch {
             inner,
             frames: FrameHeaders::new(),

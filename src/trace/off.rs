@@ -4,14 +4,14 @@
 use std::sync::Arc;
 
 /// Never made: [`Tracing::start`] refuses.
-pub enum Tracing {}
+pub(crate) enum Tracing {}
 
 impl Tracing {
-    pub fn start(_endpoint: &str, _service_name: &str) -> Result<Arc<Tracing>, String> {
+    pub(crate) fn start(_endpoint: &str, _service_name: &str) -> Result<Arc<Tracing>, String> {
         Err("this floodgate was built without the `otlp` feature".to_string())
     }
 
-    pub fn request<B>(
+    pub(crate) fn request<B>(
         &self,
         _request: &mut http::Request<B>,
         _client: std::net::IpAddr,
@@ -23,23 +23,23 @@ impl Tracing {
 
 /// Never made: there is no [`Tracing`] to make one.
 #[derive(Clone)]
-pub enum Marks {}
+pub(crate) enum Marks {}
 
 impl Marks {
-    pub fn admitted(&self, _waited: std::time::Duration) {
+    pub(crate) fn admitted(&self, _waited: std::time::Duration) {
         match *self {}
     }
 
-    pub fn answered(&self) {
+    pub(crate) fn answered(&self) {
         match *self {}
     }
 }
 
 /// Never made: there is no [`Tracing`] to make one.
-pub enum RequestSpan {}
+pub(crate) enum RequestSpan {}
 
 impl RequestSpan {
-    pub fn set_status(&self, _status: http::StatusCode) {
+    pub(crate) fn set_status(&self, _status: http::StatusCode) {
         match *self {}
     }
 }

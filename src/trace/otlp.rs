@@ -16,7 +16,7 @@ use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
 
 /// The tracer and exporter of a process that exports traces.
-pub struct Tracing {
+pub(crate) struct Tracing {
     provider: SdkTracerProvider,
     tracer: SdkTracer,
     propagator: TraceContextPropagator,
@@ -24,7 +24,7 @@ pub struct Tracing {
 
 impl Tracing {
     /// Exports to `endpoint` (an OTLP/HTTP traces URL, `http://collector:4318/v1/traces`) as `service_name`.
-    pub fn start(endpoint: &str, service_name: &str) -> Result<Arc<Tracing>, String> {
+    pub(crate) fn start(endpoint: &str, service_name: &str) -> Result<Arc<Tracing>, String> {
         use opentelemetry_otlp::WithExportConfig;
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
@@ -46,7 +46,7 @@ impl Tracing {
     /// Starts the span of `request` from `client` (`route`: its upstream and route label, when it has one), a child
     /// of the context its headers carry; puts the span in them for the upstream to see as its parent, and its marks
     /// (see [`Marks`]) in the request's extensions for the exchange.
-    pub fn request<B>(
+    pub(crate) fn request<B>(
         &self,
         request: &mut http::Request<B>,
         client: std::net::IpAddr,
@@ -83,11 +83,11 @@ impl Tracing {
 
 /// A request's span, as the exchange on the upstream side marks its steps on it (a request extension).
 #[derive(Clone)]
-pub struct Marks(Context);
+pub(crate) struct Marks(Context);
 
 impl Marks {
     /// The request left the queue after `waited`: the rest of the span is the exchange with the upstream.
-    pub fn admitted(&self, waited: std::time::Duration) {
+    pub(crate) fn admitted(&self, waited: std::time::Duration) {
         let waited = i64::try_from(waited.as_micros()).unwrap_or(i64::MAX);
         self.0
             .span()
@@ -95,7 +95,7 @@ impl Marks {
     }
 
     /// The upstream's answer head came.
-    pub fn answered(&self) {
+    pub(crate) fn answered(&self) {
         self.0.span().add_event("upstream answered", Vec::new());
     }
 }
@@ -108,10 +108,10 @@ impl Drop for Tracing {
 }
 
 /// A request's span, ended when it is dropped (with its answer).
-pub struct RequestSpan(Context);
+pub(crate) struct RequestSpan(Context);
 
 impl RequestSpan {
-    pub fn set_status(&self, status: http::StatusCode) {
+    pub(crate) fn set_status(&self, status: http::StatusCode) {
         let span = self.0.span();
         span.set_attribute(KeyValue::new("http.response.status_code", i64::from(status.as_u16())));
         if status.is_server_error() {

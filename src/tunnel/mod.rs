@@ -23,7 +23,7 @@ use crate::forward::strip_hop_by_hop;
 use crate::pool::{Conn, UpstreamPool};
 
 /// An HTTP/2 extended CONNECT (RFC 8441) for a WebSocket: a WebSocket over HTTP/2, not a forward-proxy tunnel.
-pub fn extended_connect<B>(request: &Request<B>) -> bool {
+pub(crate) fn extended_connect<B>(request: &Request<B>) -> bool {
     request.method() == Method::CONNECT
         && request
             .extensions()
@@ -36,7 +36,7 @@ pub fn extended_connect<B>(request: &Request<B>) -> bool {
 /// for any other request, whose `Upgrade` (if any) is then a hop-by-hop line dropped on the way. `h2c` is never
 /// tunnelled: a server may ignore it (RFC 9113 §3.1), and passing it on would let a client speak HTTP/2 to the
 /// upstream behind floodgate's back; such a request is served over HTTP/1.1.
-pub fn asked<B>(request: &Request<B>) -> Option<HeaderValue> {
+pub(crate) fn asked<B>(request: &Request<B>) -> Option<HeaderValue> {
     // Only WebSockets over HTTP/2: `extended_connect` asks for `websocket`.
     if extended_connect(request) {
         return Some(HeaderValue::from_static("websocket"));
@@ -60,7 +60,7 @@ pub fn asked<B>(request: &Request<B>) -> Option<HeaderValue> {
 /// Puts the upgrade back on the head going upstream (the rewrite drops `Connection` and `Upgrade` as hop-by-hop).
 /// An HTTP/2 extended CONNECT becomes the HTTP/1.1 GET a WebSocket opens with (RFC 8441 §5): the key HTTP/1.1
 /// needs is made here, and the answer's `Sec-WebSocket-Accept` is not passed on (RFC 8441 has none).
-pub fn upstream_head<B>(request: &mut Request<B>, upgrade: HeaderValue) {
+pub(crate) fn upstream_head<B>(request: &mut Request<B>, upgrade: HeaderValue) {
     if request.method() == Method::CONNECT {
         *request.method_mut() = Method::GET;
         if !request.headers().contains_key(SEC_WEBSOCKET_KEY) {
@@ -95,7 +95,7 @@ fn websocket_key() -> HeaderValue {
 /// none on a `1xx`), and the switch itself. Over HTTP/2 it is a `200` without the HTTP/1.1 fields (RFC 8441 §5).
 /// Refused, with why, when the `101` names no protocol, or one the client did not offer (RFC 9110 §7.8: a server
 /// must not switch to it; the client would speak one protocol and the upstream another): neither can be relayed.
-pub fn client_answer(
+pub(crate) fn client_answer(
     switched: &HeaderMap,
     offered: &HeaderValue,
     version: Version,
@@ -133,7 +133,7 @@ fn protocols(upgrade: &HeaderValue) -> impl Iterator<Item = &[u8]> {
 
 /// A tunnel the upstream has accepted: its socket, open until the relay ends, then closed by the pool's closing
 /// task (both sides) before its slot goes back.
-pub struct Tunnel {
+pub(crate) struct Tunnel {
     conn: Conn,
     pool: Arc<UpstreamPool>,
     access: Option<Box<Entry>>,
@@ -146,7 +146,7 @@ pub struct Tunnel {
 }
 
 impl Tunnel {
-    pub fn new(
+    pub(crate) fn new(
         conn: Conn,
         pool: Arc<UpstreamPool>,
         access: Option<Box<Entry>>,
@@ -171,7 +171,7 @@ impl Tunnel {
     /// Relays bytes between `client` (already switched; `early`: bytes it sent behind its request, to go first)
     /// and the upstream until both sides have closed, one fails, nothing moves for `tunnel_idle_timeout`, or
     /// floodgate's `shutdown_timeout` passes. The access-log line is written then.
-    pub async fn run<C>(self, client: C, early: Bytes)
+    pub(crate) async fn run<C>(self, client: C, early: Bytes)
     where
         C: AsyncRead + AsyncWrite + Unpin,
     {
@@ -180,13 +180,13 @@ impl Tunnel {
     }
 
     /// [`Tunnel::run`] for a client on a plain socket of floodgate's own HTTP/1 server, read and written directly.
-    pub async fn run_on_socket(self, client: Arc<TcpStream>, early: Bytes) {
+    pub(crate) async fn run_on_socket(self, client: Arc<TcpStream>, early: Bytes) {
         let relayed = relay::relay_socket(client, early, &self.conn.wire, self.bounds()).await;
         self.ended(relayed);
     }
 
     /// The client's connection ended before the switch reached it: nothing was relayed.
-    pub fn not_switched(self) {
+    pub(crate) fn not_switched(self) {
         let relayed = relay::Relayed {
             closed_by: relay::ClosedBy::ClientError,
             to_upstream: 0,
@@ -228,14 +228,14 @@ impl Tunnel {
 /// must be `Clone`): floodgate's own HTTP/1 server takes it once the `101` is written and runs it on the
 /// connection's task.
 #[derive(Clone)]
-pub struct Handoff(Arc<Mutex<Option<Tunnel>>>);
+pub(crate) struct Handoff(Arc<Mutex<Option<Tunnel>>>);
 
 impl Handoff {
-    pub fn new(tunnel: Tunnel) -> Handoff {
+    pub(crate) fn new(tunnel: Tunnel) -> Handoff {
         Handoff(Arc::new(Mutex::new(Some(tunnel))))
     }
 
-    pub fn take(&self) -> Option<Tunnel> {
+    pub(crate) fn take(&self) -> Option<Tunnel> {
         self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take()
     }
 }
@@ -245,13 +245,13 @@ impl Handoff {
 /// over), and the request's in-flight mark (so that the connection's idle timeout and a drain's goodbye do not cut an
 /// HTTP/2 connection with tunnels on it). Put on an upgrade request by the server and the edge.
 #[derive(Clone, Default)]
-pub struct Hold {
+pub(crate) struct Hold {
     _held: Vec<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl Hold {
     /// Adds `held` to what `request` holds.
-    pub fn add<B>(request: &mut Request<B>, held: Arc<dyn std::any::Any + Send + Sync>) {
+    pub(crate) fn add<B>(request: &mut Request<B>, held: Arc<dyn std::any::Any + Send + Sync>) {
         let extensions = request.extensions_mut();
         match extensions.get_mut::<Hold>() {
             Some(hold) => hold._held.push(held),
@@ -263,7 +263,7 @@ impl Hold {
 }
 
 /// The client's `101` (or HTTP/2 `200`) as a response floodgate's servers write.
-pub fn switched_response<B>(status: StatusCode, headers: HeaderMap, body: B) -> Response<B> {
+pub(crate) fn switched_response<B>(status: StatusCode, headers: HeaderMap, body: B) -> Response<B> {
     let mut response = Response::new(body);
     *response.status_mut() = status;
     *response.headers_mut() = headers;

@@ -34,7 +34,7 @@ const READS_PER_POLL: usize = 16;
 
 /// Why a tunnel ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClosedBy {
+pub(super) enum ClosedBy {
     /// The client closed its side first.
     Client,
     /// The upstream closed its side first.
@@ -50,7 +50,7 @@ pub enum ClosedBy {
 }
 
 impl ClosedBy {
-    pub fn as_str(self) -> &'static str {
+    pub(super) fn as_str(self) -> &'static str {
         match self {
             ClosedBy::Client => "client",
             ClosedBy::Upstream => "upstream",
