@@ -6,9 +6,9 @@
 //! `forward::complete`); a panic in floodgate's own code is answered `500` rather than by a reset connection. It
 //! never admits or answers anything but that `500`.
 //!
-//! Request IDs are set and returned here rather than by tower-http's `SetRequestId` and `PropagateRequestId`: two
-//! layers, a future each and an extension map per request cost 2,650 instructions of 46,600 per response
-//! (`benches/instructions.sh`), for what is a header read, made and copied. Panics are caught here rather than by
+//! Request IDs are set and returned here rather than by tower-http's `SetRequestId` and `PropagateRequestId`: their
+//! two layers, a future each and an extension map per request cost more than the header read, made and copied that
+//! they do (docs/data-path.md has the count). Panics are caught here rather than by
 //! tower-http's `CatchPanic`, which boxes every response body; admission, the pool and retries stay the proxy's
 //! own (see `docs/architecture.md`).
 
