@@ -14,7 +14,8 @@ use hyper_util::rt::TokioIo;
 
 use super::h1_diff::{self, OneFrame};
 use crate::forward::strip_hop_by_hop;
-use crate::h1::write::{self, BodySize, Client, Encoding};
+use crate::h1::write::{self, BodySize, Client};
+use crate::h1::Framing;
 
 /// The clients: method, version, and the request's `Connection` line.
 const CLIENTS: [(Method, Version, Option<&str>); 5] = [
@@ -85,7 +86,7 @@ fn ours(answer: &Answer, body: BodySize, client: Client<'_>) -> Option<Vec<u8>> 
         return Some(Vec::new());
     };
     // A stated length longer than the body: hyper gives up before it has sent anything (see `written_alike`).
-    if let Encoding::Length(length) = written.encoding {
+    if let Framing::Length(length) = written.encoding {
         if usize::try_from(length).unwrap_or(usize::MAX) > answer.body.len() {
             return None;
         }

@@ -13,7 +13,8 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use crate::h1::chunked::{self, Chunk, ChunkedDecoder, ChunkedError};
-use crate::h1::write::{self, Encoding};
+use crate::h1::write;
+use crate::h1::Framing;
 
 /// A body as hyper read it: its bytes and trailers, or a failure.
 pub(super) type BodyRead = Result<(Bytes, Option<HeaderMap>), ()>;
@@ -139,16 +140,16 @@ impl http_body::Body for OneFrame {
 
 /// `body` in `encoding`, as a writer of floodgate's sends it; a stated length shorter than the body sends that
 /// much of it.
-pub(super) fn put_body(dst: &mut BytesMut, encoding: Encoding, body: &[u8]) {
+pub(super) fn put_body(dst: &mut BytesMut, encoding: Framing, body: &[u8]) {
     match encoding {
-        Encoding::Length(length) => {
+        Framing::Length(length) => {
             let length = usize::try_from(length).unwrap_or(usize::MAX).min(body.len());
             dst.extend_from_slice(body.get(..length).unwrap_or_default());
         }
-        Encoding::Chunked => {
+        Framing::Chunked => {
             write::put_chunk(dst, body);
             dst.extend_from_slice(write::LAST_CHUNK);
         }
-        Encoding::UntilClose => dst.extend_from_slice(body),
+        Framing::UntilClose => dst.extend_from_slice(body),
     }
 }

@@ -18,7 +18,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::h1_answer;
 use super::h1_diff::{self, BodyRead, Framed};
-use crate::h1::response_head::{self, ResponseFraming};
+use crate::h1::response_head;
+use crate::h1::Framing;
 
 /// hyper's bound on a response's trailer section (it sets none of its own for upstreams).
 const TRAILER_BYTES: usize = 16 * 1024;
@@ -51,8 +52,8 @@ pub fn h1_response_head(bytes: &[u8]) {
                     reason: head.reason.clone(),
                     headers: head.parts.headers.clone(),
                     length: match head.body {
-                        ResponseFraming::Length(length) => Some(length),
-                        ResponseFraming::Chunked | ResponseFraming::UntilClose => None,
+                        Framing::Length(length) => Some(length),
+                        Framing::Chunked | Framing::UntilClose => None,
                     },
                 },
                 h1_diff::ours(framed(head.body), bytes.get(*len..).unwrap_or_default()),
@@ -71,7 +72,7 @@ pub fn h1_response_head(bytes: &[u8]) {
                     reason: head.reason.clone(),
                     headers: head.parts.headers.clone(),
                     body: body.clone(),
-                    length_known: matches!(head.body, ResponseFraming::Length(_)),
+                    length_known: matches!(head.body, Framing::Length(_)),
                 })
             }
             _ => None,
@@ -84,13 +85,13 @@ pub fn h1_response_head(bytes: &[u8]) {
     }
 }
 
-fn framed(body: ResponseFraming) -> Framed {
+fn framed(body: Framing) -> Framed {
     match body {
-        ResponseFraming::Length(length) => Framed::Length(length),
-        ResponseFraming::Chunked => Framed::Chunked {
+        Framing::Length(length) => Framed::Length(length),
+        Framing::Chunked => Framed::Chunked {
             max_trailer_bytes: TRAILER_BYTES,
         },
-        ResponseFraming::UntilClose => Framed::UntilClose,
+        Framing::UntilClose => Framed::UntilClose,
     }
 }
 

@@ -23,6 +23,20 @@ const ADDED_FIELDS: usize = 6;
 /// The largest `Content-Length` taken, as hyper takes it (the two values above are its body decoder's markers).
 const MAX_CONTENT_LENGTH: u64 = u64::MAX - 2;
 
+/// How a message's body is delimited after its head, read (an upstream's answer) or written (an answer to a
+/// client, a request upstream). A request read from a client is never delimited by its end
+/// ([`request_head::BodyFraming`] has no such case, RFC 9112 §6.3), and how far a body has come is
+/// [`body::Delimited`]'s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Framing {
+    /// Exactly this many bytes, as they are; 0 for no body (`HEAD`, `204`, `304`, a `101`).
+    Length(u64),
+    /// Each piece as a chunk, then the last chunk.
+    Chunked,
+    /// Everything until the connection closes.
+    UntilClose,
+}
+
 /// Why a head is refused; the connection ends after the answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum HeadError {

@@ -32,7 +32,8 @@ pub(crate) struct RequestHead {
     pub wants_upgrade: bool,
 }
 
-/// How the request's body is delimited (RFC 9112 §6.3).
+/// How the request's body is delimited (RFC 9112 §6.3): never by the connection's end, which is what sets it apart
+/// from [`super::Framing`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum BodyFraming {
     /// Exactly this many bytes; 0 for a request without a body.

@@ -13,7 +13,7 @@ use http::{HeaderMap, Method, Response, StatusCode, Version};
 
 use super::fields::{self, last_coding_is_chunked, stated_length};
 use super::keeps_alive;
-use super::{HeadError, ADDED_FIELDS, MAX_CONTENT_LENGTH, MAX_HEADERS};
+use super::{Framing, HeadError, ADDED_FIELDS, MAX_CONTENT_LENGTH, MAX_HEADERS};
 
 /// The largest response head read, as hyper's client bounds it (its largest read buffer).
 pub(crate) const MAX_RESPONSE_HEAD_BYTES: usize = 8192 + 4096 * 100;
@@ -28,21 +28,11 @@ pub(crate) struct ResponseHead {
     pub parts: http::response::Parts,
     /// The reason phrase, when it is not the status's usual one.
     pub reason: Option<Bytes>,
-    pub body: ResponseFraming,
+    pub body: Framing,
     /// Whether the connection may carry another request after this response's body.
     pub keep_alive: bool,
     /// A `101`, or a `2xx` to `CONNECT`: the connection leaves HTTP.
     pub upgrade: bool,
-}
-
-/// How the response's body is delimited.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ResponseFraming {
-    /// Exactly this many bytes; 0 for no body (`HEAD`, `204`, `304`, and a `101`).
-    Length(u64),
-    Chunked,
-    /// Everything until the upstream closes the connection.
-    UntilClose,
 }
 
 /// Reads the final head at the start of `received` to a request made with `method`, past any interim `1xx`:
@@ -129,18 +119,18 @@ fn framing(
     version: Version,
     method: &Method,
     headers: &HeaderMap,
-) -> Result<Option<(ResponseFraming, bool)>, HeadError> {
+) -> Result<Option<(Framing, bool)>, HeadError> {
     match status.as_u16() {
-        101 => return Ok(Some((ResponseFraming::Length(0), true))),
+        101 => return Ok(Some((Framing::Length(0), true))),
         100..=199 => return Ok(None),
-        204 | 304 => return Ok(Some((ResponseFraming::Length(0), false))),
+        204 | 304 => return Ok(Some((Framing::Length(0), false))),
         _ => {}
     }
     if *method == Method::HEAD {
-        return Ok(Some((ResponseFraming::Length(0), false)));
+        return Ok(Some((Framing::Length(0), false)));
     }
     if *method == Method::CONNECT && status.is_success() {
-        return Ok(Some((ResponseFraming::Length(0), true)));
+        return Ok(Some((Framing::Length(0), true)));
     }
     if let Some(last) = headers.get_all(header::TRANSFER_ENCODING).iter().next_back() {
         if version == Version::HTTP_10 {
@@ -148,19 +138,19 @@ fn framing(
         }
         // A coding list that does not end in chunked is delimited by the close (RFC 9112 §6.3 rule 4).
         let body = if last_coding_is_chunked(last) {
-            ResponseFraming::Chunked
+            Framing::Chunked
         } else {
-            ResponseFraming::UntilClose
+            Framing::UntilClose
         };
         return Ok(Some((body, false)));
     }
     if !headers.contains_key(header::CONTENT_LENGTH) {
-        return Ok(Some((ResponseFraming::UntilClose, false)));
+        return Ok(Some((Framing::UntilClose, false)));
     }
     let length = stated_length(headers)
         .filter(|&length| length <= MAX_CONTENT_LENGTH)
         .ok_or(HeadError::Malformed("invalid Content-Length"))?;
-    Ok(Some((ResponseFraming::Length(length), false)))
+    Ok(Some((Framing::Length(length), false)))
 }
 
 #[cfg(test)]
@@ -181,17 +171,17 @@ mod tests {
         let (ok, len) = head("HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc", &Method::GET);
         assert_eq!(
             (ok.body, len, ok.keep_alive, ok.reason),
-            (ResponseFraming::Length(3), 38, true, None)
+            (Framing::Length(3), 38, true, None)
         );
         let (chunked, _) = head(
             "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
             &Method::GET,
         );
-        assert_eq!(chunked.body, ResponseFraming::Chunked);
+        assert_eq!(chunked.body, Framing::Chunked);
         let (until_close, _) = head("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", &Method::GET);
-        assert_eq!(until_close.body, ResponseFraming::UntilClose);
+        assert_eq!(until_close.body, Framing::UntilClose);
         let (old, _) = head("HTTP/1.0 200 Fine\r\n\r\n", &Method::GET);
-        assert_eq!(old.body, ResponseFraming::UntilClose);
+        assert_eq!(old.body, Framing::UntilClose);
         assert!(!old.keep_alive);
         assert_eq!(old.reason.as_deref(), Some(&b"Fine"[..]));
     }
@@ -206,7 +196,7 @@ mod tests {
                 Method::GET,
             ),
         ] {
-            assert_eq!(head(text, &method).0.body, ResponseFraming::Length(0), "{text:?}");
+            assert_eq!(head(text, &method).0.body, Framing::Length(0), "{text:?}");
         }
         let (upgrade, _) = head("HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n", &Method::GET);
         assert!(upgrade.upgrade && !upgrade.keep_alive);
@@ -227,7 +217,7 @@ mod tests {
             "HTTP/1.1 200 OK\r\nContent-Length: 4, 4\r\nContent-Length: 4\r\n\r\n",
             &Method::GET,
         );
-        assert_eq!(listed.body, ResponseFraming::Length(4));
+        assert_eq!(listed.body, Framing::Length(4));
         for text in [
             "HTTP/1.1 200 OK\r\nContent-Length: 4, 5\r\n\r\n",
             "HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",

@@ -12,6 +12,7 @@ use http::header::{self, HeaderMap};
 use http::{Method, StatusCode, Version};
 
 use super::fields::digits;
+use super::Framing;
 
 /// What is known of a body when its head is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,17 +22,6 @@ pub(crate) enum BodySize {
     Known(u64),
     /// A stream whose end will be known when it comes.
     Unknown,
-}
-
-/// How the body goes after the head.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Encoding {
-    /// This many bytes, as they are; 0: no body at all.
-    Length(u64),
-    /// Each piece as a chunk, then the last chunk.
-    Chunked,
-    /// As they are, the end told by closing the connection.
-    UntilClose,
 }
 
 /// The client the answer is for, as its request said.
@@ -46,7 +36,7 @@ pub(crate) struct Client<'a> {
 /// What the head written commits the rest of the exchange to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Written {
-    pub encoding: Encoding,
+    pub encoding: Framing,
     /// The connection closes once the body is written.
     pub closes: bool,
 }
@@ -99,7 +89,7 @@ pub(crate) fn response_head(
                 BodySize::Empty => {}
                 BodySize::Known(known) => {
                     if encoding.is_none() {
-                        encoding = Some(Encoding::Length(known));
+                        encoding = Some(Framing::Length(known));
                         line(dst, b"content-length", value.as_bytes());
                     }
                     continue;
@@ -107,17 +97,17 @@ pub(crate) fn response_head(
                 BodySize::Unknown => {
                     let stated = digits(value.as_bytes()).ok_or(WriteError::ContentLength)?;
                     match encoding {
-                        Some(Encoding::Length(first)) if first != stated => return Err(WriteError::ContentLength),
+                        Some(Framing::Length(first)) if first != stated => return Err(WriteError::ContentLength),
                         Some(_) => {}
                         None => {
-                            encoding = Some(Encoding::Length(stated));
+                            encoding = Some(Framing::Length(stated));
                             line(dst, b"content-length", value.as_bytes());
                         }
                     }
                     continue;
                 }
             }
-            encoding.get_or_insert(Encoding::Length(0));
+            encoding.get_or_insert(Framing::Length(0));
         } else if *name == header::DATE {
             wrote_date = true;
         }
@@ -136,31 +126,31 @@ pub(crate) fn response_head(
         None => match body {
             BodySize::Unknown if may_be_chunked => {
                 dst.put_slice(b"transfer-encoding: chunked\r\n");
-                Encoding::Chunked
+                Framing::Chunked
             }
-            BodySize::Unknown => Encoding::UntilClose,
+            BodySize::Unknown => Framing::UntilClose,
             BodySize::Empty | BodySize::Known(0) => {
                 if may_have_length && *client.method != Method::HEAD {
                     dst.put_slice(b"content-length: 0\r\n");
                 }
-                Encoding::Length(0)
+                Framing::Length(0)
             }
             BodySize::Known(known) if may_have_length => {
                 let _ = write!(dst, "content-length: {known}\r\n");
-                Encoding::Length(known)
+                Framing::Length(known)
             }
-            BodySize::Known(_) => Encoding::Length(0),
+            BodySize::Known(_) => Framing::Length(0),
         },
     };
     let encoding = if no_body_ever || connect_tunnel || *client.method == Method::HEAD {
-        Encoding::Length(0)
+        Framing::Length(0)
     } else {
         encoding
     };
     let closes = !client.keep_alive
         || status == StatusCode::SWITCHING_PROTOCOLS
         || connect_tunnel
-        || encoding == Encoding::UntilClose;
+        || encoding == Framing::UntilClose;
     if !wrote_date {
         dst.put_slice(b"date: ");
         put_date(dst);
@@ -186,7 +176,7 @@ pub(crate) fn request_head(
     target: &http::Uri,
     headers: &mut HeaderMap,
     body: BodySize,
-) -> Encoding {
+) -> Framing {
     let encoding = request_framing(method, headers, body);
     dst.reserve(32 + headers.len() * 32);
     dst.put_slice(method.as_str().as_bytes());
@@ -203,11 +193,11 @@ pub(crate) fn request_head(
 /// RFC 9112 §6.3 from the sender's side: a coding the request states wins and ends in `chunked`; else a length
 /// it states; else what the body says (a stream goes chunked, whatever the method: a GET's too, which the sender
 /// passes as `Empty` when it has none).
-fn request_framing(method: &Method, headers: &mut HeaderMap, body: BodySize) -> Encoding {
+fn request_framing(method: &Method, headers: &mut HeaderMap, body: BodySize) -> Framing {
     let known = match body {
         BodySize::Empty => {
             headers.remove(header::TRANSFER_ENCODING);
-            return Encoding::Length(0);
+            return Framing::Length(0);
         }
         BodySize::Known(known) => Some(known),
         BodySize::Unknown => None,
@@ -228,21 +218,21 @@ fn request_framing(method: &Method, headers: &mut HeaderMap, body: BodySize) -> 
             }
         }
         headers.remove(header::CONTENT_LENGTH);
-        return Encoding::Chunked;
+        return Framing::Chunked;
     }
     if let Some(stated) = stated {
-        return Encoding::Length(stated);
+        return Framing::Length(stated);
     }
     match known {
         Some(known) => {
             headers.insert(header::CONTENT_LENGTH, http::HeaderValue::from(known));
-            Encoding::Length(known)
+            Framing::Length(known)
         }
-        None if *method == Method::CONNECT => Encoding::Length(0),
+        None if *method == Method::CONNECT => Framing::Length(0),
         None => {
             headers.insert(header::TRANSFER_ENCODING, http::HeaderValue::from_static("chunked"));
             headers.remove(header::CONTENT_LENGTH);
-            Encoding::Chunked
+            Framing::Chunked
         }
     }
 }
@@ -329,7 +319,7 @@ mod tests {
         assert_eq!(
             how,
             Written {
-                encoding: Encoding::Chunked,
+                encoding: Framing::Chunked,
                 closes: false
             }
         );
@@ -342,7 +332,7 @@ mod tests {
         assert_eq!(
             how,
             Written {
-                encoding: Encoding::UntilClose,
+                encoding: Framing::UntilClose,
                 closes: true
             }
         );
@@ -352,7 +342,7 @@ mod tests {
     fn lengths_known_or_stated_and_heads_without_a_body() {
         let (text, how) = written(StatusCode::NOT_FOUND, &[], BodySize::Known(5), GET11);
         assert_eq!(text, "HTTP/1.1 404 Not Found\r\ncontent-length: 5\r\ndate: -\r\n\r\n");
-        assert_eq!(how.encoding, Encoding::Length(5));
+        assert_eq!(how.encoding, Framing::Length(5));
         let head = Client {
             method: &Method::HEAD,
             keep_alive: false,
@@ -366,7 +356,7 @@ mod tests {
         assert_eq!(
             how,
             Written {
-                encoding: Encoding::Length(0),
+                encoding: Framing::Length(0),
                 closes: true
             }
         );
@@ -374,7 +364,7 @@ mod tests {
         assert_eq!(text, "HTTP/1.1 204 No Content\r\ndate: -\r\n\r\n");
     }
 
-    fn sent(method: Method, headers: &[(&str, &str)], body: BodySize) -> (String, Encoding) {
+    fn sent(method: Method, headers: &[(&str, &str)], body: BodySize) -> (String, Framing) {
         let mut dst = BytesMut::new();
         let target = http::Uri::from_static("/up?x=1");
         let encoding = request_head(&mut dst, &method, &target, &mut map(headers), body);
@@ -385,19 +375,19 @@ mod tests {
     fn a_request_states_its_framing_once_and_in_the_form_its_body_needs() {
         let (text, how) = sent(Method::POST, &[("host", "a")], BodySize::Known(3));
         assert_eq!(text, "POST /up?x=1 HTTP/1.1\r\nhost: a\r\ncontent-length: 3\r\n\r\n");
-        assert_eq!(how, Encoding::Length(3));
+        assert_eq!(how, Framing::Length(3));
         let (text, how) = sent(Method::POST, &[("content-length", "7")], BodySize::Unknown);
         assert_eq!(text, "POST /up?x=1 HTTP/1.1\r\ncontent-length: 7\r\n\r\n");
-        assert_eq!(how, Encoding::Length(7), "a stated length is kept over an unknown body");
+        assert_eq!(how, Framing::Length(7), "a stated length is kept over an unknown body");
         let (text, how) = sent(Method::PUT, &[("content-length", "x")], BodySize::Unknown);
         assert_eq!(text, "PUT /up?x=1 HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n");
-        assert_eq!(how, Encoding::Chunked, "a bad stated length gives way to chunked");
+        assert_eq!(how, Framing::Chunked, "a bad stated length gives way to chunked");
         let (text, how) = sent(Method::GET, &[], BodySize::Unknown);
         assert_eq!(text, "GET /up?x=1 HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n");
-        assert_eq!(how, Encoding::Chunked, "a GET's body is sent as any other's");
+        assert_eq!(how, Framing::Chunked, "a GET's body is sent as any other's");
         let (text, how) = sent(Method::GET, &[], BodySize::Empty);
         assert_eq!(text, "GET /up?x=1 HTTP/1.1\r\n\r\n");
-        assert_eq!(how, Encoding::Length(0));
+        assert_eq!(how, Framing::Length(0));
     }
 
     #[test]
@@ -411,9 +401,9 @@ mod tests {
             text,
             "POST /up?x=1 HTTP/1.1\r\ntransfer-encoding: gzip, chunked\r\n\r\n"
         );
-        assert_eq!(how, Encoding::Chunked);
+        assert_eq!(how, Framing::Chunked);
         let (text, how) = sent(Method::POST, &[("transfer-encoding", "chunked")], BodySize::Empty);
         assert_eq!(text, "POST /up?x=1 HTTP/1.1\r\n\r\n");
-        assert_eq!(how, Encoding::Length(0), "an ended body sends no coding");
+        assert_eq!(how, Framing::Length(0), "an ended body sends no coding");
     }
 }

@@ -23,8 +23,9 @@ use crate::body::{BodyStalled, BoxError, ClientBodyError, RequestBody};
 use crate::error::{ProxyError, UpstreamError};
 use crate::h1::body::{BodyFault, Delimited};
 use crate::h1::chunked::ChunkedDecoder;
-use crate::h1::response_head::{self, ResponseFraming, MAX_INTERIM_HEADS, MAX_RESPONSE_HEAD_BYTES};
-use crate::h1::write::{self, BodySize, Encoding, LAST_CHUNK};
+use crate::h1::response_head::{self, MAX_INTERIM_HEADS, MAX_RESPONSE_HEAD_BYTES};
+use crate::h1::write::{self, BodySize, LAST_CHUNK};
+use crate::h1::Framing;
 
 /// Room asked for by each read of a head, and of a body.
 const HEAD_ROOM: usize = 4 * 1024;
@@ -88,7 +89,7 @@ pub(crate) async fn send(
     let mut sending = Sending {
         encoding,
         left: match encoding {
-            Encoding::Length(length) => length,
+            Framing::Length(length) => length,
             _ => 0,
         },
     };
@@ -182,9 +183,9 @@ async fn read_head(wire: &Arc<Wire>, method: &Method) -> Result<Response<Upstrea
         parts.extensions.insert(reason);
     }
     let framing = match head.body {
-        ResponseFraming::Length(length) => Delimited::Length(length),
-        ResponseFraming::Chunked => Delimited::Chunked(ChunkedDecoder::new(MAX_TRAILER_BYTES)),
-        ResponseFraming::UntilClose => Delimited::UntilClose,
+        Framing::Length(length) => Delimited::Length(length),
+        Framing::Chunked => Delimited::Chunked(ChunkedDecoder::new(MAX_TRAILER_BYTES)),
+        Framing::UntilClose => Delimited::UntilClose,
     };
     if !head.keep_alive || head.upgrade || matches!(framing, Delimited::UntilClose) {
         wire.lock().spent = true;
@@ -220,7 +221,7 @@ pub fn client_body_error(err: BoxError) -> ProxyError {
 /// The framing a request body goes out in, and what of a stated length is still owed.
 #[derive(Clone, Copy)]
 struct Sending {
-    encoding: Encoding,
+    encoding: Framing,
     left: u64,
 }
 
@@ -230,12 +231,12 @@ impl Sending {
     fn frame(&mut self, before: &mut BytesMut, after: &mut BytesMut, data: Bytes) -> Result<Bytes, ProxyError> {
         let large = data.len() > COALESCE;
         match self.encoding {
-            Encoding::Chunked if large => {
+            Framing::Chunked if large => {
                 write::put_chunk_size(before, data.len());
                 after.extend_from_slice(b"\r\n");
             }
-            Encoding::Chunked => write::put_chunk(before, &data),
-            Encoding::Length(_) | Encoding::UntilClose => {
+            Framing::Chunked => write::put_chunk(before, &data),
+            Framing::Length(_) | Framing::UntilClose => {
                 self.count(data.len())?;
                 if !large {
                     before.extend_from_slice(&data);
@@ -260,11 +261,11 @@ impl Sending {
     /// The body's end: the last chunk, or a check that the stated length was all sent.
     fn finish(&self, out: &mut BytesMut) -> Result<(), ProxyError> {
         match self.encoding {
-            Encoding::Chunked => out.extend_from_slice(LAST_CHUNK),
-            Encoding::Length(_) | Encoding::UntilClose if self.left > 0 => {
+            Framing::Chunked => out.extend_from_slice(LAST_CHUNK),
+            Framing::Length(_) | Framing::UntilClose if self.left > 0 => {
                 return Err(ProxyError::ClientGone);
             }
-            Encoding::Length(_) | Encoding::UntilClose => {}
+            Framing::Length(_) | Framing::UntilClose => {}
         }
         Ok(())
     }

@@ -29,7 +29,8 @@ use crate::forward::ResponseBody;
 use crate::h1::body::Delimited;
 use crate::h1::chunked::ChunkedDecoder;
 use crate::h1::request_head::{self, BodyFraming};
-use crate::h1::write::{self, BodySize, Encoding, LAST_CHUNK};
+use crate::h1::write::{self, BodySize, LAST_CHUNK};
+use crate::h1::Framing;
 use crate::h1::HeadError;
 use crate::metrics::Metrics;
 use crate::net::{self, Peeked};
@@ -356,7 +357,7 @@ async fn write_answer(
             return Ok(true);
         }
     };
-    let sends_body = !matches!(written.encoding, Encoding::Length(0));
+    let sends_body = !matches!(written.encoding, Framing::Length(0));
     let mut sent: u64 = 0;
     // A body that is here already goes out with the head in one write.
     let mut first = if sends_body { body.frame().now_or_never() } else { None };
@@ -388,15 +389,15 @@ async fn write_answer(
             Some(Err(_)) => return Err(ErrorKind::UnexpectedEof.into()),
         }
     }
-    if written.encoding == Encoding::Chunked {
+    if written.encoding == Framing::Chunked {
         out.extend_from_slice(LAST_CHUNK);
     }
     if !out.is_empty() {
         write_all(stream, &out, stall).await?;
     }
     // A body that did not come to the length its head stated leaves the client unable to find the next answer.
-    let short = matches!(written.encoding, Encoding::Length(stated) if stated != sent);
-    Ok(written.closes || written.encoding == Encoding::UntilClose || short)
+    let short = matches!(written.encoding, Framing::Length(stated) if stated != sent);
+    Ok(written.closes || written.encoding == Framing::UntilClose || short)
 }
 
 /// Puts one piece of the body after what `out` holds, framed by `encoding`; a large piece is written at once,
@@ -405,13 +406,13 @@ async fn put_data(
     stream: &TcpStream,
     out: &mut BytesMut,
     data: Bytes,
-    encoding: Encoding,
+    encoding: Framing,
     stall: Duration,
 ) -> io::Result<()> {
     if data.is_empty() {
         return Ok(());
     }
-    if encoding == Encoding::Chunked {
+    if encoding == Framing::Chunked {
         if data.len() <= COALESCE {
             write::put_chunk(out, &data);
             return Ok(());
