@@ -28,6 +28,7 @@ mod h1_sent;
 mod header_rewrite;
 mod request_head;
 mod upstream_head;
+mod upstream_oracle;
 mod upstream_response;
 
 pub use config_file::config_file;
