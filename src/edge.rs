@@ -118,7 +118,8 @@ impl Service<Request<ClientBody>> for ProxyService {
         let id = set_request_id(&mut request, self.client.trusted);
         let mut in_flight = self.activity.as_ref().map(ClientActivity::request_started);
         // A tunnel's request is at work for as long as the tunnel: its task keeps the mark, not the answer.
-        if let Some(mark) = in_flight.take_if(|_| crate::tunnel::asked(&request).is_some()) {
+        let upgrade = crate::tunnel::asked(&request);
+        if let Some(mark) = in_flight.take_if(|_| upgrade.is_some()) {
             crate::tunnel::Hold::add(&mut request, Arc::new(mark));
         }
         // Routed first so the span is made with its fields (each later record costs about as much as making
@@ -148,7 +149,7 @@ impl Service<Request<ClientBody>> for ProxyService {
         Box::pin(
             async move {
                 let metrics = proxy.metrics.clone();
-                let mut answered = answer_panic(proxy.serve_routed(request, client, routed), metrics).await;
+                let mut answered = answer_panic(proxy.serve_routed(request, client, routed, upgrade), metrics).await;
                 // The answer carries the request's ID back, unless the upstream set its own.
                 if let Some(id) = id {
                     if let http::header::Entry::Vacant(place) = answered.headers_mut().entry(X_REQUEST_ID) {

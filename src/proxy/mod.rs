@@ -175,17 +175,20 @@ impl Proxy {
         client: Arc<ClientInfo>,
     ) -> Response<ResponseBody> {
         let routed = self.route(&mut request);
-        self.serve_routed(request, client, routed).await
+        let upgrade = crate::tunnel::asked(&request);
+        self.serve_routed(request, client, routed, upgrade).await
     }
 
-    /// Serves one request already routed (or refused) by [`Proxy::route`].
+    /// Serves one request already routed (or refused) by [`Proxy::route`], with what it asks to switch to
+    /// ([`crate::tunnel::asked`], read once by the caller).
     pub async fn serve_routed(
         self: Arc<Self>,
         request: Request<ClientBody>,
         client: Arc<ClientInfo>,
         routed: Result<(Arc<UpstreamPool>, Picked), ProxyError>,
+        upgrade: Option<http::HeaderValue>,
     ) -> Response<ResponseBody> {
-        if let Some(upgrade) = crate::tunnel::asked(&request) {
+        if let Some(upgrade) = upgrade {
             // Boxed: an upgrade is rare, and its steps would add their size to every request's future.
             return Box::pin(self.serve_tunnel(request, client, routed, upgrade)).await;
         }
