@@ -171,3 +171,21 @@ def ratio(a, b, digits=2):
     if a is None or b is None or b == 0:
         return "-"
     return f"{a / b:.{digits}f}"
+
+
+def present_subjects(runs, order):
+    """The subjects that ran, those of `order` first in its order, then any others sorted."""
+    present = {r["subject"] for r in runs}
+    return [s for s in order if s in present] + sorted(present - set(order))
+
+
+def proxy_cores(run):
+    """Cores the proxy used over the measured window, or None for a run with no proxy."""
+    if run["proxy_cpu_ticks"] is None:
+        return None
+    return run["proxy_cpu_ticks"] / run["clk_tck"] / run["duration_s"]
+
+
+def pct0(v):
+    """A share as a whole percentage, or "-"."""
+    return "-" if v is None else f"{100 * v:.0f} %"

@@ -1,7 +1,8 @@
 """Section for the "cores" scenario: floodgate at --threads 1, 2, 4 against HAProxy at nbthread 1, 2, 4, at
 capacity (N = 64, 0 ms) and in the retry storm (N = 8, 50 ms); see report_common for the contract."""
 
-from report_common import derive, fmt, markdown_table, med, spread
+from report_common import derive, fmt, markdown_table, med, pct0 as pct, present_subjects, proxy_cores, spread
+from section_storm import capacity
 
 TITLE = "Cores: what each proxy does with the threads it is given"
 
@@ -16,26 +17,18 @@ def row(run):
     d = derive(run)
     threads = run.get("proxy_threads") or {}
     d.update({
-        "share": d["ok_rate"] * max(run["delay_ms"], 1e-9) / (run["cap"] * 1000.0) if run["delay_ms"] else None,
-        "cores": run["proxy_cpu_ticks"] / run["clk_tck"] / run["duration_s"] if run["proxy_cpu_ticks"] else None,
+        # Capacity runs have a 0 ms upstream: no share of a service rate to give.
+        "share": d["ok_rate"] / capacity(run) if run["delay_ms"] else None,
+        "cores": proxy_cores(run),
         "busiest": threads.get("busiest"),
         "over_5pct": threads.get("over_5pct"),
     })
     return d
 
 
-def subjects(runs):
-    present = {r["subject"] for r in runs}
-    return [s for s in SUBJECTS if s in present] + sorted(present - set(SUBJECTS))
-
-
-def pct(v):
-    return "-" if v is None else f"{100 * v:.0f} %"
-
-
 def table(runs):
     rows = []
-    for subject in subjects(runs):
+    for subject in present_subjects(runs, SUBJECTS):
         ds = [row(r) for r in runs if r["subject"] == subject]
         rows.append([
             subject, len(ds), spread([d["ok_rate"] for d in ds]), pct(med([d["share"] for d in ds])),

@@ -1,7 +1,7 @@
 """Section of docs/benchmarks.md for the "storm" scenario (a retry storm: wrk closed loop, no think time, 2 s client
 timeout, 1,000-16,000 clients against cap 8 and a 50 ms service time); see report_common for the contract."""
 
-from report_common import derive, fmt, markdown_table, med, spread
+from report_common import derive, fmt, markdown_table, med, pct0 as pct, present_subjects, proxy_cores, spread
 
 TITLE = "Retry storm: goodput while thousands of clients are refused"
 
@@ -42,18 +42,13 @@ def row(run):
         "shed_rate": shed / secs,
         "no_retry_after": w.get("no_retry_after_503"),
         "connect_read": w.get("err_connect", 0) + w.get("err_read", 0) + w.get("err_write", 0),
-        "cores": run["proxy_cpu_ticks"] / run["clk_tck"] / run["duration_s"] if run["proxy_cpu_ticks"] is not None else None,
+        "cores": proxy_cores(run),
     })
     return d
 
 
 def subjects(runs):
-    present = {r["subject"] for r in runs}
-    return [s for s in SUBJECTS if s in present] + sorted(present - set(SUBJECTS))
-
-
-def pct(v):
-    return "-" if v is None else f"{100 * v:.0f} %"
+    return present_subjects(runs, SUBJECTS)
 
 
 def table(runs):
