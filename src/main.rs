@@ -307,21 +307,13 @@ fn start_runtime(flavor: Flavor) -> Result<tokio::runtime::Runtime, String> {
     without_panic(move || build_runtime(flavor)).and_then(|built| built.map_err(|err| err.to_string()))
 }
 
-/// The runtime `main` blocks on. Serving, it is the first of floodgate's worker threads (the others are
-/// `floodgate::server::Workers`): a current-thread scheduler, which hands a woken task over without the work-stealing
-/// machinery, and whose `block_on` future (the upstream lane, see `floodgate::upstream_lane`) is polled before
-/// each batch of `LANE_EVERY_TASKS` client tasks. The demo's: tokio's multi-thread runtime.
+/// The runtime `main` blocks on. Serving, it is the first of floodgate's threads that serve clients, built as the
+/// others are (`floodgate::server::serving_runtime`); the demo's is tokio's multi-thread runtime.
 fn build_runtime(flavor: Flavor) -> std::io::Result<tokio::runtime::Runtime> {
-    let mut builder = match flavor {
-        Flavor::Serving => {
-            let mut builder = tokio::runtime::Builder::new_current_thread();
-            builder.event_interval(floodgate::server::LANE_EVERY_TASKS);
-            builder
-        }
-        Flavor::Demo => tokio::runtime::Builder::new_multi_thread(),
-    };
-    builder.enable_all();
-    builder.build()
+    match flavor {
+        Flavor::Serving => floodgate::server::serving_runtime(),
+        Flavor::Demo => tokio::runtime::Builder::new_multi_thread().enable_all().build(),
+    }
 }
 
 /// How many threads serve clients: `threads`, else one per CPU the process may run on.

@@ -77,16 +77,9 @@ impl UpstreamLane {
     pub fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
         // Boxed as it is: an exchange's future is kilobytes, and each wrapper around it before the box is a copy.
         let task: Task = Box::pin(task);
-        let task = HERE.with_borrow(|here| match here {
-            Some(lane) => {
-                let _ = lane.inbox.send(task);
-                None
-            }
-            None => Some(task),
+        HERE.with_borrow(|here| {
+            let _ = here.as_deref().unwrap_or(self).inbox.send(task);
         });
-        if let Some(task) = task {
-            let _ = self.inbox.send(task);
-        }
     }
 
     /// Makes `lane` the one work spawned from this thread runs in; for a worker thread whose runtime's `block_on`
@@ -111,9 +104,8 @@ impl UpstreamLane {
             let mut running = FuturesUnordered::new();
             let mut open = true;
             std::future::poll_fn(move |cx| {
-                let mut took = false;
                 for round in 0..ROUNDS_PER_POLL {
-                    took = false;
+                    let mut took = false;
                     while open {
                         match inbox.poll_recv(cx) {
                             Poll::Ready(Some(task)) => {
@@ -140,11 +132,8 @@ impl UpstreamLane {
                         }
                     }
                 }
-                // Work taken in on the last round has run once; what it spawned waits for the next poll, which
-                // this asks for (the inbox registered no waker while it still had tasks to give).
-                if took {
-                    cx.waker().wake_by_ref();
-                }
+                // What the last round's tasks spawned waits for the next poll: the inbox, read until it had
+                // nothing, holds this poll's waker.
                 Poll::Pending
             })
             .await

@@ -13,7 +13,7 @@ mod proxy_header;
 mod workers;
 
 use workers::Job;
-pub use workers::{Workers, LANE_EVERY_TASKS};
+pub use workers::{serving_runtime, Workers};
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -5,8 +5,6 @@
 //!
 //! It owns only the threads and what is sent to them; what runs there is the server's and the proxy's.
 
-use std::sync::Arc;
-
 use tokio::sync::mpsc;
 
 use crate::upstream_lane::UpstreamLane;
@@ -14,7 +12,7 @@ use crate::upstream_lane::UpstreamLane;
 /// A worker's lane is polled before each batch of this many client tasks: the most a hand-off waits (tokio's
 /// default is 61). Measured no dearer at 0 ms and 200 clients, and it kept a pipelining flood from starving the
 /// lane (docs/storm.md).
-pub const LANE_EVERY_TASKS: u32 = 8;
+pub(super) const LANE_EVERY_TASKS: u32 = 8;
 
 /// Something to start on a worker's runtime (a connection's task); it runs inside that runtime, so what it spawns
 /// and the sockets it registers are that worker's.
@@ -47,19 +45,13 @@ impl Workers {
             let (built, started) = std::sync::mpsc::sync_channel(1);
             std::thread::Builder::new()
                 .name(format!("floodgate-worker-{index}"))
-                .spawn(move || {
-                    let runtime = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .event_interval(LANE_EVERY_TASKS)
-                        .build();
-                    match runtime {
-                        Ok(runtime) => {
-                            let _ = built.send(Ok(()));
-                            work(runtime, jobs);
-                        }
-                        Err(err) => {
-                            let _ = built.send(Err(err));
-                        }
+                .spawn(move || match serving_runtime() {
+                    Ok(runtime) => {
+                        let _ = built.send(Ok(()));
+                        work(runtime, jobs);
+                    }
+                    Err(err) => {
+                        let _ = built.send(Err(err));
                     }
                 })?;
             started
@@ -83,12 +75,21 @@ impl Workers {
     }
 }
 
+/// The runtime of one thread that serves clients (`main`'s and each worker's): a current-thread scheduler, which
+/// hands a woken task over without the work-stealing machinery, whose `block_on` future (the thread's upstream
+/// lane) is polled before each batch of `LANE_EVERY_TASKS` client tasks.
+pub fn serving_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .event_interval(LANE_EVERY_TASKS)
+        .build()
+}
+
 /// One worker thread: its lane first, then the jobs sent to it and the tasks they spawn, until the server drops
 /// [`Workers`].
 fn work(runtime: tokio::runtime::Runtime, mut jobs: mpsc::UnboundedReceiver<Job>) {
     let lane = UpstreamLane::new();
     UpstreamLane::make_here(lane.clone());
-    let lane: Arc<UpstreamLane> = lane;
     runtime.block_on(async move {
         let taking_jobs = async {
             while let Some(job) = jobs.recv().await {
