@@ -10,7 +10,7 @@
 //! or the right to dial one) is the pool's business, so the discipline can change without touching the pool.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 mod deadline;
@@ -152,13 +152,28 @@ impl From<Instant> for Now {
 pub(crate) struct Waiter<G> {
     id: u64,
     answer: oneshot::Sender<Result<G, Shed>>,
+    taker: Taker<G>,
     since: Instant,
     deadline: Option<Instant>,
 }
 
+/// Takes a grant where it is made: for a waiter whose rest of its path may run on whichever thread makes the grant,
+/// so that what one worker thread frees reaches the upstream again without waiting for another thread's turn.
+pub(crate) trait TakeGrant<G>: Send + Sync {
+    /// Takes `grant`, or gives it back when the waiter has gone.
+    fn take(&self, grant: G) -> Result<(), G>;
+}
+
+/// A waiter's taker, set (at most once) by whoever holds its ticket; until then grants go through the answer.
+pub(crate) type Taker<G> = Arc<OnceLock<Box<dyn TakeGrant<G>>>>;
+
 impl<G> Waiter<G> {
-    /// Hands the grant over; gives it back if the waiter is already gone.
+    /// Hands the grant over; gives it back if the waiter is already gone. A waiter with a taker takes it on this
+    /// thread, and its own wait then ends with nothing (its answer's sender dropped here).
     pub(crate) fn grant(self, grant: G) -> Result<(), G> {
+        if let Some(taker) = self.taker.get() {
+            return taker.take(grant);
+        }
         match self.answer.send(Ok(grant)) {
             Ok(()) => Ok(()),
             Err(Ok(grant)) => Err(grant),
@@ -200,6 +215,8 @@ enum Among {
 pub(crate) struct Ticket<G> {
     pub id: u64,
     pub answer: oneshot::Receiver<Result<G, Shed>>,
+    /// Set to have grants taken where they are made ([`TakeGrant`]).
+    pub taker: Taker<G>,
 }
 
 impl<G> WaitQueue<G> {
@@ -269,9 +286,11 @@ impl<G> WaitQueue<G> {
             // (requests served at once in between never passed through CoDel to end it).
             self.above_target_since = None;
         }
+        let taker = Taker::default();
         let waiter = Waiter {
             id,
             answer: tx,
+            taker: taker.clone(),
             since: now,
             deadline,
         };
@@ -285,7 +304,7 @@ impl<G> WaitQueue<G> {
             self.classes.entry(place.class).or_default().push(key, weight, waiter);
             self.waiting += 1;
         }
-        Ok(Ticket { id, answer: rx })
+        Ok(Ticket { id, answer: rx, taker })
     }
 
     /// Whether a retry of an admitted request is waiting.

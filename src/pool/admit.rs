@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::{Back, Grant, Lease, PoolState, Refused, UpstreamPool};
-use crate::admission::{Patience, Place, Shed, Ticket};
+use crate::admission::{Patience, Place, Shed, TakeGrant, Ticket};
 
 impl UpstreamPool {
     /// Admits a request: an idle connection or a free slot now, else a place in the queue until one is handed
@@ -141,9 +141,50 @@ pub struct Queued {
     ticket: Option<Ticket<Grant>>,
 }
 
+/// The rest of a queued request's path, run with its lease on the thread that grants it ([`Queued::hand_over_to`]).
+pub trait LeaseTaker: Send + Sync {
+    /// Takes `lease` (and runs the rest of the request's path with it, typically by spawning it), or gives it back
+    /// when the request has gone: it is then granted to the next waiter.
+    fn take(&self, lease: Lease) -> Result<(), Lease>;
+}
+
+/// A [`LeaseTaker`] as the queue sees it: grants become leases of this pool. It lives in the pool's queue, so it
+/// holds the pool weakly.
+struct TakenHere {
+    pool: std::sync::Weak<UpstreamPool>,
+    taker: Arc<dyn LeaseTaker>,
+}
+
+impl TakeGrant<Grant> for TakenHere {
+    fn take(&self, grant: Grant) -> Result<(), Grant> {
+        let Some(pool) = self.pool.upgrade() else {
+            return Err(grant);
+        };
+        let lease = Lease::new(pool, grant);
+        match self.taker.take(lease) {
+            Ok(()) => Ok(()),
+            // Not used: nothing to give back but the grant, which goes to the next waiter.
+            Err(lease) => lease.into_grant().map_or(Ok(()), Err),
+        }
+    }
+}
+
 impl Queued {
     pub fn pool(&self) -> &Arc<UpstreamPool> {
         &self.pool
+    }
+
+    /// From now on a grant for this request is taken by `taker` where it is made, rather than sent to
+    /// [`Queued::wait`] (which then ends with [`Shed::QueueTimeout`] and `taker` holding what the request needs).
+    /// A grant made before this is still the wait's. Set at most once; a second taker is ignored.
+    pub fn hand_over_to(&self, taker: Arc<dyn LeaseTaker>) {
+        if let Some(ticket) = &self.ticket {
+            let taken_here = TakenHere {
+                pool: Arc::downgrade(&self.pool),
+                taker,
+            };
+            let _ = ticket.taker.set(Box::new(taken_here));
+        }
     }
 
     /// Waits until a grant is handed over, `patience` runs out, or `client_gone` resolves.

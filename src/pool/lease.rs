@@ -16,6 +16,8 @@ enum Held {
     Conn(Conn),
     Dial(super::Slot),
     Nothing,
+    /// Handed back as the grant it was made from ([`Lease::into_grant`]): nothing to give back on drop.
+    GrantBack,
 }
 
 /// An admitted request's hold on the upstream.
@@ -43,6 +45,15 @@ impl Lease {
             abandoned: false,
             upload: None,
             pool,
+        }
+    }
+
+    /// The grant a lease that has not been used yet was made from, to hand on to another waiter.
+    pub(super) fn into_grant(mut self) -> Option<Grant> {
+        match std::mem::replace(&mut self.held, Held::GrantBack) {
+            Held::Conn(conn) => Some(Grant::Idle(conn)),
+            Held::Dial(slot) => Some(Grant::Dial(slot)),
+            Held::Nothing | Held::GrantBack => None,
         }
     }
 
@@ -131,6 +142,7 @@ impl Drop for Lease {
                 drop(slot);
             }
             Held::Nothing => self.pool.came_back(Back::Released(None)),
+            Held::GrantBack => {}
         }
     }
 }

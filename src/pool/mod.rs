@@ -36,7 +36,7 @@ use arc_swap::{ArcSwap, ArcSwapOption, Guard};
 use http::HeaderValue;
 
 pub use crate::status::{AdaptiveSnapshot, EndpointSnapshot, PoolSnapshot};
-pub use admit::{Admitted, Queued};
+pub use admit::{Admitted, LeaseTaker, Queued};
 pub use connection::Conn;
 pub use lease::Lease;
 pub use slot::Slot;

@@ -21,7 +21,7 @@ use crate::error::{Outcome, ProxyError, ShedAdvice};
 use crate::forward::{self, RequestBody, ResponseBody, UpstreamIncoming};
 use crate::metrics::OutcomeCounters;
 use crate::net;
-use crate::pool::{Admitted, Lease, Refused, UpstreamPool};
+use crate::pool::{Admitted, Lease, LeaseTaker, Refused, UpstreamPool};
 use crate::route::RouteSettings;
 
 /// A failure carries the access-log entry back, so that its answer's line is written where it is counted.
@@ -76,8 +76,9 @@ impl AdmittedExchange {
     /// Waits for a grant if queued, then runs the exchange and hands its answer to the client's task. A client
     /// that leaves while the request is queued takes it out of the queue; one that leaves later does not cancel
     /// the exchange (cancelling would close the upstream connection while the upstream still works on the
-    /// request): the answer nobody takes is dropped, so a response body drains and keeps its connection.
-    pub(super) async fn run(self, mut answer: oneshot::Sender<Answer>) {
+    /// request): the answer nobody takes is dropped, so a response body drains and keeps its connection. A queued
+    /// request's exchange runs on the thread that grants it its lease ([`Handover`]), not necessarily this one.
+    pub(super) async fn run(self, answer: oneshot::Sender<Answer>) {
         let AdmittedExchange {
             admitted,
             patience,
@@ -87,51 +88,105 @@ impl AdmittedExchange {
             body_unread,
             window_held,
             request,
-            mut access,
+            access,
             watch_body,
             buffers,
             route,
             span,
             marks,
         } = self;
-        let lease = match admitted {
-            Admitted::Now(lease) => lease,
-            Admitted::Queued(queued) => {
-                let counters = queued.pool().metrics.requests.clone();
-                let client_gone = async {
-                    let socket_closed = async {
-                        match &http1_socket {
-                            Some(stream) if body_unread => net::peer_closed(stream).await,
-                            _ => std::future::pending().await,
-                        }
-                    };
-                    tokio::select! {
-                        () = answer.closed() => {}
-                        () = socket_closed => {}
-                    }
-                };
-                match queued.wait(patience, client_gone).await {
-                    // In a storm the client's task may not have run since its client left (clients that give up
-                    // close): a request nobody waits for any more is not sent. Its lease goes to the next waiter.
-                    Ok(lease) if http1_socket.as_deref().is_some_and(net::peer_has_closed) => {
-                        drop(lease);
-                        client_left(&counters, access, answer, &span);
-                        return;
-                    }
-                    Ok(lease) => lease,
-                    Err(Refused::Shed(shed)) => {
-                        if let Err(Err((_, access))) = answer.send(Err((ProxyError::Shed(shed), access))) {
-                            forward::complete(&counters, None, access, Outcome::ClientAbort, 0, &span);
-                        }
-                        return;
-                    }
-                    Err(Refused::ClientGone) => {
-                        client_left(&counters, access, answer, &span);
-                        return;
-                    }
+        let watched_socket = http1_socket.clone().filter(|_| body_unread);
+        let rest = Rest {
+            arrived,
+            class,
+            http1_socket,
+            window_held,
+            request,
+            access,
+            answer,
+            watch_body,
+            buffers,
+            route,
+            span,
+            marks,
+        };
+        let queued = match admitted {
+            Admitted::Now(lease) => return rest.run(lease).await,
+            Admitted::Queued(queued) => queued,
+        };
+        let pool = queued.pool().clone();
+        let handover = Arc::new(Handover {
+            rest: std::sync::Mutex::new(Some(rest)),
+        });
+        queued.hand_over_to(handover.clone());
+        let client_gone = async {
+            let socket_closed = async {
+                match &watched_socket {
+                    Some(stream) => net::peer_closed(stream).await,
+                    None => std::future::pending().await,
                 }
+            };
+            tokio::select! {
+                () = handover.answer_closed() => {}
+                () = socket_closed => {}
             }
         };
+        let waited = queued.wait(patience, client_gone).await;
+        // Taken by the grant's thread: its exchange runs there, and this wait is over.
+        let Some(rest) = handover.take_back() else { return };
+        match waited {
+            Ok(lease) => rest.run(lease).await,
+            Err(Refused::Shed(shed)) => {
+                let counters = &pool.metrics.requests;
+                if let Err(Err((_, access))) = rest.answer.send(Err((ProxyError::Shed(shed), rest.access))) {
+                    forward::complete(counters, None, access, Outcome::ClientAbort, 0, &rest.span);
+                }
+            }
+            Err(Refused::ClientGone) => client_left(&pool.metrics.requests, rest.access, rest.answer, &rest.span),
+        }
+    }
+}
+
+/// What an admitted request needs once it holds a lease: run where the lease was granted.
+struct Rest {
+    arrived: tokio::time::Instant,
+    class: u8,
+    http1_socket: Option<Arc<tokio::net::TcpStream>>,
+    window_held: Option<crate::buffer::Reservation>,
+    request: Request<RequestBody>,
+    access: Option<Box<Entry>>,
+    answer: oneshot::Sender<Answer>,
+    watch_body: bool,
+    buffers: Arc<BufferBudget>,
+    route: Arc<RouteSettings>,
+    span: tracing::Span,
+    marks: Option<crate::trace::Marks>,
+}
+
+impl Rest {
+    async fn run(self, lease: Lease) {
+        let Rest {
+            arrived,
+            class,
+            http1_socket,
+            window_held,
+            request,
+            mut access,
+            answer,
+            watch_body,
+            buffers,
+            route,
+            span,
+            marks,
+        } = self;
+        // In a storm the client's task may not have run since its client left (clients that give up close): a
+        // request nobody waits for any more is not sent. Its lease goes to the next waiter.
+        if http1_socket.as_deref().is_some_and(net::peer_has_closed) {
+            let counters = lease.pool().metrics.requests.clone();
+            drop(lease);
+            client_left(&counters, access, answer, &span);
+            return;
+        }
         // Out of the queue: the body now streams upstream, at the upstream's pace.
         drop(window_held);
         let pool = lease.pool().clone();
@@ -149,6 +204,45 @@ impl AdmittedExchange {
         if let Err(Err((_, access))) = answer.send(answered) {
             forward::complete(&pool.metrics.requests, None, access, Outcome::ClientAbort, 0, &span);
         }
+    }
+}
+
+/// A queued request's [`Rest`], held for whichever comes first: the grant's thread, which takes it and spawns the
+/// exchange in its own upstream lane (so a lease freed on one worker thread goes back to work at once, without
+/// waiting for the waiter's thread to be scheduled), or the wait's end without a grant, which takes it back to
+/// answer the client.
+struct Handover {
+    rest: std::sync::Mutex<Option<Rest>>,
+}
+
+impl Handover {
+    fn take_back(&self) -> Option<Rest> {
+        self.rest.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take()
+    }
+
+    /// Resolves when the client's task stops waiting for the answer (the client left), while the rest is here.
+    async fn answer_closed(&self) {
+        std::future::poll_fn(|cx| {
+            let mut rest = self.rest.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            match rest.as_mut() {
+                Some(rest) => rest.answer.poll_closed(cx),
+                // Taken by the grant's thread: the wait ends by its answer's sender being dropped.
+                None => std::task::Poll::Pending,
+            }
+        })
+        .await
+    }
+}
+
+impl LeaseTaker for Handover {
+    fn take(&self, lease: Lease) -> Result<(), Lease> {
+        let Some(rest) = self.take_back() else {
+            return Err(lease);
+        };
+        // On a floodgate worker thread, into that thread's lane.
+        let pool = lease.pool().clone();
+        pool.spawn(rest.run(lease));
+        Ok(())
     }
 }
 

@@ -366,3 +366,94 @@ async fn tunnel_slots_are_counted_beside_the_cap_never_inside_it() {
     drop(again);
     assert!(pool.drained());
 }
+
+/// Keeps the lease it is handed, or (declining) says its request has gone.
+struct KeepsLease {
+    kept: std::sync::Mutex<Option<(Lease, std::thread::ThreadId)>>,
+    declines: bool,
+}
+
+impl LeaseTaker for KeepsLease {
+    fn take(&self, lease: Lease) -> Result<(), Lease> {
+        if self.declines {
+            return Err(lease);
+        }
+        *self.kept.lock().unwrap() = Some((lease, std::thread::current().id()));
+        Ok(())
+    }
+}
+
+fn queued(pool: &Arc<UpstreamPool>) -> Queued {
+    let patience = crate::admission::Patience::queue(far());
+    match pool.try_admit(false, patience, &crate::admission::Place::default()) {
+        Ok(Admitted::Queued(queued)) => queued,
+        Ok(Admitted::Now(_)) => panic!("admitted at once; the test wants it queued"),
+        Err(refused) => panic!("refused: {refused:?}"),
+    }
+}
+
+#[test]
+fn a_queued_request_with_a_taker_gets_its_lease_on_the_thread_that_frees_it() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let pool = pool(1, 10);
+        let held = pool.admit(false, far(), pending()).await.unwrap();
+        let waiting = queued(&pool);
+        let taker = Arc::new(KeepsLease {
+            kept: Default::default(),
+            declines: false,
+        });
+        waiting.hand_over_to(taker.clone());
+        let waited = tokio::spawn(waiting.wait(crate::admission::Patience::queue(far()), pending()));
+        settle().await;
+        // Freed on another thread: the taker has the lease before the drop returns, on that thread.
+        let freeing = std::thread::spawn(move || {
+            drop(held);
+            std::thread::current().id()
+        });
+        let freed_on = freeing.join().unwrap();
+        let taken_on = taker.kept.lock().unwrap().as_ref().map(|(_, on)| *on);
+        assert_eq!(taken_on, Some(freed_on));
+        let snapshot = pool.snapshot();
+        assert_eq!(
+            (snapshot.connections_open, snapshot.in_use, snapshot.queue_depth),
+            (1, 1, 0)
+        );
+        // The wait itself ends with nothing: what it was for went with the taker.
+        assert!(matches!(waited.await.unwrap(), Err(Refused::Shed(Shed::QueueTimeout))));
+        drop(taker.kept.lock().unwrap().take());
+        let snapshot = pool.snapshot();
+        assert_eq!((snapshot.connections_open, snapshot.in_use), (0, 0));
+    });
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_taker_whose_request_has_gone_passes_the_grant_to_the_next_waiter() {
+    let pool = pool(1, 10);
+    let held = pool.admit(false, far(), pending()).await.unwrap();
+    let gone = queued(&pool);
+    gone.hand_over_to(Arc::new(KeepsLease {
+        kept: Default::default(),
+        declines: true,
+    }));
+    let next = {
+        let pool = pool.clone();
+        tokio::spawn(async move { pool.admit(false, far(), pending()).await })
+    };
+    settle().await;
+    assert_eq!(pool.snapshot().queue_depth, 2);
+    drop(held);
+    let lease = next.await.unwrap().expect("the next waiter is granted the slot");
+    let snapshot = pool.snapshot();
+    assert_eq!(
+        (snapshot.connections_open, snapshot.in_use, snapshot.queue_depth),
+        (1, 1, 0)
+    );
+    drop((lease, gone));
+    let snapshot = pool.snapshot();
+    assert_eq!((snapshot.connections_open, snapshot.in_use), (0, 0));
+}
