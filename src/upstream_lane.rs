@@ -12,6 +12,7 @@
 use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 
@@ -29,6 +30,25 @@ thread_local! {
 /// How many times one poll of the lane takes in what its tasks spawned meanwhile (an upload's rest, an abandoned
 /// exchange's drain) and runs it, rather than leaving it for the next turn after a batch of client tasks.
 const ROUNDS_PER_POLL: usize = 2;
+
+/// A request counted among those its lane's thread is serving ([`UpstreamLane::serving`]).
+pub struct Serving {
+    lane: Arc<UpstreamLane>,
+    quiet: bool,
+}
+
+impl Serving {
+    /// Whether fewer than [`QUIET_BELOW`] other requests were being served when this one came.
+    pub fn is_quiet(&self) -> bool {
+        self.quiet
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        self.lane.serving.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 /// Where upstream work is spawned: the lane a running floodgate drives, or, for a pool used on its own (tests,
 /// benches), the tokio runtime it was built in.
@@ -54,9 +74,17 @@ impl Spawner {
     }
 }
 
+/// Below this many requests being served by a lane, a request granted a connection at once runs its exchange on
+/// its client's own task ([`Serving::is_quiet`]). The lane is polled before each batch of as many client tasks
+/// (`server::workers`), so with fewer requests than that about, the client's own turn comes about as soon as the
+/// lane's would: the hop into the lane (a task, a channel, a second wake) would buy nothing.
+pub const QUIET_BELOW: usize = 8;
+
 /// The lane's inbox; [`UpstreamLane::run`] is the future that runs what arrives in it.
 pub struct UpstreamLane {
     inbox: mpsc::UnboundedSender<Task>,
+    /// Requests being served whose exchanges this lane would run ([`UpstreamLane::serving`]).
+    serving: AtomicUsize,
     /// Taken by the one [`UpstreamLane::run`].
     tasks: Mutex<Option<mpsc::UnboundedReceiver<Task>>>,
 }
@@ -66,6 +94,7 @@ impl UpstreamLane {
         let (inbox, tasks) = mpsc::unbounded_channel();
         Arc::new(UpstreamLane {
             inbox,
+            serving: AtomicUsize::new(0),
             tasks: Mutex::new(Some(tasks)),
         })
     }
@@ -80,6 +109,17 @@ impl UpstreamLane {
         HERE.with_borrow(|here| {
             let _ = here.as_deref().unwrap_or(self).inbox.send(task);
         });
+    }
+
+    /// Counts a request as being served by the lane its exchange would run in (this worker thread's, else
+    /// `lane`) until the returned mark is dropped.
+    pub fn serving(lane: &Arc<UpstreamLane>) -> Serving {
+        let lane = HERE.with_borrow(|here| here.as_ref().unwrap_or(lane).clone());
+        let before = lane.serving.fetch_add(1, Ordering::Relaxed);
+        Serving {
+            lane,
+            quiet: before < QUIET_BELOW,
+        }
     }
 
     /// Makes `lane` the one work spawned from this thread runs in; for a worker thread whose runtime's `block_on`

@@ -78,7 +78,62 @@ impl AdmittedExchange {
     /// the exchange (cancelling would close the upstream connection while the upstream still works on the
     /// request): the answer nobody takes is dropped, so a response body drains and keeps its connection. A queued
     /// request's exchange runs on the thread that grants it its lease ([`Handover`]), not necessarily this one.
-    pub(super) async fn run(self, answer: oneshot::Sender<Answer>) {
+    pub(super) async fn run(self, answer: Reply) -> Option<Answer> {
+        let (rest, admitted, patience, watched_socket) = self.into_rest(answer);
+        let queued = match admitted {
+            Admitted::Now(lease) => return rest.run(lease).await,
+            Admitted::Queued(queued) => queued,
+        };
+        let pool = queued.pool().clone();
+        let sent = matches!(rest.answer, Reply::Sent(_));
+        let handover = Arc::new(Handover {
+            rest: std::sync::Mutex::new(Some(rest)),
+        });
+        // An answer returned to this task's caller must come back here: only a sent one can be run elsewhere.
+        if sent {
+            queued.hand_over_to(handover.clone());
+        }
+        let client_gone = async {
+            let socket_closed = async {
+                match &watched_socket {
+                    Some(stream) => net::peer_closed(stream).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = handover.answer_closed() => {}
+                () = socket_closed => {}
+            }
+        };
+        let waited = queued.wait(patience, client_gone).await;
+        // Taken by the grant's thread: its exchange runs there, and this wait is over.
+        let rest = handover.take_back()?;
+        let counters = &pool.metrics.requests;
+        match waited {
+            Ok(lease) => rest.run(lease).await,
+            Err(Refused::Shed(shed)) => {
+                rest.answer
+                    .give(Err((ProxyError::Shed(shed), rest.access)), counters, &rest.span)
+            }
+            Err(Refused::ClientGone) => client_left(counters, rest.access, rest.answer, &rest.span),
+        }
+    }
+
+    /// The same, run by the caller on the client's own task, with the answer returned rather than sent.
+    pub(super) fn run_here(self) -> OnClientTask {
+        let pool = match &self.admitted {
+            Admitted::Now(lease) => lease.pool().clone(),
+            Admitted::Queued(queued) => queued.pool().clone(),
+        };
+        OnClientTask {
+            span: self.span.clone(),
+            running: Some(Box::pin(self.run(Reply::Returned))),
+            pool,
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn into_rest(self, answer: Reply) -> (Rest, Admitted, Patience, Option<Arc<tokio::net::TcpStream>>) {
         let AdmittedExchange {
             admitted,
             patience,
@@ -95,11 +150,13 @@ impl AdmittedExchange {
             span,
             marks,
         } = self;
-        let watched_socket = http1_socket.clone().filter(|_| body_unread);
+        let queued = matches!(admitted, Admitted::Queued(_));
+        let watched_socket = http1_socket.clone().filter(|_| queued && body_unread);
         let rest = Rest {
             arrived,
             class,
-            http1_socket,
+            // Looked at once more when a queued request's turn comes; one granted at once has just been read.
+            recheck_client: http1_socket.filter(|_| queued),
             window_held,
             request,
             access,
@@ -110,40 +167,65 @@ impl AdmittedExchange {
             span,
             marks,
         };
-        let queued = match admitted {
-            Admitted::Now(lease) => return rest.run(lease).await,
-            Admitted::Queued(queued) => queued,
-        };
-        let pool = queued.pool().clone();
-        let handover = Arc::new(Handover {
-            rest: std::sync::Mutex::new(Some(rest)),
-        });
-        queued.hand_over_to(handover.clone());
-        let client_gone = async {
-            let socket_closed = async {
-                match &watched_socket {
-                    Some(stream) => net::peer_closed(stream).await,
-                    None => std::future::pending().await,
+        (rest, admitted, patience, watched_socket)
+    }
+}
+
+/// Where an exchange's answer goes: to the client's task, which waits for it on a channel (the exchange runs in
+/// the upstream lane), or back to the caller (it runs on the client's task).
+pub(super) enum Reply {
+    Sent(oneshot::Sender<Answer>),
+    Returned,
+}
+
+impl Reply {
+    /// Hands `answered` to the client's task, counting it as the client's abort if nobody waits for it any more, or
+    /// returns it.
+    fn give(self, answered: Answer, counters: &OutcomeCounters, span: &tracing::Span) -> Option<Answer> {
+        match self {
+            Reply::Returned => Some(answered),
+            Reply::Sent(answer) => {
+                if let Err(Err((_, access))) = answer.send(answered) {
+                    forward::complete(counters, None, access, Outcome::ClientAbort, 0, span);
                 }
-            };
-            tokio::select! {
-                () = handover.answer_closed() => {}
-                () = socket_closed => {}
+                None
             }
-        };
-        let waited = queued.wait(patience, client_gone).await;
-        // Taken by the grant's thread: its exchange runs there, and this wait is over.
-        let Some(rest) = handover.take_back() else { return };
-        match waited {
-            Ok(lease) => rest.run(lease).await,
-            Err(Refused::Shed(shed)) => {
-                let counters = &pool.metrics.requests;
-                if let Err(Err((_, access))) = rest.answer.send(Err((ProxyError::Shed(shed), rest.access))) {
-                    forward::complete(counters, None, access, Outcome::ClientAbort, 0, &rest.span);
-                }
-            }
-            Err(Refused::ClientGone) => client_left(&pool.metrics.requests, rest.access, rest.answer, &rest.span),
         }
+    }
+}
+
+/// An exchange run on its client's task ([`AdmittedExchange::run_here`]). Dropped before it ends (the client left),
+/// what is left of it runs on in the upstream lane, as any exchange whose client leaves does: the upstream may be
+/// working on the request, and its connection must not be given up or reused before it is done.
+pub(super) struct OnClientTask {
+    running: Option<Pin<Box<dyn Future<Output = Option<Answer>> + Send>>>,
+    pool: Arc<UpstreamPool>,
+    span: tracing::Span,
+}
+
+impl Future for OnClientTask {
+    type Output = Option<Answer>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        let Some(running) = self.running.as_mut() else {
+            return std::task::Poll::Ready(None);
+        };
+        let answered = std::task::ready!(running.as_mut().poll(cx));
+        self.running = None;
+        std::task::Poll::Ready(answered)
+    }
+}
+
+impl Drop for OnClientTask {
+    fn drop(&mut self) {
+        let Some(running) = self.running.take() else { return };
+        let counters = self.pool.metrics.requests.clone();
+        let span = std::mem::replace(&mut self.span, tracing::Span::none());
+        self.pool.spawn(async move {
+            if let Some(Err((_, access))) = running.await {
+                forward::complete(&counters, None, access, Outcome::ClientAbort, 0, &span);
+            }
+        });
     }
 }
 
@@ -151,11 +233,11 @@ impl AdmittedExchange {
 struct Rest {
     arrived: tokio::time::Instant,
     class: u8,
-    http1_socket: Option<Arc<tokio::net::TcpStream>>,
+    recheck_client: Option<Arc<tokio::net::TcpStream>>,
     window_held: Option<crate::buffer::Reservation>,
     request: Request<RequestBody>,
     access: Option<Box<Entry>>,
-    answer: oneshot::Sender<Answer>,
+    answer: Reply,
     watch_body: bool,
     buffers: Arc<BufferBudget>,
     route: Arc<RouteSettings>,
@@ -164,11 +246,11 @@ struct Rest {
 }
 
 impl Rest {
-    async fn run(self, lease: Lease) {
+    async fn run(self, lease: Lease) -> Option<Answer> {
         let Rest {
             arrived,
             class,
-            http1_socket,
+            recheck_client,
             window_held,
             request,
             mut access,
@@ -181,11 +263,10 @@ impl Rest {
         } = self;
         // In a storm the client's task may not have run since its client left (clients that give up close): a
         // request nobody waits for any more is not sent. Its lease goes to the next waiter.
-        if http1_socket.as_deref().is_some_and(net::peer_has_closed) {
+        if recheck_client.as_deref().is_some_and(net::peer_has_closed) {
             let counters = lease.pool().metrics.requests.clone();
             drop(lease);
-            client_left(&counters, access, answer, &span);
-            return;
+            return client_left(&counters, access, answer, &span);
         }
         // Out of the queue: the body now streams upstream, at the upstream's pace.
         drop(window_held);
@@ -201,9 +282,7 @@ impl Rest {
         if let (Some(marks), Ok(_)) = (&marks, &answered) {
             marks.answered();
         }
-        if let Err(Err((_, access))) = answer.send(answered) {
-            forward::complete(&pool.metrics.requests, None, access, Outcome::ClientAbort, 0, &span);
-        }
+        answer.give(answered, &pool.metrics.requests, &span)
     }
 }
 
@@ -224,10 +303,11 @@ impl Handover {
     async fn answer_closed(&self) {
         std::future::poll_fn(|cx| {
             let mut rest = self.rest.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            match rest.as_mut() {
-                Some(rest) => rest.answer.poll_closed(cx),
-                // Taken by the grant's thread: the wait ends by its answer's sender being dropped.
-                None => std::task::Poll::Pending,
+            match rest.as_mut().map(|rest| &mut rest.answer) {
+                Some(Reply::Sent(answer)) => answer.poll_closed(cx),
+                // Taken by the grant's thread (the wait then ends by its answer's sender being dropped), or
+                // answered to this task's own caller, which is waiting.
+                Some(Reply::Returned) | None => std::task::Poll::Pending,
             }
         })
         .await
@@ -241,7 +321,9 @@ impl LeaseTaker for Handover {
         };
         // On a floodgate worker thread, into that thread's lane.
         let pool = lease.pool().clone();
-        pool.spawn(rest.run(lease));
+        pool.spawn(async move {
+            rest.run(lease).await;
+        });
         Ok(())
     }
 }
@@ -251,11 +333,18 @@ impl LeaseTaker for Handover {
 pub(super) fn client_left(
     counters: &OutcomeCounters,
     access: Option<Box<Entry>>,
-    answer: oneshot::Sender<Answer>,
+    answer: Reply,
     span: &tracing::Span,
-) {
+) -> Option<Answer> {
     forward::complete(counters, None, access, Outcome::ClientAbort, 0, span);
-    let _ = answer.send(Ok(forward::local_response(&ProxyError::Shed(Shed::QueueTimeout), None)));
+    let unread = Ok(forward::local_response(&ProxyError::Shed(Shed::QueueTimeout), None));
+    match answer {
+        Reply::Sent(answer) => {
+            let _ = answer.send(unread);
+            None
+        }
+        Reply::Returned => Some(unread),
+    }
 }
 
 /// The sending loop, with the retry rules: a request the upstream never received is retried on another

@@ -30,7 +30,7 @@ use crate::pool::{Admitted, Refused, UpstreamPool};
 use crate::route::{Picked, Router};
 use crate::upstream_lane::UpstreamLane;
 
-use exchange::{answer_locally, AbortWatch, AdmittedExchange};
+use exchange::{answer_locally, AbortWatch, AdmittedExchange, Reply};
 
 /// Everything a request needs, shared by all connections. The router and the trusted proxies are replaced whole
 /// by a reload; a request reads each once.
@@ -194,6 +194,7 @@ impl Proxy {
         }
         // A client's own deadline runs from when its request arrived, body reading included.
         let received = tokio::time::Instant::now();
+        let serving = UpstreamLane::serving(&self.lane);
         let marks = request.extensions().get::<crate::trace::Marks>().cloned();
         let mut body_unread = !request.body().is_end_stream();
         let is_http1 = request.version() <= Version::HTTP_11;
@@ -301,18 +302,28 @@ impl Proxy {
             span: tracing::Span::current(),
             marks,
         };
-        let (answer, answered) = oneshot::channel();
-        self.lane.spawn(admitted.run(answer));
-        match answered.await {
-            Ok(Ok(response)) => response,
-            Ok(Err((err, access))) => {
+        // At light load (few requests on this thread's lane) a request granted a connection at once runs its
+        // exchange here, on its client's task; otherwise in the lane, ahead of the client connections.
+        let answered = if serving.is_quiet() && matches!(admitted.admitted, Admitted::Now(_)) {
+            admitted.run_here().await
+        } else {
+            let (answer, answered) = oneshot::channel();
+            self.lane.spawn(async move {
+                admitted.run(Reply::Sent(answer)).await;
+            });
+            answered.await.ok()
+        };
+        drop(serving);
+        match answered {
+            Some(Ok(response)) => response,
+            Some(Err((err, access))) => {
                 if let ProxyError::Shed(shed) = err {
                     self.warn_shed(&pool, shed);
                 }
                 self.answer_error(&pool, err, access)
             }
             // The upstream side stopped (floodgate is exiting) with the exchange on it.
-            Err(_) => self.answer_error(&pool, ProxyError::Abandoned, None),
+            None => self.answer_error(&pool, ProxyError::Abandoned, None),
         }
     }
 
