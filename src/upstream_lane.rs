@@ -1,6 +1,7 @@
-//! The upstream lane: one future that runs every upstream connection and every admitted exchange, scheduled
-//! ahead of the client connections' tasks, so that refusing a flood of new requests never delays the work
-//! already admitted (`docs/storm.md` has the mechanism and the figures).
+//! The upstream lane: one future that runs upstream work and admitted exchanges, scheduled ahead of the client
+//! connections' tasks, so that refusing a flood of new requests never delays the work already admitted
+//! (`docs/storm.md` has the mechanism and the figures). It also counts the requests each lane serves: below
+//! [`QUIET_BELOW`] the proxy runs an exchange granted at once on its client's task instead.
 //!
 //! On a current-thread runtime the lane is part of the `block_on` future ([`crate::server::Floodgate::run`]),
 //! which tokio polls before each batch of `event_interval` tasks: at light load nothing changes threads. With

@@ -73,53 +73,21 @@ pub(super) struct AdmittedExchange {
 }
 
 impl AdmittedExchange {
-    /// Waits for a grant if queued, then runs the exchange and hands its answer to the client's task. A client
-    /// that leaves while the request is queued takes it out of the queue; one that leaves later does not cancel
-    /// the exchange (cancelling would close the upstream connection while the upstream still works on the
-    /// request): the answer nobody takes is dropped, so a response body drains and keeps its connection. A queued
-    /// request's exchange runs on the thread that grants it its lease ([`Handover`]), not necessarily this one.
-    pub(super) async fn run(self, answer: Reply) -> Option<Answer> {
+    /// Waits for a grant if queued, then runs the exchange and gives its answer to `answer`. A client that leaves
+    /// while the request is queued takes it out of the queue; one that leaves later does not cancel the exchange
+    /// (cancelling would close the upstream connection while the upstream still works on the request): the answer
+    /// nobody takes is dropped, so a response body drains and keeps its connection. A queued request whose answer
+    /// is sent runs its exchange on the thread that grants it its lease ([`Handover`]), not necessarily this one.
+    /// Boxed here, and only the future the request needs (an exchange granted at once has no wait to carry).
+    pub(super) fn start(self, answer: Reply) -> Running {
         let (rest, admitted, patience, watched_socket) = self.into_rest(answer);
-        let queued = match admitted {
-            Admitted::Now(lease) => return rest.run(lease).await,
-            Admitted::Queued(queued) => queued,
-        };
-        let pool = queued.pool().clone();
-        let sent = matches!(rest.answer, Reply::Sent(_));
-        let handover = Arc::new(Handover {
-            rest: std::sync::Mutex::new(Some(rest)),
-        });
-        // An answer returned to this task's caller must come back here: only a sent one can be run elsewhere.
-        if sent {
-            queued.hand_over_to(handover.clone());
-        }
-        let client_gone = async {
-            let socket_closed = async {
-                match &watched_socket {
-                    Some(stream) => net::peer_closed(stream).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                () = handover.answer_closed() => {}
-                () = socket_closed => {}
-            }
-        };
-        let waited = queued.wait(patience, client_gone).await;
-        // Taken by the grant's thread: its exchange runs there, and this wait is over.
-        let rest = handover.take_back()?;
-        let counters = &pool.metrics.requests;
-        match waited {
-            Ok(lease) => rest.run(lease).await,
-            Err(Refused::Shed(shed)) => {
-                rest.answer
-                    .give(Err((ProxyError::Shed(shed), rest.access)), counters, &rest.span)
-            }
-            Err(Refused::ClientGone) => client_left(counters, rest.access, rest.answer, &rest.span),
+        match admitted {
+            Admitted::Now(lease) => Box::pin(rest.run(lease)),
+            Admitted::Queued(queued) => Box::pin(rest.wait_then_run(queued, patience, watched_socket)),
         }
     }
 
-    /// The same, run by the caller on the client's own task, with the answer returned rather than sent.
+    /// [`AdmittedExchange::start`] with the answer returned, run by the caller on the client's own task.
     pub(super) fn run_here(self) -> OnClientTask {
         let pool = match &self.admitted {
             Admitted::Now(lease) => lease.pool().clone(),
@@ -127,7 +95,7 @@ impl AdmittedExchange {
         };
         OnClientTask {
             span: self.span.clone(),
-            running: Some(Box::pin(self.run(Reply::Returned))),
+            running: Some(self.start(Reply::Returned)),
             pool,
         }
     }
@@ -198,7 +166,7 @@ impl Reply {
 /// what is left of it runs on in the upstream lane, as any exchange whose client leaves does: the upstream may be
 /// working on the request, and its connection must not be given up or reused before it is done.
 pub(super) struct OnClientTask {
-    running: Option<Pin<Box<dyn Future<Output = Option<Answer>> + Send>>>,
+    running: Option<Running>,
     pool: Arc<UpstreamPool>,
     span: tracing::Span,
 }
@@ -245,7 +213,51 @@ struct Rest {
     marks: Option<crate::trace::Marks>,
 }
 
+/// An exchange on its way, boxed ([`AdmittedExchange::start`]).
+pub(super) type Running = Pin<Box<dyn Future<Output = Option<Answer>> + Send>>;
+
 impl Rest {
+    async fn wait_then_run(
+        self,
+        queued: crate::pool::Queued,
+        patience: Patience,
+        watched_socket: Option<Arc<tokio::net::TcpStream>>,
+    ) -> Option<Answer> {
+        let pool = queued.pool().clone();
+        let sent = matches!(self.answer, Reply::Sent(_));
+        let handover = Arc::new(Handover {
+            rest: std::sync::Mutex::new(Some(self)),
+        });
+        // An answer returned to this task's caller must come back here: only a sent one can be run elsewhere.
+        if sent {
+            queued.hand_over_to(handover.clone());
+        }
+        let client_gone = async {
+            let socket_closed = async {
+                match &watched_socket {
+                    Some(stream) => net::peer_closed(stream).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = handover.answer_closed() => {}
+                () = socket_closed => {}
+            }
+        };
+        let waited = queued.wait(patience, client_gone).await;
+        // Taken by the grant's thread: its exchange runs there, and this wait is over.
+        let rest = handover.take_back()?;
+        let counters = &pool.metrics.requests;
+        match waited {
+            Ok(lease) => rest.run(lease).await,
+            Err(Refused::Shed(shed)) => {
+                rest.answer
+                    .give(Err((ProxyError::Shed(shed), rest.access)), counters, &rest.span)
+            }
+            Err(Refused::ClientGone) => client_left(counters, rest.access, rest.answer, &rest.span),
+        }
+    }
+
     async fn run(self, lease: Lease) -> Option<Answer> {
         let Rest {
             arrived,
@@ -387,14 +399,14 @@ pub(super) async fn send(
                 if reused && attempts_left > 0 {
                     // A stale idle connection: nothing was sent on it.
                     pool.metrics.retried_unsent.inc();
-                    lease = readmit(pool, false).await?;
+                    lease = Box::pin(readmit(pool, false)).await?;
                     continue;
                 }
                 if !reused && dial_retries > 0 {
                     // A failed dial: nothing was sent, and another endpoint may take it.
                     dial_retries -= 1;
                     pool.metrics.retried_unsent.inc();
-                    lease = readmit(pool, false).await?;
+                    lease = Box::pin(readmit(pool, false)).await?;
                     continue;
                 }
                 return Err(err);
@@ -441,7 +453,7 @@ pub(super) async fn send(
                         tracing::debug!(upstream = %pool.name, "retrying an idempotent request on a fresh connection");
                         pool.metrics.replayed.inc();
                         request = again;
-                        lease = readmit(pool, true).await?;
+                        lease = Box::pin(readmit(pool, true)).await?;
                         continue;
                     }
                 }

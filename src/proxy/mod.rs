@@ -283,8 +283,8 @@ impl Proxy {
             _ => None,
         };
         // Everything from the wait in the queue to the response (its body too, when it is buffered) runs on the
-        // upstream side: a freed connection reaches the next queued request, and that request the upstream,
-        // without waiting for any client connection's task to be scheduled.
+        // upstream side, under load: a freed connection reaches the next queued request, and that request the
+        // upstream, without waiting for any client connection's task to be scheduled.
         let admitted = AdmittedExchange {
             admitted,
             patience,
@@ -308,8 +308,9 @@ impl Proxy {
             admitted.run_here().await
         } else {
             let (answer, answered) = oneshot::channel();
+            let running = admitted.start(Reply::Sent(answer));
             self.lane.spawn(async move {
-                admitted.run(Reply::Sent(answer)).await;
+                running.await;
             });
             answered.await.ok()
         };
