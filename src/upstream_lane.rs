@@ -1,7 +1,6 @@
-//! The upstream lane: one future that runs upstream work and admitted exchanges, scheduled ahead of the client
-//! connections' tasks, so that refusing a flood of new requests never delays the work already admitted
-//! (`docs/storm.md` has the mechanism and the figures). It also counts the requests each lane serves: below
-//! [`QUIET_BELOW`] the proxy runs an exchange granted at once on its client's task instead.
+//! The upstream lane: one future that runs every upstream connection and every admitted exchange, scheduled
+//! ahead of the client connections' tasks, so that refusing a flood of new requests never delays the work
+//! already admitted (`docs/storm.md` has the mechanism and the figures).
 //!
 //! On a current-thread runtime the lane is part of the `block_on` future ([`crate::server::Floodgate::run`]),
 //! which tokio polls before each batch of `event_interval` tasks: at light load nothing changes threads. With
@@ -13,7 +12,6 @@
 use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 
@@ -31,25 +29,6 @@ thread_local! {
 /// How many times one poll of the lane takes in what its tasks spawned meanwhile (an upload's rest, an abandoned
 /// exchange's drain) and runs it, rather than leaving it for the next turn after a batch of client tasks.
 const ROUNDS_PER_POLL: usize = 2;
-
-/// A request counted among those its lane's thread is serving ([`UpstreamLane::serving`]).
-pub struct Serving {
-    lane: Arc<UpstreamLane>,
-    quiet: bool,
-}
-
-impl Serving {
-    /// Whether fewer than [`QUIET_BELOW`] other requests were being served when this one came.
-    pub fn is_quiet(&self) -> bool {
-        self.quiet
-    }
-}
-
-impl Drop for Serving {
-    fn drop(&mut self) {
-        self.lane.serving.fetch_sub(1, Ordering::Relaxed);
-    }
-}
 
 /// Where upstream work is spawned: the lane a running floodgate drives, or, for a pool used on its own (tests,
 /// benches), the tokio runtime it was built in.
@@ -75,17 +54,9 @@ impl Spawner {
     }
 }
 
-/// Below this many requests being served by a lane, a request granted a connection at once runs its exchange on
-/// its client's own task ([`Serving::is_quiet`]). The lane is polled before each batch of as many client tasks
-/// (`server::workers`), so with fewer requests than that about, the client's own turn comes about as soon as the
-/// lane's would: the hop into the lane (a task, a channel, a second wake) would buy nothing.
-pub const QUIET_BELOW: usize = 8;
-
 /// The lane's inbox; [`UpstreamLane::run`] is the future that runs what arrives in it.
 pub struct UpstreamLane {
     inbox: mpsc::UnboundedSender<Task>,
-    /// Requests being served whose exchanges this lane would run ([`UpstreamLane::serving`]).
-    serving: AtomicUsize,
     /// Taken by the one [`UpstreamLane::run`].
     tasks: Mutex<Option<mpsc::UnboundedReceiver<Task>>>,
 }
@@ -95,7 +66,6 @@ impl UpstreamLane {
         let (inbox, tasks) = mpsc::unbounded_channel();
         Arc::new(UpstreamLane {
             inbox,
-            serving: AtomicUsize::new(0),
             tasks: Mutex::new(Some(tasks)),
         })
     }
@@ -110,17 +80,6 @@ impl UpstreamLane {
         HERE.with_borrow(|here| {
             let _ = here.as_deref().unwrap_or(self).inbox.send(task);
         });
-    }
-
-    /// Counts a request as being served by the lane its exchange would run in (this worker thread's, else
-    /// `lane`) until the returned mark is dropped.
-    pub fn serving(lane: &Arc<UpstreamLane>) -> Serving {
-        let lane = HERE.with_borrow(|here| here.as_ref().unwrap_or(lane).clone());
-        let before = lane.serving.fetch_add(1, Ordering::Relaxed);
-        Serving {
-            lane,
-            quiet: before < QUIET_BELOW,
-        }
     }
 
     /// Makes `lane` the one work spawned from this thread runs in; for a worker thread whose runtime's `block_on`

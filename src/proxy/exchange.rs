@@ -73,13 +73,13 @@ pub(super) struct AdmittedExchange {
 }
 
 impl AdmittedExchange {
-    /// Waits for a grant if queued, then runs the exchange and gives its answer to `answer`. A client that leaves
-    /// while the request is queued takes it out of the queue; one that leaves later does not cancel the exchange
-    /// (cancelling would close the upstream connection while the upstream still works on the request): the answer
-    /// nobody takes is dropped, so a response body drains and keeps its connection. A queued request whose answer
-    /// is sent runs its exchange on the thread that grants it its lease ([`Handover`]), not necessarily this one.
-    /// Boxed here, and only the future the request needs (an exchange granted at once has no wait to carry).
-    pub(super) fn start(self, answer: Reply) -> Running {
+    /// Waits for a grant if queued, then runs the exchange and sends its answer to the client's task. A client
+    /// that leaves while the request is queued takes it out of the queue; one that leaves later does not cancel
+    /// the exchange (cancelling would close the upstream connection while the upstream still works on the
+    /// request): the answer nobody takes is dropped, so a response body drains and keeps its connection. A queued
+    /// request's exchange runs on the thread that grants it its lease ([`Handover`]), not necessarily this one.
+    /// Boxed here, and only the future the request needs: an exchange granted at once carries no wait.
+    pub(super) fn start(self, answer: oneshot::Sender<Answer>) -> Running {
         let (rest, admitted, patience, watched_socket) = self.into_rest(answer);
         match admitted {
             Admitted::Now(lease) => Box::pin(rest.run(lease)),
@@ -87,21 +87,11 @@ impl AdmittedExchange {
         }
     }
 
-    /// [`AdmittedExchange::start`] with the answer returned, run by the caller on the client's own task.
-    pub(super) fn run_here(self) -> OnClientTask {
-        let pool = match &self.admitted {
-            Admitted::Now(lease) => lease.pool().clone(),
-            Admitted::Queued(queued) => queued.pool().clone(),
-        };
-        OnClientTask {
-            span: self.span.clone(),
-            running: Some(self.start(Reply::Returned)),
-            pool,
-        }
-    }
-
     #[allow(clippy::type_complexity)]
-    fn into_rest(self, answer: Reply) -> (Rest, Admitted, Patience, Option<Arc<tokio::net::TcpStream>>) {
+    fn into_rest(
+        self,
+        answer: oneshot::Sender<Answer>,
+    ) -> (Rest, Admitted, Patience, Option<Arc<tokio::net::TcpStream>>) {
         let AdmittedExchange {
             admitted,
             patience,
@@ -139,61 +129,10 @@ impl AdmittedExchange {
     }
 }
 
-/// Where an exchange's answer goes: to the client's task, which waits for it on a channel (the exchange runs in
-/// the upstream lane), or back to the caller (it runs on the client's task).
-pub(super) enum Reply {
-    Sent(oneshot::Sender<Answer>),
-    Returned,
-}
-
-impl Reply {
-    /// Hands `answered` to the client's task, counting it as the client's abort if nobody waits for it any more, or
-    /// returns it.
-    fn give(self, answered: Answer, counters: &OutcomeCounters, span: &tracing::Span) -> Option<Answer> {
-        match self {
-            Reply::Returned => Some(answered),
-            Reply::Sent(answer) => {
-                if let Err(Err((_, access))) = answer.send(answered) {
-                    forward::complete(counters, None, access, Outcome::ClientAbort, 0, span);
-                }
-                None
-            }
-        }
-    }
-}
-
-/// An exchange run on its client's task ([`AdmittedExchange::run_here`]). Dropped before it ends (the client left),
-/// what is left of it runs on in the upstream lane, as any exchange whose client leaves does: the upstream may be
-/// working on the request, and its connection must not be given up or reused before it is done.
-pub(super) struct OnClientTask {
-    running: Option<Running>,
-    pool: Arc<UpstreamPool>,
-    span: tracing::Span,
-}
-
-impl Future for OnClientTask {
-    type Output = Option<Answer>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
-        let Some(running) = self.running.as_mut() else {
-            return std::task::Poll::Ready(None);
-        };
-        let answered = std::task::ready!(running.as_mut().poll(cx));
-        self.running = None;
-        std::task::Poll::Ready(answered)
-    }
-}
-
-impl Drop for OnClientTask {
-    fn drop(&mut self) {
-        let Some(running) = self.running.take() else { return };
-        let counters = self.pool.metrics.requests.clone();
-        let span = std::mem::replace(&mut self.span, tracing::Span::none());
-        self.pool.spawn(async move {
-            if let Some(Err((_, access))) = running.await {
-                forward::complete(&counters, None, access, Outcome::ClientAbort, 0, &span);
-            }
-        });
+/// Hands `answered` to the client's task, counting it as the client's abort if nobody waits for it any more.
+fn give(answer: oneshot::Sender<Answer>, answered: Answer, counters: &OutcomeCounters, span: &tracing::Span) {
+    if let Err(Err((_, access))) = answer.send(answered) {
+        forward::complete(counters, None, access, Outcome::ClientAbort, 0, span);
     }
 }
 
@@ -205,7 +144,7 @@ struct Rest {
     window_held: Option<crate::buffer::Reservation>,
     request: Request<RequestBody>,
     access: Option<Box<Entry>>,
-    answer: Reply,
+    answer: oneshot::Sender<Answer>,
     watch_body: bool,
     buffers: Arc<BufferBudget>,
     route: Arc<RouteSettings>,
@@ -214,7 +153,7 @@ struct Rest {
 }
 
 /// An exchange on its way, boxed ([`AdmittedExchange::start`]).
-pub(super) type Running = Pin<Box<dyn Future<Output = Option<Answer>> + Send>>;
+pub(super) type Running = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 impl Rest {
     async fn wait_then_run(
@@ -222,16 +161,12 @@ impl Rest {
         queued: crate::pool::Queued,
         patience: Patience,
         watched_socket: Option<Arc<tokio::net::TcpStream>>,
-    ) -> Option<Answer> {
+    ) {
         let pool = queued.pool().clone();
-        let sent = matches!(self.answer, Reply::Sent(_));
         let handover = Arc::new(Handover {
             rest: std::sync::Mutex::new(Some(self)),
         });
-        // An answer returned to this task's caller must come back here: only a sent one can be run elsewhere.
-        if sent {
-            queued.hand_over_to(handover.clone());
-        }
+        queued.hand_over_to(handover.clone());
         let client_gone = async {
             let socket_closed = async {
                 match &watched_socket {
@@ -246,19 +181,21 @@ impl Rest {
         };
         let waited = queued.wait(patience, client_gone).await;
         // Taken by the grant's thread: its exchange runs there, and this wait is over.
-        let rest = handover.take_back()?;
+        let Some(rest) = handover.take_back() else { return };
         let counters = &pool.metrics.requests;
         match waited {
             Ok(lease) => rest.run(lease).await,
-            Err(Refused::Shed(shed)) => {
-                rest.answer
-                    .give(Err((ProxyError::Shed(shed), rest.access)), counters, &rest.span)
-            }
+            Err(Refused::Shed(shed)) => give(
+                rest.answer,
+                Err((ProxyError::Shed(shed), rest.access)),
+                counters,
+                &rest.span,
+            ),
             Err(Refused::ClientGone) => client_left(counters, rest.access, rest.answer, &rest.span),
         }
     }
 
-    async fn run(self, lease: Lease) -> Option<Answer> {
+    async fn run(self, lease: Lease) {
         let Rest {
             arrived,
             class,
@@ -278,7 +215,8 @@ impl Rest {
         if recheck_client.as_deref().is_some_and(net::peer_has_closed) {
             let counters = lease.pool().metrics.requests.clone();
             drop(lease);
-            return client_left(&counters, access, answer, &span);
+            client_left(&counters, access, answer, &span);
+            return;
         }
         // Out of the queue: the body now streams upstream, at the upstream's pace.
         drop(window_held);
@@ -294,7 +232,7 @@ impl Rest {
         if let (Some(marks), Ok(_)) = (&marks, &answered) {
             marks.answered();
         }
-        answer.give(answered, &pool.metrics.requests, &span)
+        give(answer, answered, &pool.metrics.requests, &span);
     }
 }
 
@@ -315,11 +253,10 @@ impl Handover {
     async fn answer_closed(&self) {
         std::future::poll_fn(|cx| {
             let mut rest = self.rest.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            match rest.as_mut().map(|rest| &mut rest.answer) {
-                Some(Reply::Sent(answer)) => answer.poll_closed(cx),
-                // Taken by the grant's thread (the wait then ends by its answer's sender being dropped), or
-                // answered to this task's own caller, which is waiting.
-                Some(Reply::Returned) | None => std::task::Poll::Pending,
+            match rest.as_mut() {
+                Some(rest) => rest.answer.poll_closed(cx),
+                // Taken by the grant's thread: the wait ends by its answer's sender being dropped.
+                None => std::task::Poll::Pending,
             }
         })
         .await
@@ -333,9 +270,7 @@ impl LeaseTaker for Handover {
         };
         // On a floodgate worker thread, into that thread's lane.
         let pool = lease.pool().clone();
-        pool.spawn(async move {
-            rest.run(lease).await;
-        });
+        pool.spawn(rest.run(lease));
         Ok(())
     }
 }
@@ -345,18 +280,11 @@ impl LeaseTaker for Handover {
 pub(super) fn client_left(
     counters: &OutcomeCounters,
     access: Option<Box<Entry>>,
-    answer: Reply,
+    answer: oneshot::Sender<Answer>,
     span: &tracing::Span,
-) -> Option<Answer> {
+) {
     forward::complete(counters, None, access, Outcome::ClientAbort, 0, span);
-    let unread = Ok(forward::local_response(&ProxyError::Shed(Shed::QueueTimeout), None));
-    match answer {
-        Reply::Sent(answer) => {
-            let _ = answer.send(unread);
-            None
-        }
-        Reply::Returned => Some(unread),
-    }
+    let _ = answer.send(Ok(forward::local_response(&ProxyError::Shed(Shed::QueueTimeout), None)));
 }
 
 /// The sending loop, with the retry rules: a request the upstream never received is retried on another

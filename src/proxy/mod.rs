@@ -30,7 +30,7 @@ use crate::pool::{Admitted, Refused, UpstreamPool};
 use crate::route::{Picked, Router};
 use crate::upstream_lane::UpstreamLane;
 
-use exchange::{answer_locally, AbortWatch, AdmittedExchange, Reply};
+use exchange::{answer_locally, AbortWatch, AdmittedExchange};
 
 /// Everything a request needs, shared by all connections. The router and the trusted proxies are replaced whole
 /// by a reload; a request reads each once.
@@ -194,7 +194,6 @@ impl Proxy {
         }
         // A client's own deadline runs from when its request arrived, body reading included.
         let received = tokio::time::Instant::now();
-        let serving = UpstreamLane::serving(&self.lane);
         let marks = request.extensions().get::<crate::trace::Marks>().cloned();
         let mut body_unread = !request.body().is_end_stream();
         let is_http1 = request.version() <= Version::HTTP_11;
@@ -283,8 +282,8 @@ impl Proxy {
             _ => None,
         };
         // Everything from the wait in the queue to the response (its body too, when it is buffered) runs on the
-        // upstream side, under load: a freed connection reaches the next queued request, and that request the
-        // upstream, without waiting for any client connection's task to be scheduled.
+        // upstream side: a freed connection reaches the next queued request, and that request the upstream,
+        // without waiting for any client connection's task to be scheduled.
         let admitted = AdmittedExchange {
             admitted,
             patience,
@@ -302,29 +301,18 @@ impl Proxy {
             span: tracing::Span::current(),
             marks,
         };
-        // At light load (few requests on this thread's lane) a request granted a connection at once runs its
-        // exchange here, on its client's task; otherwise in the lane, ahead of the client connections.
-        let answered = if serving.is_quiet() && matches!(admitted.admitted, Admitted::Now(_)) {
-            admitted.run_here().await
-        } else {
-            let (answer, answered) = oneshot::channel();
-            let running = admitted.start(Reply::Sent(answer));
-            self.lane.spawn(async move {
-                running.await;
-            });
-            answered.await.ok()
-        };
-        drop(serving);
-        match answered {
-            Some(Ok(response)) => response,
-            Some(Err((err, access))) => {
+        let (answer, answered) = oneshot::channel();
+        self.lane.spawn(admitted.start(answer));
+        match answered.await {
+            Ok(Ok(response)) => response,
+            Ok(Err((err, access))) => {
                 if let ProxyError::Shed(shed) = err {
                     self.warn_shed(&pool, shed);
                 }
                 self.answer_error(&pool, err, access)
             }
             // The upstream side stopped (floodgate is exiting) with the exchange on it.
-            None => self.answer_error(&pool, ProxyError::Abandoned, None),
+            Err(_) => self.answer_error(&pool, ProxyError::Abandoned, None),
         }
     }
 
