@@ -50,26 +50,10 @@ pub(super) async fn exchange(
 pub(super) struct AdmittedExchange {
     pub(super) admitted: Admitted,
     pub(super) patience: Patience,
-    pub(super) arrived: tokio::time::Instant,
-    pub(super) class: u8,
-    /// An HTTP/1 client's socket: watched while the request waits with its body still unread (hyper notices a
-    /// vanished client by itself otherwise), and looked at once more when the request's turn comes.
-    pub(super) http1_socket: Option<Arc<tokio::net::TcpStream>>,
-    pub(super) body_unread: bool,
-    /// A queued HTTP/2 upload's stream window, counted in the buffer budget until the request leaves the queue.
-    pub(super) window_held: Option<crate::buffer::Reservation>,
-    pub(super) request: Request<RequestBody>,
-    pub(super) access: Option<Box<Entry>>,
-    pub(super) watch_body: bool,
-    pub(super) buffers: Arc<BufferBudget>,
-    /// What the request's route sets (its timeouts, the answer's fields).
-    pub(super) route: Arc<RouteSettings>,
-    /// The request's span. The lane's tasks do not enter it (an enter and exit on every poll cost more than the
-    /// rest of the span); what is counted here is recorded on it, and the client's answer keeps it open.
-    pub(super) span: tracing::Span,
-    /// The request's exported span, with `otlp_endpoint`: marked when the request leaves the queue and when the
-    /// upstream answers.
-    pub(super) marks: Option<crate::trace::Marks>,
+    /// A queued HTTP/1 client's socket while its body is unread: watched while the request waits (hyper notices
+    /// a vanished client by itself otherwise).
+    pub(super) watched_socket: Option<Arc<tokio::net::TcpStream>>,
+    pub(super) rest: Rest,
 }
 
 impl AdmittedExchange {
@@ -79,53 +63,17 @@ impl AdmittedExchange {
     /// request): the answer nobody takes is dropped, so a response body drains and keeps its connection. A queued
     /// request's exchange runs on the thread that grants it its lease ([`Handover`]), not necessarily this one.
     /// Boxed here, and only the future the request needs: an exchange granted at once carries no wait.
-    pub(super) fn start(self, answer: oneshot::Sender<Answer>) -> Running {
-        let (rest, admitted, patience, watched_socket) = self.into_rest(answer);
+    pub(super) fn start(self) -> Running {
+        let AdmittedExchange {
+            admitted,
+            patience,
+            watched_socket,
+            rest,
+        } = self;
         match admitted {
             Admitted::Now(lease) => Box::pin(rest.run(lease)),
             Admitted::Queued(queued) => Box::pin(rest.wait_then_run(queued, patience, watched_socket)),
         }
-    }
-
-    #[allow(clippy::type_complexity)]
-    fn into_rest(
-        self,
-        answer: oneshot::Sender<Answer>,
-    ) -> (Rest, Admitted, Patience, Option<Arc<tokio::net::TcpStream>>) {
-        let AdmittedExchange {
-            admitted,
-            patience,
-            arrived,
-            class,
-            http1_socket,
-            body_unread,
-            window_held,
-            request,
-            access,
-            watch_body,
-            buffers,
-            route,
-            span,
-            marks,
-        } = self;
-        let queued = matches!(admitted, Admitted::Queued(_));
-        let watched_socket = http1_socket.clone().filter(|_| queued && body_unread);
-        let rest = Rest {
-            arrived,
-            class,
-            // Looked at once more when a queued request's turn comes; one granted at once has just been read.
-            recheck_client: http1_socket.filter(|_| queued),
-            window_held,
-            request,
-            access,
-            answer,
-            watch_body,
-            buffers,
-            route,
-            span,
-            marks,
-        };
-        (rest, admitted, patience, watched_socket)
     }
 }
 
@@ -137,19 +85,26 @@ fn give(answer: oneshot::Sender<Answer>, answered: Answer, counters: &OutcomeCou
 }
 
 /// What an admitted request needs once it holds a lease: run where the lease was granted.
-struct Rest {
-    arrived: tokio::time::Instant,
-    class: u8,
-    recheck_client: Option<Arc<tokio::net::TcpStream>>,
-    window_held: Option<crate::buffer::Reservation>,
-    request: Request<RequestBody>,
-    access: Option<Box<Entry>>,
-    answer: oneshot::Sender<Answer>,
-    watch_body: bool,
-    buffers: Arc<BufferBudget>,
-    route: Arc<RouteSettings>,
-    span: tracing::Span,
-    marks: Option<crate::trace::Marks>,
+pub(super) struct Rest {
+    pub(super) arrived: tokio::time::Instant,
+    pub(super) class: u8,
+    /// A queued HTTP/1 client's socket, looked at once more when the request's turn comes.
+    pub(super) recheck_client: Option<Arc<tokio::net::TcpStream>>,
+    /// A queued HTTP/2 upload's stream window, counted in the buffer budget until the request leaves the queue.
+    pub(super) window_held: Option<crate::buffer::Reservation>,
+    pub(super) request: Request<RequestBody>,
+    pub(super) access: Option<Box<Entry>>,
+    pub(super) answer: oneshot::Sender<Answer>,
+    pub(super) watch_body: bool,
+    pub(super) buffers: Arc<BufferBudget>,
+    /// What the request's route sets (its timeouts, the answer's fields).
+    pub(super) route: Arc<RouteSettings>,
+    /// The request's span. The lane's tasks do not enter it (an enter and exit on every poll cost more than the
+    /// rest of the span); what is counted here is recorded on it, and the client's answer keeps it open.
+    pub(super) span: tracing::Span,
+    /// The request's exported span, with `otlp_endpoint`: marked when the request leaves the queue and when the
+    /// upstream answers.
+    pub(super) marks: Option<crate::trace::Marks>,
 }
 
 /// An exchange on its way, boxed ([`AdmittedExchange::start`]).

@@ -30,7 +30,7 @@ use crate::pool::{Admitted, Refused, UpstreamPool};
 use crate::route::{Picked, Router};
 use crate::upstream_lane::UpstreamLane;
 
-use exchange::{answer_locally, AbortWatch, AdmittedExchange};
+use exchange::{answer_locally, AbortWatch, AdmittedExchange, Rest};
 
 /// Everything a request needs, shared by all connections. The router and the trusted proxies are replaced whole
 /// by a reload; a request reads each once.
@@ -284,25 +284,30 @@ impl Proxy {
         // Everything from the wait in the queue to the response (its body too, when it is buffered) runs on the
         // upstream side: a freed connection reaches the next queued request, and that request the upstream,
         // without waiting for any client connection's task to be scheduled.
+        let (answer, answered) = oneshot::channel();
+        let queued = matches!(admitted, Admitted::Queued(_));
         let admitted = AdmittedExchange {
             admitted,
             patience,
-            arrived,
-            class: place.class,
-            http1_socket: client.http1_stream.clone(),
-            body_unread,
-            window_held,
-            request: upstream_request,
-            access,
-            // An HTTP/2 client can stop a stream without blocking its socket; its body gets a watchdog.
-            watch_body: !is_http1,
-            buffers: self.buffers.clone(),
-            route,
-            span: tracing::Span::current(),
-            marks,
+            watched_socket: client.http1_stream.clone().filter(|_| queued && body_unread),
+            rest: Rest {
+                arrived,
+                class: place.class,
+                // Looked at once more when a queued request's turn comes; one granted at once has just been read.
+                recheck_client: client.http1_stream.clone().filter(|_| queued),
+                window_held,
+                request: upstream_request,
+                access,
+                answer,
+                // An HTTP/2 client can stop a stream without blocking its socket; its body gets a watchdog.
+                watch_body: !is_http1,
+                buffers: self.buffers.clone(),
+                route,
+                span: tracing::Span::current(),
+                marks,
+            },
         };
-        let (answer, answered) = oneshot::channel();
-        self.lane.spawn(admitted.start(answer));
+        self.lane.spawn(admitted.start());
         match answered.await {
             Ok(Ok(response)) => response,
             Ok(Err((err, access))) => {
