@@ -1,12 +1,10 @@
-//! What a client connection is doing, for its timeouts: waiting for a request, reading a request head, or
-//! serving requests.
+//! What an HTTP/2 client connection is doing, for its timeouts: serving requests, idle, or in the middle of a
+//! header block.
 //!
-//! Owns the three client-side deadlines: `first_byte_timeout` (handled before this, while sniffing),
-//! `header_read_timeout` from the first byte of a request head until the request is dispatched (for HTTP/2, from
-//! a header block's first frame to its last, see `h2_frames`), and `client_idle_timeout` between requests.
-//! hyper's own header timer also runs while a keep-alive connection is idle, so it cannot give the two their own
-//! values; this replaces it for HTTP/1 and HTTP/2 alike. It never closes anything itself: it tells the
-//! connection's task which deadline passed.
+//! Owns two client-side deadlines of hyper's HTTP/2 server: `header_read_timeout` from a header block's first frame
+//! to its last (see `h2_frames`), and `client_idle_timeout` while no request is in flight. floodgate's own HTTP/1
+//! server keeps its connections' deadlines itself (`server::h1_conn`). It never closes anything itself: it tells
+//! the connection's task which deadline passed.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -15,8 +13,6 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::net::ReadObserver;
-
 const NO_HEAD: u64 = u64::MAX;
 
 /// A deadline that passed on a client connection.
@@ -24,30 +20,27 @@ const NO_HEAD: u64 = u64::MAX;
 pub(crate) enum Expired {
     /// Idle between requests for `client_idle_timeout`: close politely.
     Idle,
-    /// A request head started arriving `header_read_timeout` ago and is still incomplete: cut it off.
+    /// A header block opened `header_read_timeout` ago and is still open: cut it off.
     HeaderRead,
 }
 
-/// Shared by the connection's task, its reads (HTTP/1) and its requests.
+/// Shared by the connection's task, its frame watch and its requests.
 pub(crate) struct ClientActivity {
     started: Instant,
     in_flight: AtomicUsize,
     /// Milliseconds since `started`.
     idle_since: AtomicU64,
-    head_since: AtomicU64,
     /// An HTTP/2 header block left open, since when: it bounds the connection whatever else is in flight.
     block_since: AtomicU64,
     changed: Notify,
 }
 
 impl ClientActivity {
-    /// `head_started`: the first bytes of a request are already here (they were sniffed).
-    pub(crate) fn new(head_started: bool) -> Arc<Self> {
+    pub(crate) fn new() -> Arc<Self> {
         Arc::new(ClientActivity {
             started: Instant::now(),
             in_flight: AtomicUsize::new(0),
             idle_since: AtomicU64::new(0),
-            head_since: AtomicU64::new(if head_started { 0 } else { NO_HEAD }),
             block_since: AtomicU64::new(NO_HEAD),
             changed: Notify::new(),
         })
@@ -64,7 +57,6 @@ impl ClientActivity {
     /// A request was dispatched; the returned guard ends it when the answer is done with.
     pub(crate) fn request_started(self: &Arc<Self>) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
-        self.head_since.store(NO_HEAD, Ordering::Release);
         InFlight(self.clone())
     }
 
@@ -86,17 +78,14 @@ impl ClientActivity {
     pub(crate) async fn expired(&self, header_read_timeout: Duration, idle_timeout: Duration) -> Expired {
         loop {
             let block = self.block_since.load(Ordering::Acquire);
-            let head = self.head_since.load(Ordering::Acquire);
             let idle = self.in_flight.load(Ordering::Acquire) == 0;
             let block_deadline = (block != NO_HEAD).then(|| self.at(block, header_read_timeout));
-            let own_deadline = match (idle, head) {
-                (false, _) => None,
-                (true, NO_HEAD) => Some((
+            let own_deadline = idle.then(|| {
+                (
                     self.at(self.idle_since.load(Ordering::Acquire), idle_timeout),
                     Expired::Idle,
-                )),
-                (true, head) => Some((self.at(head, header_read_timeout), Expired::HeaderRead)),
-            };
+                )
+            });
             let next = match (block_deadline, own_deadline) {
                 (Some(block), Some((own, _))) if block <= own => Some((block, Expired::HeaderRead)),
                 (Some(block), None) => Some((block, Expired::HeaderRead)),
@@ -109,7 +98,6 @@ impl ClientActivity {
             tokio::select! {
                 _ = tokio::time::sleep_until(deadline) => {
                     let unchanged = self.block_since.load(Ordering::Acquire) == block
-                        && self.head_since.load(Ordering::Acquire) == head
                         && (self.in_flight.load(Ordering::Acquire) == 0) == idle;
                     if unchanged {
                         return expiry;
@@ -140,15 +128,6 @@ impl ClientActivity {
                 }
                 _ = self.changed.notified() => {}
             }
-        }
-    }
-}
-
-impl ReadObserver for ClientActivity {
-    fn on_read(&self) {
-        if self.in_flight.load(Ordering::Acquire) == 0 && self.head_since.load(Ordering::Acquire) == NO_HEAD {
-            self.head_since.store(self.now_ms(), Ordering::Release);
-            self.changed.notify_one();
         }
     }
 }

@@ -42,7 +42,7 @@ use crate::access::X_REQUEST_ID;
 const SPAN_TARGET: &str = "floodgate::request";
 
 /// The stack one client connection's requests go through; `activity`, when the connection's deadlines need it
-/// (hyper's servers), counts them in flight on that connection.
+/// (hyper's HTTP/2 server), counts them in flight on that connection.
 pub(crate) fn stack(
     proxy: Arc<Proxy>,
     client: Arc<ClientInfo>,
@@ -120,7 +120,7 @@ impl Service<Request<ClientBody>> for ProxyService {
         // A tunnel's request is at work for as long as the tunnel: its task keeps the mark, not the answer.
         let upgrade = crate::tunnel::asked(&request);
         if let Some(mark) = in_flight.take_if(|_| upgrade.is_some()) {
-            crate::tunnel::Hold::add(&mut request, Arc::new(mark));
+            crate::tunnel::Hold::put(&mut request, mark);
         }
         // Routed first so the span is made with its fields (each later record costs about as much as making
         // it); the fields are read only when the span is on.

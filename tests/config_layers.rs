@@ -55,7 +55,7 @@ impl Run {
 }
 
 /// floodgate with `env` as its only `FLOODGATE__` variables: the layers under test are these, not those the suite
-/// itself may run under (`FLOODGATE__HTTP1_SERVER`, to run it against floodgate's own HTTP/1 server).
+/// itself may run under.
 fn floodgate(args: &[&str], env: &[(&str, &str)]) -> Run {
     let mut command = std::process::Command::new(floodgate_bin());
     for (name, _) in std::env::vars_os() {
@@ -694,6 +694,21 @@ upstream = "nowhere"
         assert!(
             lines.iter().any(|line| line.contains(key)),
             "no line names {key}: {lines:#?}"
+        );
+    }
+}
+
+#[test]
+fn the_retired_http1_server_key_is_refused_saying_what_became_of_it_from_a_file_or_a_variable() {
+    for (top, env) in [
+        (r#"http1_server = "hyper""#, &[][..]),
+        ("", &[("FLOODGATE__HTTP1_SERVER", "floodgate")][..]),
+    ] {
+        let lines = assert_refused_with_lines(&file_with(top, "", ""), env);
+        assert_eq!(lines.len(), 1, "{lines:#?}");
+        assert!(
+            lines[0].contains("http1_server = ") && lines[0].contains("retired") && lines[0].contains("TLS"),
+            "{lines:#?}"
         );
     }
 }

@@ -748,17 +748,8 @@ async fn tiny_chunks_go_upstream_gathered_and_framing_that_outweighs_its_data_is
         support::early::AnswerAt::BodyEnd,
     )
     .await;
-    // floodgate's own HTTP/1 server, which reads the chunks itself (hyper's, while it can be chosen, bounds their
-    // extensions only); the body streams (not read before admission).
-    let proxy = Proxy::start(&[
-        "--upstream",
-        &upstream.url(),
-        "--http1-server",
-        "floodgate",
-        "--buffer-request-bytes",
-        "0",
-    ])
-    .await;
+    // The body streams (not read before admission).
+    let proxy = Proxy::start(&["--upstream", &upstream.url(), "--buffer-request-bytes", "0"]).await;
     // 2,600 one-byte chunks in one write: what is read together goes up together, in a handful of chunks and
     // writes, not one system call and five bytes of framing per byte.
     assert_eq!(status_of_upload(proxy.listen, chunked_upload(2_600, 1)).await, 200);
@@ -1015,22 +1006,20 @@ async fn a_path_that_climbs_above_the_root_or_hides_a_dot_segment_is_refused_400
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_zero_padded_content_length_goes_upstream_as_the_number_it_states() {
-    for server in ["floodgate", "hyper"] {
-        let upstream = Upstream::start().await;
-        let proxy = Proxy::for_upstream(&upstream, 1, &["--http1-server", server]).await;
-        let mut conn = RawConn::connect(proxy.listen).await;
-        conn.write(
-            b"POST /echo HTTP/1.1\r\nHost: client.test\r\n\
-              Content-Length: 0000000000000000000000000000005\r\n\r\nhello",
-        )
-        .await
-        .unwrap();
-        let resp = conn.read_response(false, Duration::from_secs(10)).await.unwrap();
-        assert_eq!((resp.status, resp.text()), (200, "5".to_string()), "{server}");
-        let seen = upstream.recorded();
-        assert_eq!(seen.len(), 1, "{server}: {seen:?}");
-        assert_eq!(seen[0].header_all("content-length"), ["5"], "{server}: {:?}", seen[0]);
-    }
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &[]).await;
+    let mut conn = RawConn::connect(proxy.listen).await;
+    conn.write(
+        b"POST /echo HTTP/1.1\r\nHost: client.test\r\n\
+          Content-Length: 0000000000000000000000000000005\r\n\r\nhello",
+    )
+    .await
+    .unwrap();
+    let resp = conn.read_response(false, Duration::from_secs(10)).await.unwrap();
+    assert_eq!((resp.status, resp.text()), (200, "5".to_string()));
+    let seen = upstream.recorded();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].header_all("content-length"), ["5"], "{:?}", seen[0]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -237,23 +237,21 @@ async fn a_request_body_chunked_twice_is_refused_400_and_never_reaches_the_upstr
     let mut body = format!("{:x}\r\n", inner.len()).into_bytes();
     body.extend_from_slice(inner);
     body.extend_from_slice(b"\r\n0\r\n\r\n");
-    for server in ["floodgate", "hyper"] {
-        let upstream = Upstream::start().await;
-        let proxy = Proxy::for_upstream(&upstream, 1, &["--http1-server", server]).await;
-        for codings in [
-            "Transfer-Encoding: chunked, chunked\r\n",
-            "Transfer-Encoding: Chunked\r\nTransfer-Encoding: chunked\r\n",
-            "Transfer-Encoding: identity, chunked,chunked\r\n",
-        ] {
-            let mut request = format!("POST /echo HTTP/1.1\r\nHost: client.test\r\n{codings}\r\n").into_bytes();
-            request.extend_from_slice(&body);
-            let mut conn = RawConn::connect(proxy.listen).await;
-            conn.write(&request).await.unwrap();
-            let answer = conn.read_response(false, Duration::from_secs(10)).await.unwrap();
-            assert_eq!(answer.status, 400, "{server}, {codings:?}: {}", answer.text());
-        }
-        assert_eq!(upstream.requests(), 0, "{server}: {:?}", upstream.recorded());
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &[]).await;
+    for codings in [
+        "Transfer-Encoding: chunked, chunked\r\n",
+        "Transfer-Encoding: Chunked\r\nTransfer-Encoding: chunked\r\n",
+        "Transfer-Encoding: identity, chunked,chunked\r\n",
+    ] {
+        let mut request = format!("POST /echo HTTP/1.1\r\nHost: client.test\r\n{codings}\r\n").into_bytes();
+        request.extend_from_slice(&body);
+        let mut conn = RawConn::connect(proxy.listen).await;
+        conn.write(&request).await.unwrap();
+        let answer = conn.read_response(false, Duration::from_secs(10)).await.unwrap();
+        assert_eq!(answer.status, 400, "{codings:?}: {}", answer.text());
     }
+    assert_eq!(upstream.requests(), 0, "{:?}", upstream.recorded());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -118,8 +118,8 @@ async fn over_tls_a_flood_of_unsolicited_http2_ping_acks_is_counted_and_closed_t
     assert_eq!(about_pings, 0, "{about_pings} lines about PINGs at the default level");
 }
 
-/// TLS clients are served by hyper's HTTP/1 server, which read a bare LF ending a trailer line as a line's end and
-/// the request pipelined behind it as trailers; floodgate's own reader, in front of it, refuses the body.
+/// A bare LF ending a trailer line, over TLS as over a plain socket: the body is refused, and the request pipelined
+/// behind it (which an LF-tolerant reader would take as trailers) never read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_tls_a_bare_lf_in_trailers_is_refused_and_the_request_behind_it_never_read() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -156,6 +156,123 @@ async fn over_tls_a_bare_lf_in_trailers_is_refused_and_the_request_behind_it_nev
         .filter(|r| r.uri.starts_with("/echo") || r.uri.starts_with("/smuggled"))
         .collect();
     assert!(reached.is_empty(), "{reached:?}");
+}
+
+/// Reads what the server sends on `tls` until it closes (a close without close_notify reads as an error: either way
+/// the connection is over); `None` if it is still open after 10 s.
+async fn read_to_close(tls: &mut tokio_rustls::client::TlsStream<TcpStream>) -> Option<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut buf = [0u8; 16 * 1024];
+        while let Ok(n) = tls.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await;
+    read.ok().map(|()| got)
+}
+
+/// floodgate's HTTP/1 server over a TLS session: a large upload with a request pipelined behind it in the same
+/// records (bytes the session holds decrypted while the first is answered), a `100 Continue` that must leave the
+/// session before the client sends its body, and a large answer, each on one connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_pipelined_requests_an_expect_continue_and_large_bodies_are_served() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = Upstream::start().await;
+    let cert = TestCert::new();
+    let config = TempConfig::new(&config_text(&upstream.url(), &cert.cert_path(), &cert.key_path()));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let connector = cert.connector(&[b"http/1.1"]);
+
+    let upload = 1024 * 1024;
+    let mut tls = tls_connect(&connector, proxy.listen).await;
+    let mut pipelined =
+        format!("POST /echo HTTP/1.1\r\nHost: client.test\r\nContent-Length: {upload}\r\n\r\n").into_bytes();
+    pipelined.extend(std::iter::repeat_n(b'u', upload));
+    pipelined.extend_from_slice(b"GET /second HTTP/1.1\r\nHost: client.test\r\nConnection: close\r\n\r\n");
+    tls.write_all(&pipelined).await.unwrap();
+    let answers = read_to_close(&mut tls).await.expect("the connection was left open");
+    let text = String::from_utf8_lossy(&answers);
+    assert_eq!(text.matches("HTTP/1.1 200 ").count(), 2, "{text}");
+    assert!(
+        text.contains(&format!("\r\n\r\n{upload}")),
+        "the upload arrived whole: {text}"
+    );
+    assert_eq!(upstream.recorded_with_prefix("/second").len(), 1);
+
+    let mut tls = tls_connect(&connector, proxy.listen).await;
+    tls.write_all(b"POST /echo HTTP/1.1\r\nHost: client.test\r\nExpect: 100-continue\r\nContent-Length: 5\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let interim = b"HTTP/1.1 100 Continue\r\n\r\n";
+    let mut got = vec![0u8; interim.len()];
+    tokio::time::timeout(Duration::from_secs(10), tls.read_exact(&mut got))
+        .await
+        .expect("no 100 Continue: the body would never be sent")
+        .unwrap();
+    assert_eq!(&got[..], interim, "{:?}", String::from_utf8_lossy(&got));
+    tls.write_all(b"hello").await.unwrap();
+    let answer = read_to_close(&mut tls).await.expect("the connection was left open");
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    assert!(
+        text.starts_with("HTTP/1.1 200 ") && text.ends_with("\r\n\r\n5"),
+        "{text}"
+    );
+
+    let download = 8 * MIB;
+    let served = h1_get(connector, proxy.listen, format!("/bytes/{download}")).await;
+    assert_eq!((served.status, served.body.len()), (StatusCode::OK, download as usize));
+}
+
+/// A TLS client that leaves while its request waits in the queue takes it out of the queue (whether it says
+/// close_notify first or just closes), and nothing of it reaches the upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_clients_leaving_while_queued_leave_the_queue_and_never_reach_the_upstream() {
+    use tokio::io::AsyncWriteExt;
+    let upstream = Upstream::start().await;
+    let cert = TestCert::new();
+    let config = TempConfig::new(&config_text(&upstream.url(), &cert.cert_path(), &cert.key_path()));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let connector = cert.connector(&[b"http/1.1"]);
+    // Both slots held (max_connections = 2) by requests the upstream stalls.
+    let occupants: Vec<_> = (0..2)
+        .map(|i| {
+            let connector = connector.clone();
+            let addr = proxy.listen;
+            tokio::spawn(async move { h1_get(connector, addr, format!("/stall?occupant={i}")).await.status })
+        })
+        .collect();
+    wait_until_sync("both slots held", Duration::from_secs(5), || upstream.inflight() == 2).await;
+    let mut queued = Vec::new();
+    for i in 0..6 {
+        let mut tls = tls_connect(&connector, proxy.listen).await;
+        tls.write_all(format!("GET /abandoned/{i} HTTP/1.1\r\nHost: client.test\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        queued.push(tls);
+    }
+    proxy.wait_queue_depth("app", 6, Duration::from_secs(5)).await;
+    for (i, mut tls) in queued.into_iter().enumerate() {
+        if i % 2 == 0 {
+            let _ = tls.shutdown().await;
+        }
+        drop(tls);
+    }
+    proxy.wait_queue_depth("app", 0, Duration::from_secs(5)).await;
+    upstream.release_stalled();
+    for occupant in occupants {
+        assert_eq!(occupant.await.unwrap(), StatusCode::OK);
+    }
+    proxy.wait_in_use_zero("app", Duration::from_secs(5)).await;
+    assert!(
+        upstream.recorded_with_prefix("/abandoned").is_empty(),
+        "{:?}",
+        upstream.recorded()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

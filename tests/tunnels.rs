@@ -40,10 +40,10 @@ async fn proxy_for(upstream: &WsUpstream, max_connections: usize, max_tunnels: u
 }
 
 /// Messages both ways, then the close handshake; the tunnel's socket is closed on both sides afterwards and its
-/// slot back, on the server `http1_server` names.
-async fn echo_and_close(http1_server: &str) {
+/// slot back.
+async fn echo_and_close() {
     let upstream = WsUpstream::start().await;
-    let proxy = proxy_for(&upstream, 2, 4, &["--http1-server", http1_server]).await;
+    let proxy = proxy_for(&upstream, 2, 4, &[]).await;
     let mut socket = ws_connect(proxy.listen, "/chat").await;
     ws_echo(&mut socket, "hello through floodgate").await;
     let big: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
@@ -96,13 +96,8 @@ async fn echo_and_close(http1_server: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_websocket_echoes_both_ways_and_closes_cleanly_on_floodgates_own_server() {
-    echo_and_close("floodgate").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_websocket_echoes_both_ways_and_closes_cleanly_on_hypers_server() {
-    echo_and_close("hyper").await;
+async fn a_websocket_echoes_both_ways_and_closes_cleanly() {
+    echo_and_close().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

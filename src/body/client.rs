@@ -1,16 +1,16 @@
-//! The client's request body as it comes off the client's connection: hyper's (HTTP/2, TLS, and HTTP/1 on hyper's
-//! server) or floodgate's own HTTP/1 reader ([`Http1Body`]), which reads straight from the socket into the
-//! connection's read buffer only while the body is wanted. It never buffers beyond what one read brings.
+//! The client's request body as it comes off the client's connection: hyper's (HTTP/2) or floodgate's own HTTP/1
+//! reader ([`Http1Body`]), which reads straight from the connection (a socket or a TLS session) into its read
+//! buffer only while the body is wanted. It never buffers beyond what one read brings.
 
 use std::io::ErrorKind;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{ready, Context, Poll};
 
+use crate::net::ClientWire;
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use tokio::net::TcpStream;
 
 use crate::error::ProxyError;
 use crate::h1::body::{BodyFault, Delimited};
@@ -106,7 +106,7 @@ impl Body for ClientBody {
 /// exchange polls wherever it runs.
 #[derive(Debug)]
 pub(crate) struct Reading {
-    stream: Arc<TcpStream>,
+    wire: Arc<ClientWire>,
     /// Bytes read and not yet taken: the body's, and then maybe the next request's.
     pub(crate) received: BytesMut,
     /// How the rest of the body is delimited; `Broken` once the client left or sent what is not a body.
@@ -117,13 +117,15 @@ pub(crate) struct Reading {
     over: Arc<tokio::sync::Notify>,
     /// Pieces of the body were dropped rather than taken by the body's reader: from here the body only fails.
     cut: bool,
+    /// The `100 Continue` is written and may still be in a TLS session.
+    flushing: bool,
 }
 
 impl Reading {
     /// `expects_continue`: the client waits for a `100` before it sends the body; it is sent when the body is
     /// first wanted.
     pub(crate) fn new(
-        stream: Arc<TcpStream>,
+        wire: Arc<ClientWire>,
         received: BytesMut,
         framing: Delimited,
         expects_continue: bool,
@@ -135,12 +137,13 @@ impl Reading {
             0
         };
         let reading = Reading {
-            stream,
+            wire,
             received,
             framing,
             continue_left,
             over,
             cut: false,
+            flushing: false,
         };
         if reading.framing.is_over() {
             reading.over.notify_one();
@@ -161,13 +164,18 @@ impl Reading {
     fn send_continue(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ClientBodyError>> {
         while self.continue_left > 0 {
             let start = CONTINUE.len() - self.continue_left;
-            ready!(self.stream.poll_write_ready(cx)).map_err(|_| ClientBodyError::Gone)?;
-            match self.stream.try_write(CONTINUE.get(start..).unwrap_or_default()) {
-                Ok(0) => return Poll::Ready(Err(ClientBodyError::Gone)),
+            match ready!(self.wire.poll_write(cx, CONTINUE.get(start..).unwrap_or_default())) {
+                Ok(0) | Err(_) => return Poll::Ready(Err(ClientBodyError::Gone)),
                 Ok(n) => self.continue_left -= n.min(self.continue_left),
-                Err(err) if err.kind() == ErrorKind::WouldBlock => {}
-                Err(_) => return Poll::Ready(Err(ClientBodyError::Gone)),
             }
+            if self.continue_left == 0 {
+                self.flushing = true;
+            }
+        }
+        if self.flushing {
+            // Under TLS the `100` may still be in the session.
+            ready!(self.wire.poll_flush(cx)).map_err(|_| ClientBodyError::Gone)?;
+            self.flushing = false;
         }
         Poll::Ready(Ok(()))
     }
@@ -200,15 +208,9 @@ impl Reading {
                 Ok(None) if self.framing.is_over() => return Poll::Ready(None),
                 Ok(None) => {}
             }
-            if ready!(self.stream.poll_read_ready(cx)).is_err() {
-                return Poll::Ready(Some(Err(self.fail(ClientBodyError::Gone))));
-            }
-            self.received.reserve(READ_ROOM);
-            match crate::net::try_read_drained(&self.stream, &mut self.received) {
-                Ok(0) => return Poll::Ready(Some(Err(self.fail(ClientBodyError::Gone)))),
+            match ready!(self.wire.poll_fill(cx, &mut self.received, READ_ROOM)) {
+                Ok(0) | Err(_) => return Poll::Ready(Some(Err(self.fail(ClientBodyError::Gone)))),
                 Ok(_) => {}
-                Err(err) if err.kind() == ErrorKind::WouldBlock => {}
-                Err(_) => return Poll::Ready(Some(Err(self.fail(ClientBodyError::Gone)))),
             }
         }
     }
@@ -258,6 +260,7 @@ pub(crate) fn discard_received(reading: &mut Reading) -> bool {
 mod tests {
     use super::*;
     use crate::h1::chunked::ChunkedDecoder;
+    use tokio::net::TcpStream;
 
     #[test]
     fn chunked_body_pieces_come_off_the_received_bytes_and_leave_the_next_request() {
@@ -270,7 +273,7 @@ mod tests {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
             let mut reading = Reading::new(
-                Arc::new(client),
+                ClientWire::plain(Arc::new(client)),
                 received,
                 Delimited::Chunked(ChunkedDecoder::new(1024)),
                 false,
@@ -292,7 +295,7 @@ mod tests {
             let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
             let received = BytesMut::from(&b"3\r\nabc\r\n3\r\ndef\r\n0\r\n\r\n"[..]);
             let reading = Arc::new(Mutex::new(Reading::new(
-                Arc::new(client),
+                ClientWire::plain(Arc::new(client)),
                 received,
                 Delimited::Chunked(ChunkedDecoder::new(1024)),
                 false,

@@ -79,8 +79,6 @@ pub struct Config {
     /// from peers in `trusted_proxies` only.
     pub proxy_protocol: bool,
     pub log_format: LogFormat,
-    /// Which server reads plain-TCP HTTP/1 clients: hyper's, or floodgate's own (`docs/data-path.md`).
-    pub http1_server: Http1Server,
     /// A `tracing` filter (`info`, `warn,floodgate=debug`); `RUST_LOG`, when set, wins over it.
     pub log_level: String,
     /// `off`, `stdout`, `stderr` or a file path (appended to); see [`Config::access_log_target`].
@@ -169,17 +167,6 @@ pub enum LogFormat {
     Json,
 }
 
-/// The server for HTTP/1 clients without TLS: `floodgate` (floodgate's own, which holds no buffer for an idle
-/// connection; docs/data-path.md) or `hyper` (hyper's HTTP/1 server, as before it). HTTP/2 and TLS clients are
-/// hyper's.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum Http1Server {
-    Hyper,
-    #[default]
-    Floodgate,
-}
-
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -199,7 +186,6 @@ impl Default for Config {
             otlp_endpoint: String::new(),
             otlp_service_name: "floodgate".to_string(),
             log_format: LogFormat::Human,
-            http1_server: Http1Server::Floodgate,
             log_level: "info".to_string(),
             access_log: "off".to_string(),
             access_log_format: AccessLogFormat::Auto,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::{Config, Http1Server, LogFormat, RouteConfig, DEFAULT_UPSTREAM};
+use super::{Config, LogFormat, RouteConfig, DEFAULT_UPSTREAM};
 
 /// Values given on the command line; each one overrides the file and the environment. The flags are global: they
 /// may come before or after a subcommand (`floodgate check --max-connections 4` and `floodgate --max-connections 4
@@ -49,9 +49,6 @@ pub struct GlobalOverrides {
     /// Log lines as readable text or as one JSON object each.
     #[arg(long, global = true, value_enum)]
     pub log_format: Option<LogFormat>,
-    /// The server for plain-TCP HTTP/1 clients: hyper's or floodgate's own.
-    #[arg(long, global = true, value_enum)]
-    pub http1_server: Option<Http1Server>,
 }
 
 /// The flags for every upstream's keys; each field is named as its key (`upstream` sets `url`).
@@ -129,9 +126,6 @@ impl Config {
         }
         if let Some(format) = o.log_format {
             self.log_format = format;
-        }
-        if let Some(server) = o.http1_server {
-            self.http1_server = server;
         }
         let globals = [
             (o.client_idle_timeout, &mut self.client_idle_timeout),

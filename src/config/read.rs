@@ -12,6 +12,13 @@ use serde::de::{self, DeserializeSeed, IntoDeserializer, MapAccess, SeqAccess, U
 
 use super::layers::{Node, Scalar, Value};
 
+/// Keys floodgate no longer reads, with what became of them: refused with that rather than as unknown.
+const RETIRED: &[(&str, &str)] = &[(
+    "http1_server",
+    "retired: floodgate's own HTTP/1 server now serves every HTTP/1 client, TLS ones too (hyper's was removed); \
+     remove the key",
+)];
+
 /// Why a value was refused, and at which key (`None` until the deserializer that met it names it).
 #[derive(Debug)]
 pub(super) struct Refusal {
@@ -64,6 +71,9 @@ impl de::Error for Refusal {
     }
 
     fn unknown_field(field: &str, expected: &'static [&'static str]) -> Self {
+        if let Some((_, became)) = RETIRED.iter().find(|(retired, _)| *retired == field) {
+            return Self::custom(*became);
+        }
         let message = match closest(field, expected) {
             Some(meant) => format!("unknown key; did you mean `{meant}`?"),
             None if expected.len() <= 8 => format!("unknown key; this table takes {}", list(expected)),

@@ -168,8 +168,8 @@ impl Relay {
         match Pin::new(&mut *inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 Self::count_relayed(&mut self.completion, &frame);
-                // Trailers end a body, though hyper's chunked body says so only when polled once more, which
-                // hyper's HTTP/1 server never does: the relay would be dropped unfinished, counted a client abort.
+                // Trailers end a body, though hyper's chunked body says so only when polled once more, which the
+                // client's server need not do: the relay would be dropped unfinished, counted a client abort.
                 if inner.is_end_stream() || frame.is_trailers() {
                     // All of the response is read from the upstream: the connection can go back now, whatever
                     // the client still has to take.
@@ -182,9 +182,9 @@ impl Relay {
             }
             Poll::Ready(Some(Err(err))) => {
                 self.finish(Outcome::UpstreamError, false);
-                // hyper's HTTP/1 server drops what it has not yet written (the head, the data before this) when a
-                // body fails; a poll's pause first lets it flush that, so the client sees an honest cut rather
-                // than an empty reply.
+                // A server may drop what it has not yet written (the head, the data before this) when a body
+                // fails, as hyper's HTTP/1 server did; a poll's pause first lets it flush that, so the client sees
+                // an honest cut rather than an empty reply.
                 self.failed = Some(err.into());
                 cx.waker().wake_by_ref();
                 Poll::Pending

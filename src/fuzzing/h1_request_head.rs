@@ -1,5 +1,5 @@
 //! The `h1_request_head` target, differential: the same client bytes go to floodgate's own request-head reader
-//! (`h1::request_head`) and to hyper's HTTP/1 server as floodgate's listener builds it. The first request must be
+//! (`h1::request_head`) and to hyper's HTTP/1 server with floodgate's settings. The first request must be
 //! accepted by both or by neither, and when accepted read as the same message: method, target, version, header
 //! lines (names, values, order within a name) and body framing, so the upstream would be sent the same request;
 //! then the same body: its bytes and trailers, or a failure (cut short, bad chunked framing) for both. Where

@@ -38,8 +38,8 @@ pub use header_rewrite::header_rewrite;
 pub use request_head::request_head;
 pub use upstream_response::upstream_response;
 
-/// hyper's HTTP/1 server as floodgate's listener builds it (`server::connection`); half-closing only lets every
-/// request of an input finish.
+/// hyper's HTTP/1 server with floodgate's settings (the oracle the differential targets hold floodgate's own
+/// server to); half-closing only lets every request of an input finish.
 fn listener_http1(max_header_bytes: usize) -> hyper::server::conn::http1::Builder {
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder

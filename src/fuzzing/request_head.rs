@@ -1,5 +1,5 @@
-//! The `request_head` target: bytes from a client socket through hyper's HTTP/1 server, the way a floodgate
-//! listener serves them, then floodgate's own steps before admission (tunnel check, target, route, rewrite). The
+//! The `request_head` target: bytes from a client socket through hyper's HTTP/1 server with floodgate's settings,
+//! then floodgate's own steps before admission (tunnel check, target, route, rewrite). The
 //! path goes upstream as RFC 3986 §5.2.4 resolves it, found here apart from floodgate's code
 //! (`upstream_head::routed_target`), and a target it cannot resolve is refused.
 

@@ -193,7 +193,7 @@ impl UpstreamPool {
         };
         // TLS wraps a SharedStream, not the socket, so the connection still holds the socket itself and can close
         // it completely before giving the slot back, as for plain HTTP.
-        let io = SharedStream::new(stream.clone(), None);
+        let io = SharedStream::new(stream.clone());
         let failure = match tokio::time::timeout_at(deadline, tls.connect(io)).await {
             Ok(Ok(tls_stream)) => {
                 let wire = Wire::tls(tls_stream, stream.clone(), self.stirs.downgrade());

@@ -48,7 +48,7 @@ pub struct Proxy {
     started: Instant,
     /// Where admitted exchanges run, ahead of the client connections (see [`crate::upstream_lane`]).
     lane: Arc<UpstreamLane>,
-    /// Tunnels whose client is on one of hyper's servers, each run in a task of its own; shutdown waits for them
+    /// Tunnels whose client is on hyper's HTTP/2 server, each run in a task of its own; shutdown waits for them
     /// as for the client connections (floodgate's own HTTP/1 server runs a tunnel on its connection's task).
     tunnels: tokio_util::task::TaskTracker,
     /// Cancelled when `shutdown_timeout` has passed: every tunnel still open ends then, its line written.
@@ -91,7 +91,7 @@ impl Proxy {
         &self.lane
     }
 
-    /// The tasks of tunnels whose clients are on hyper's servers.
+    /// The tasks of tunnels whose clients are on hyper's HTTP/2 server.
     pub fn tunnel_tasks(&self) -> &tokio_util::task::TaskTracker {
         &self.tunnels
     }

@@ -71,7 +71,7 @@ impl Proxy {
             return self.answer_error(&pool, ProxyError::UpgradeWithBody, access);
         }
         let version = request.version();
-        // hyper's servers hand the client's stream over through the request; floodgate's own HTTP/1 server
+        // hyper's HTTP/2 server hands the client's stream over through the request; floodgate's own HTTP/1 server
         // takes the tunnel from the answer instead (see `Handoff`).
         let on_upgrade = request.extensions_mut().remove::<hyper::upgrade::OnUpgrade>();
         let hold = request.extensions_mut().remove::<tunnel::Hold>();

@@ -1,36 +1,32 @@
-//! One client connection: the TLS handshake (when configured) or protocol sniffing, serving HTTP/1.1 or HTTP/2
-//! with hyper, and its deadlines.
+//! One client connection: the TLS handshake (when configured) or protocol sniffing, then HTTP/1.1 on floodgate's
+//! own server (`h1_conn`) or HTTP/2 on hyper's, with its deadlines.
 //!
-//! Owns the client-side timeouts (first bytes, request head, idle keep-alive) and the connection's part in a
-//! graceful shutdown. It never takes an upstream slot: requests are handed to the [`Proxy`], which admits them.
+//! Owns the first bytes' and the handshake's deadline, and for HTTP/2 the client-side timeouts (header block,
+//! idle keep-alive) and the connection's part in a graceful shutdown. It never takes an upstream slot: requests are handed to the [`Proxy`], which admits them.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::server::conn::{http1, http2};
+use hyper::server::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
-use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::h1_strict::{self, StrictRequests};
 use super::h2_frames::{FrameWatch, PingAcks};
 use super::{h1_conn, proxy_header, OpenClient};
 use crate::activity::{ClientActivity, Expired};
 use crate::body::ClientBody;
 use crate::config::tls::ALPN_H2;
-use crate::config::{Config, Http1Server};
+use crate::config::Config;
 use crate::error::Outcome;
 use crate::forward::ClientInfo;
-use crate::net::{ReadObserver, SharedStream};
+use crate::net::{ClientWire, SharedStream};
 use crate::proxy::Proxy;
-use crate::tunnel::Hold;
 
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -71,9 +67,9 @@ async fn sniff(stream: &TcpStream) -> std::io::Result<Protocol> {
 }
 
 /// Serves one accepted connection until it closes, a deadline passes, or shutdown has drained it. With `tls`,
-/// the connection is TLS and the ALPN the client picked decides the protocol; otherwise the first bytes do. A
-/// plain HTTP/1 client served by floodgate's own server moves to a task of its own (on `tracker`), which holds
-/// only what that server needs while the connection idles.
+/// the connection is TLS and the ALPN the client picked decides the protocol; otherwise the first bytes do. An
+/// HTTP/1 client moves to a task of its own (on `tracker`), served by floodgate's own server, which holds only
+/// what that server needs while the connection idles; an HTTP/2 client is served by hyper's.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn serve(
     stream: TcpStream,
@@ -104,9 +100,9 @@ pub(super) async fn serve(
         peer
     };
     let stream = Arc::new(stream);
-    // TLS wraps the SharedStream rather than the socket, so the write-stall limit and the read observer below
-    // see the bytes actually moving on the wire, encrypted or not.
-    let shared = SharedStream::new(stream.clone(), None).with_write_stall_limit(config.client_write_stall_limit());
+    // TLS wraps the SharedStream rather than the socket, so the write-stall limit below sees the bytes actually
+    // moving on the wire, encrypted or not.
+    let shared = || SharedStream::new(stream.clone()).with_write_stall_limit(config.client_write_stall_limit());
     let Some(acceptor) = tls else {
         let protocol = match tokio::time::timeout(config.first_byte_timeout, sniff(&stream)).await {
             Ok(Ok(protocol)) => protocol,
@@ -116,25 +112,24 @@ pub(super) async fn serve(
                 return;
             }
         };
-        if protocol == Protocol::Http1 && config.http1_server == Http1Server::Floodgate {
-            tracker.spawn(own_http1(stream, peer, proxy, config, shutdown, open));
+        if protocol == Protocol::Http1 {
+            tracker.spawn(own_http1(
+                ClientWire::plain(stream),
+                peer,
+                proxy,
+                config,
+                shutdown,
+                open,
+            ));
             return;
         }
-        let attach = |io: &mut SharedStream, observer| io.set_observer(observer);
-        let conn = Conn {
-            stream,
-            protocol,
-            tls: false,
-            peer,
-            open: Arc::new(open),
-        };
         // Boxed, as the TLS path below: hyper's connection is kilobytes of future, which every connection's task
-        // would otherwise carry whichever server it runs.
-        return Box::pin(serve_io(shared, attach, conn, proxy, config, shutdown)).await;
+        // would otherwise carry.
+        return Box::pin(serve_http2(shared(), false, peer, proxy, config, shutdown)).await;
     };
     // first_byte_timeout bounds the whole handshake: a client that trickles its ClientHello holds a
     // max_client_connections permit just like one that sends nothing.
-    let tls_stream = match tokio::time::timeout(config.first_byte_timeout, Box::pin(acceptor.accept(shared))).await {
+    let tls_stream = match tokio::time::timeout(config.first_byte_timeout, Box::pin(acceptor.accept(shared()))).await {
         Ok(Ok(tls_stream)) => tls_stream,
         Ok(Err(err)) => {
             tracing::debug!(%peer, error = %err, "TLS handshake failed; closing");
@@ -146,39 +141,37 @@ pub(super) async fn serve(
         }
     };
     // No ALPN (or http/1.1) means HTTP/1.1, as RFC 9113 requires h2 over TLS to be negotiated.
-    let protocol = match tls_stream.get_ref().1.alpn_protocol() {
-        Some(ALPN_H2) => Protocol::Http2,
-        _ => Protocol::Http1,
-    };
-    let attach = |io: &mut TlsStream<SharedStream>, observer| io.get_mut().0.set_observer(observer);
-    let conn = Conn {
-        stream,
-        protocol,
-        tls: true,
-        peer,
-        open: Arc::new(open),
-    };
-    Box::pin(serve_io(tls_stream, attach, conn, proxy, config, shutdown)).await
+    match tls_stream.get_ref().1.alpn_protocol() {
+        Some(ALPN_H2) => Box::pin(serve_http2(tls_stream, true, peer, proxy, config, shutdown)).await,
+        _ => {
+            let wire = ClientWire::tls(stream, tls_stream);
+            tracker.spawn(own_http1(wire, peer, proxy, config, shutdown, open));
+        }
+    }
 }
 
-/// Serves a plain-TCP HTTP/1 client with floodgate's own server (`server::h1_conn`). Not an `async fn`, and
-/// holding handles only: its arguments would be stored twice in the future every idle connection holds.
+/// Serves an HTTP/1 client with floodgate's own server (`server::h1_conn`). Not an `async fn`, and holding
+/// handles only: its arguments would be stored twice in the future every idle connection holds.
 fn own_http1(
-    stream: Arc<TcpStream>,
+    wire: Arc<ClientWire>,
     peer: SocketAddr,
     proxy: Arc<Proxy>,
     config: Arc<Config>,
     shutdown: CancellationToken,
     open: OpenClient,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
-    let client = Arc::new(ClientInfo::new(peer, proxy.is_trusted(peer.ip()), Some(stream.clone())));
+    // peer_closed watches the socket itself, so it works under TLS as well: the client's FIN is what it waits for,
+    // whatever (close_notify included) comes before it.
+    let socket = wire.socket().clone();
+    let client = ClientInfo::new(peer, proxy.is_trusted(peer.ip()), Some(socket)).over_tls(wire.is_tls());
+    let client = Arc::new(client);
     async move {
         // Made per request; no ClientActivity: this server keeps the connection's deadlines itself.
         let service = || crate::edge::stack(proxy.clone(), client.clone(), None);
-        let ended = h1_conn::serve(&stream, &service, &config, &proxy.metrics, &shutdown).await;
+        let ended = h1_conn::serve(&wire, &service, &config, &proxy.metrics, &shutdown).await;
         // An exchange still reading (or abandoned with) the request body holds the socket too: the client must see
         // the connection end now all the same.
-        let _ = socket2::SockRef::from(&*stream).shutdown(std::net::Shutdown::Both);
+        let _ = socket2::SockRef::from(&**wire.socket()).shutdown(std::net::Shutdown::Both);
         let peer = client.peer;
         match ended {
             h1_conn::Ended::HeaderTimeout => {
@@ -195,130 +188,46 @@ fn own_http1(
     }
 }
 
-const ASKED_NOTHING: u8 = 0;
-const ASKED_UPGRADE: u8 = 1;
-const ASKED_CONNECT: u8 = 2;
-
-/// What is known of a connection once its protocol is.
-struct Conn {
-    /// The socket under the stream hyper drives, watched for an HTTP/1 client leaving while its request is queued.
-    stream: Arc<TcpStream>,
-    protocol: Protocol,
+/// Serves HTTP/2 over `io` (the plain or the TLS stream on `stream`) with hyper's server.
+async fn serve_http2<I>(
+    io: I,
     tls: bool,
     peer: SocketAddr,
-    /// The connection's place among `max_client_connections`, which an HTTP/1 tunnel takes with it when hyper
-    /// hands the connection over (see `tunnel::Hold`).
-    open: Arc<OpenClient>,
-}
-
-/// Serves HTTP over `io` (the plain or the TLS stream); `attach` hands the read observer to the SharedStream
-/// inside it, now that the protocol, which decides whether there is one, is known.
-async fn serve_io<I>(
-    mut io: I,
-    attach: impl FnOnce(&mut I, Option<Arc<dyn ReadObserver>>),
-    conn: Conn,
     proxy: Arc<Proxy>,
     config: Arc<Config>,
     shutdown: CancellationToken,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let Conn {
-        stream,
-        protocol,
-        tls,
-        peer,
-        open,
-    } = conn;
-    let activity = ClientActivity::new(protocol == Protocol::Http1);
-    let observer: Option<Arc<dyn ReadObserver>> = match protocol {
-        Protocol::Http1 => Some(activity.clone()),
-        Protocol::Http2 => None,
-    };
-    attach(&mut io, observer);
-    // peer_closed watches the socket itself, so it works under TLS as well: the client's FIN is what it waits
-    // for, whatever (close_notify included) comes before it.
-    let http1_stream = (protocol == Protocol::Http1).then_some(stream);
-    let client = Arc::new(ClientInfo::new(peer, proxy.is_trusted(peer.ip()), http1_stream).over_tls(tls));
-    // What the HTTP/1 request being answered asked of an upgrade (hyper answers one at a time): a refused upgrade
-    // ends the connection, since `StrictRequests` no longer reads what follows such a request.
-    let asked = Arc::new(AtomicU8::new(ASKED_NOTHING));
-    let answered = asked.clone();
+    let activity = ClientActivity::new();
+    let client = Arc::new(ClientInfo::new(peer, proxy.is_trusted(peer.ip()), None).over_tls(tls));
     let service = TowerToHyperService::new(
         tower::ServiceBuilder::new()
-            .map_response(move |mut response: http::Response<_>| {
-                let connect = match answered.swap(ASKED_NOTHING, Ordering::Relaxed) {
-                    ASKED_UPGRADE => false,
-                    ASKED_CONNECT => true,
-                    _ => return response,
-                };
-                if h1_strict::refused_upgrade(response.status(), connect) {
-                    response
-                        .headers_mut()
-                        .insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
-                }
-                response
-            })
-            .map_request(move |request: http::Request<hyper::body::Incoming>| {
-                if protocol == Protocol::Http1 {
-                    let upgrade = request.version() == http::Version::HTTP_11
-                        && request.headers().contains_key(http::header::UPGRADE);
-                    let asks = match (request.method() == http::Method::CONNECT, upgrade) {
-                        (true, _) => ASKED_CONNECT,
-                        (false, true) => ASKED_UPGRADE,
-                        (false, false) => ASKED_NOTHING,
-                    };
-                    asked.store(asks, Ordering::Relaxed);
-                }
-                let mut request = request.map(ClientBody::Hyper);
-                // An HTTP/1 upgrade ends hyper's connection, not the client's: its tunnel holds its place.
-                if protocol == Protocol::Http1 && request.headers().contains_key(http::header::UPGRADE) {
-                    Hold::add(&mut request, open.clone());
-                }
-                request
-            })
+            .map_request(|request: http::Request<hyper::body::Incoming>| request.map(ClientBody::Hyper))
             .service(crate::edge::stack(proxy.clone(), client, Some(activity.clone()))),
     );
     let deadlines = activity.expired(config.header_read_timeout, config.client_idle_timeout);
-    // A peer that does not answer a polite goodbye (HTTP/2's GOAWAY and PING) is cut off after this, once no
-    // request of its own is in flight: it would otherwise hold its connection, and a place among
-    // max_client_connections, for as long as it stays silent.
+    // A peer that does not answer a polite goodbye (GOAWAY and PING) is cut off after this, once no request of its
+    // own is in flight: it would otherwise hold its connection, and a place among max_client_connections, for as
+    // long as it stays silent.
     let goodbye = activity.quiet_for(GOODBYE_GRACE);
-    let result = match protocol {
-        Protocol::Http1 => {
-            let mut builder = http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(None)
-                .max_header_size(config.max_header_bytes)
-                .keep_alive(true);
-            // A 101 hands the connection to the tunnel's task (`proxy::tunnel`), and this one ends.
-            let strict = StrictRequests::new(io, config.max_header_bytes);
-            let conn = builder.serve_connection(TokioIo::new(strict), service).with_upgrades();
-            drive(conn, deadlines, goodbye, shutdown, |c| c.graceful_shutdown()).await
-        }
-        Protocol::Http2 => {
-            let mut builder = http2::Builder::new(TokioExecutor::new());
-            builder
-                .timer(TokioTimer::new())
-                .max_concurrent_streams(config.max_concurrent_streams)
-                // What a client may send before anyone reads it is what a request waiting in the queue can make
-                // floodgate hold: the protocol's default per stream, not hyper's 1 MiB, and four times that per
-                // connection.
-                .initial_stream_window_size(HTTP2_STREAM_WINDOW)
-                .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
-                .max_header_list_size(u32::try_from(config.max_header_bytes).unwrap_or(u32::MAX))
-                // WebSockets over HTTP/2 (RFC 8441): an extended CONNECT becomes a tunnel (`proxy::tunnel`).
-                .enable_connect_protocol();
-            // No keep-alive or adaptive-window PINGs: the goodbye's is the one PING floodgate sends, which bounds the
-            // acknowledgements a client may send before `h2_frames` counts them as unsolicited.
-            let ping_acks = PingAcks::new(proxy.metrics.http2_unsolicited_ping_acks.clone(), peer);
-            let watched = FrameWatch::new(io, activity.clone(), ping_acks);
-            let conn = builder.serve_connection(TokioIo::new(watched), service);
-            drive(conn, deadlines, goodbye, shutdown, |c| c.graceful_shutdown()).await
-        }
-    };
-    match result {
+    let mut builder = http2::Builder::new(TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(config.max_concurrent_streams)
+        // What a client may send before anyone reads it is what a request waiting in the queue can make floodgate
+        // hold: the protocol's default per stream, not hyper's 1 MiB, and four times that per connection.
+        .initial_stream_window_size(HTTP2_STREAM_WINDOW)
+        .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
+        .max_header_list_size(u32::try_from(config.max_header_bytes).unwrap_or(u32::MAX))
+        // WebSockets over HTTP/2 (RFC 8441): an extended CONNECT becomes a tunnel (`proxy::tunnel`).
+        .enable_connect_protocol();
+    // No keep-alive or adaptive-window PINGs: the goodbye's is the one PING floodgate sends, which bounds the
+    // acknowledgements a client may send before `h2_frames` counts them as unsolicited.
+    let ping_acks = PingAcks::new(proxy.metrics.http2_unsolicited_ping_acks.clone(), peer);
+    let watched = FrameWatch::new(io, activity.clone(), ping_acks);
+    let conn = builder.serve_connection(TokioIo::new(watched), service);
+    match drive(conn, deadlines, goodbye, shutdown, |c| c.graceful_shutdown()).await {
         Ended::Error(err) if err.is_parse_too_large() => proxy.metrics.client_side(
             Outcome::HeaderTooLarge,
             Some(http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE),
@@ -346,9 +255,8 @@ enum Ended {
 }
 
 /// Polls a hyper connection while watching its deadlines and the shutdown signal. Idle expiry and shutdown ask
-/// hyper to finish gracefully (HTTP/1: after the current response; HTTP/2: GOAWAY), and an idle connection whose
-/// peer does not complete that goodbye is dropped after `goodbye`; an incomplete request head past its deadline
-/// drops the connection.
+/// hyper to finish gracefully (GOAWAY), and an idle connection whose peer does not complete that goodbye is
+/// dropped after `goodbye`; a header block left open past its deadline drops the connection.
 async fn drive<C>(
     conn: C,
     deadlines: impl std::future::Future<Output = Expired>,

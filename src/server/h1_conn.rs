@@ -1,5 +1,5 @@
-//! floodgate's own HTTP/1 server for plain-TCP clients (`http1_server = "floodgate"`): reads each request head off
-//! the socket with `h1::request_head`, hands the request to the edge stack, and writes the answer with
+//! floodgate's HTTP/1 server, for plain and TLS clients alike: reads each request head off the connection (a
+//! [`ClientWire`]) with `h1::request_head`, hands the request to the edge stack, and writes the answer with
 //! `h1::write`. A connection with no request in progress holds no buffer: one is allocated when a request's first
 //! bytes are readable and dropped once its answer is written, unless the client already sent more (pipelining).
 //!
@@ -8,7 +8,6 @@
 
 use std::io::{self, ErrorKind};
 use std::sync::{Arc, Mutex};
-use std::task::Poll;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -16,8 +15,6 @@ use futures_util::FutureExt;
 use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
 use http_body::Body;
 use http_body_util::BodyExt;
-use tokio::io::Interest;
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tower::{Service, ServiceExt};
@@ -33,7 +30,7 @@ use crate::h1::write::{self, BodySize, LAST_CHUNK};
 use crate::h1::Framing;
 use crate::h1::HeadError;
 use crate::metrics::Metrics;
-use crate::net::{self, Peeked};
+use crate::net::ClientWire;
 use crate::tunnel::{Handoff, Tunnel};
 
 /// The first read of a request asks for this much room; a head that needs more grows it up to max_header_bytes.
@@ -52,12 +49,12 @@ pub(super) enum Ended {
     Error(io::Error),
 }
 
-/// Serves requests on `stream` until the client leaves, a deadline passes or `shutdown` has let the request in
+/// Serves requests on `wire` until the client leaves, a deadline passes or `shutdown` has let the request in
 /// progress finish. The first request's bytes are already there (they were sniffed). Everything is borrowed: an
 /// idle connection's task holds this future, and what it stores while idle (the wait for bytes, the idle deadline
 /// and the shutdown signal) is all a connection costs between requests.
 pub(super) async fn serve<F, S>(
-    stream: &Arc<TcpStream>,
+    wire: &Arc<ClientWire>,
     service: &F,
     config: &Config,
     metrics: &Metrics,
@@ -68,7 +65,7 @@ where
     S: Service<Request<ClientBody>, Response = Response<ResponseBody>, Error = std::convert::Infallible>,
 {
     let conn = Conn {
-        stream,
+        wire,
         config,
         metrics,
         shutdown,
@@ -89,7 +86,7 @@ where
             // The connection is a tunnel's from here; the request's future is gone, so the tunnel holds only its own.
             Ok(After::Tunnel(switched)) => {
                 let (tunnel, early) = *switched;
-                Box::pin(tunnel.run_on_socket(stream.clone(), early)).await;
+                Box::pin(tunnel.run_on_wire(wire.clone(), early)).await;
                 return Ended::Closed;
             }
             // The caller shuts the socket down, however the connection ended.
@@ -99,7 +96,7 @@ where
         let idle_until = Instant::now() + config.client_idle_timeout;
         received = tokio::select! {
             biased;
-            waited = next_bytes(stream) => match waited {
+            waited = std::future::poll_fn(|cx| wire.poll_next_bytes(cx, HEAD_ROOM)) => match waited {
                 Ok(Some(received)) => received,
                 Ok(None) => return Ended::Closed,
                 Err(err) => return Ended::Error(err),
@@ -125,7 +122,7 @@ enum After {
 /// What serving one request on the connection reads.
 #[derive(Clone, Copy)]
 struct Conn<'a> {
-    stream: &'a Arc<TcpStream>,
+    wire: &'a Arc<ClientWire>,
     config: &'a Config,
     metrics: &'a Metrics,
     shutdown: &'a CancellationToken,
@@ -139,7 +136,7 @@ impl Conn<'_> {
         S: Service<Request<ClientBody>, Response = Response<ResponseBody>, Error = std::convert::Infallible>,
     {
         let Conn {
-            stream,
+            wire,
             config,
             metrics,
             shutdown,
@@ -153,13 +150,13 @@ impl Conn<'_> {
                 Ok(None) => {}
                 Err(refused) => {
                     count_refused(metrics, refused);
-                    let _ = answer_bare(stream, refused.status(), Version::HTTP_11, write_stall_limit).await;
+                    let _ = answer_bare(wire, refused.status(), Version::HTTP_11, write_stall_limit).await;
                     return Err(Ended::Refused(refused));
                 }
             }
             tokio::select! {
                 biased;
-                read = read_more(stream, &mut received, config.max_header_bytes) => match read {
+                read = read_more(wire, &mut received, config.max_header_bytes) => match read {
                     Ok(0) => return Err(Ended::Closed),
                     Ok(_) => {}
                     Err(err) => return Err(Ended::Error(err)),
@@ -175,7 +172,7 @@ impl Conn<'_> {
         };
         let body_over = Arc::new(tokio::sync::Notify::new());
         let reading = Arc::new(Mutex::new(Reading::new(
-            stream.clone(),
+            wire.clone(),
             received,
             framing,
             head.expects_continue && version == Version::HTTP_11,
@@ -190,7 +187,7 @@ impl Conn<'_> {
         // `proxy`); while its body is still being read, the body's reader sees it go instead.
         let watch = async {
             body_over.notified().await;
-            client_left(stream).await;
+            wire.left().await;
         };
         let response = tokio::select! {
             biased;
@@ -207,7 +204,7 @@ impl Conn<'_> {
             .and_then(|handoff| handoff.take())
         {
             // The 101 says the connection switches: no `connection: close` with it.
-            if let Err(err) = write_answer(stream, response, &method, version, true, write_stall_limit).await {
+            if let Err(err) = write_answer(wire, response, &method, version, true, write_stall_limit).await {
                 tunnel.not_switched();
                 return Err(Ended::Error(err));
             }
@@ -216,7 +213,7 @@ impl Conn<'_> {
             return Ok(After::Tunnel(Box::new((tunnel, early))));
         }
         let keep_alive = head.keep_alive && !head.wants_upgrade && !shutdown.is_cancelled();
-        let closes = write_answer(stream, response, &method, version, keep_alive, write_stall_limit)
+        let closes = write_answer(wire, response, &method, version, keep_alive, write_stall_limit)
             .await
             .map_err(Ended::Error)?;
         // The body's remainder, if the answer came before all of it: a remainder already here is dropped; one
@@ -239,66 +236,12 @@ impl Conn<'_> {
     }
 }
 
-/// Waits, holding no buffer, until the client sends something: what it sent, in a buffer taken only then, or
-/// `None` when it closed its side first. Polled by hand: a readiness future would add its size to every idle
-/// connection.
-fn next_bytes(stream: &TcpStream) -> impl std::future::Future<Output = io::Result<Option<BytesMut>>> + '_ {
-    std::future::poll_fn(move |cx| loop {
-        if let Err(err) = std::task::ready!(stream.poll_read_ready(cx)) {
-            return Poll::Ready(Err(err));
-        }
-        let mut received = BytesMut::with_capacity(HEAD_ROOM);
-        match net::try_read_drained(stream, &mut received) {
-            Ok(0) => return Poll::Ready(Ok(None)),
-            Ok(_) => return Poll::Ready(Ok(Some(received))),
-            // A readiness left from bytes already taken (the buffer goes again).
-            Err(err) if err.kind() == ErrorKind::WouldBlock => {}
-            Err(err) if is_reset(&err) => return Poll::Ready(Ok(None)),
-            Err(err) => return Poll::Ready(Err(err)),
-        }
-    })
-}
-
-fn is_reset(err: &io::Error) -> bool {
-    matches!(
-        err.kind(),
-        ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted | ErrorKind::BrokenPipe
-    )
-}
-
 /// Reads more of a head into `received`; 0 when the client closed before finishing it.
-async fn read_more(stream: &TcpStream, received: &mut BytesMut, max_header_bytes: usize) -> io::Result<usize> {
-    loop {
-        stream.readable().await?;
-        let room = HEAD_ROOM
-            .min(max_header_bytes.saturating_add(1).saturating_sub(received.len()))
-            .max(1);
-        received.reserve(room);
-        match net::try_read_drained(stream, received) {
-            Ok(n) => return Ok(n),
-            Err(err) if err.kind() == ErrorKind::WouldBlock => {}
-            Err(err) => return Err(err),
-        }
-    }
-}
-
-/// Resolves once the client has closed its side (or its socket failed), without reading what it sent.
-async fn client_left(stream: &TcpStream) {
-    loop {
-        match stream.ready(Interest::READABLE).await {
-            Ok(ready) if ready.is_read_closed() || ready.is_error() => return,
-            Ok(_) => match net::peek(stream) {
-                Peeked::Closed | Peeked::Failed => return,
-                // A pipelined request waits its turn, and the socket's readiness with it: forgotten, it would
-                // not come again for bytes already there, and the request would never be read. The client is
-                // still there; whether it leaves later is seen when that request is read.
-                Peeked::Data => std::future::pending::<()>().await,
-                // A readiness with nothing behind it.
-                Peeked::Nothing => net::forget_readable(stream),
-            },
-            Err(_) => return,
-        }
-    }
+async fn read_more(wire: &ClientWire, received: &mut BytesMut, max_header_bytes: usize) -> io::Result<usize> {
+    let room = HEAD_ROOM
+        .min(max_header_bytes.saturating_add(1).saturating_sub(received.len()))
+        .max(1);
+    std::future::poll_fn(|cx| wire.poll_fill(cx, received, room)).await
 }
 
 fn count_refused(metrics: &Metrics, refused: HeadError) {
@@ -310,7 +253,7 @@ fn count_refused(metrics: &Metrics, refused: HeadError) {
 }
 
 /// An answer of floodgate's own with `status` and no body, after which the connection closes.
-async fn answer_bare(stream: &TcpStream, status: StatusCode, version: Version, stall: Duration) -> io::Result<()> {
+async fn answer_bare(wire: &ClientWire, status: StatusCode, version: Version, stall: Duration) -> io::Result<()> {
     let mut out = BytesMut::new();
     let client = write::Client {
         method: &Method::GET,
@@ -318,12 +261,12 @@ async fn answer_bare(stream: &TcpStream, status: StatusCode, version: Version, s
         keep_alive: false,
     };
     let _ = write::response_head(&mut out, status, None, &HeaderMap::new(), BodySize::Known(0), client);
-    write_all(stream, &out, stall).await
+    wire.write_all(&out, stall).await
 }
 
 /// Writes the answer, head and body; `Ok(true)` when the connection must close after it.
 async fn write_answer(
-    stream: &TcpStream,
+    wire: &ClientWire,
     response: Response<ResponseBody>,
     method: &Method,
     version: Version,
@@ -353,7 +296,7 @@ async fn write_answer(
         Ok(written) => written,
         // The relay refuses such an answer before it gets here; should one come, the client gets a 502.
         Err(_) => {
-            answer_bare(stream, StatusCode::BAD_GATEWAY, version, stall).await?;
+            answer_bare(wire, StatusCode::BAD_GATEWAY, version, stall).await?;
             return Ok(true);
         }
     };
@@ -366,7 +309,7 @@ async fn write_answer(
             Some(frame) => frame,
             None => {
                 if !out.is_empty() {
-                    write_all(stream, &out, stall).await?;
+                    wire.write_all(&out, stall).await?;
                     out.clear();
                 }
                 if !sends_body {
@@ -383,7 +326,7 @@ async fn write_answer(
                     continue;
                 };
                 sent = sent.saturating_add(data.len() as u64);
-                put_data(stream, &mut out, data, written.encoding, stall).await?;
+                put_data(wire, &mut out, data, written.encoding, stall).await?;
             }
             // The body failed after its head went out: all the client can be told is a cut connection.
             Some(Err(_)) => return Err(ErrorKind::UnexpectedEof.into()),
@@ -393,7 +336,7 @@ async fn write_answer(
         out.extend_from_slice(LAST_CHUNK);
     }
     if !out.is_empty() {
-        write_all(stream, &out, stall).await?;
+        wire.write_all(&out, stall).await?;
     }
     // A body that did not come to the length its head stated leaves the client unable to find the next answer.
     let short = matches!(written.encoding, Framing::Length(stated) if stated != sent);
@@ -403,7 +346,7 @@ async fn write_answer(
 /// Puts one piece of the body after what `out` holds, framed by `encoding`; a large piece is written at once,
 /// without a copy.
 async fn put_data(
-    stream: &TcpStream,
+    wire: &ClientWire,
     out: &mut BytesMut,
     data: Bytes,
     encoding: Framing,
@@ -418,9 +361,9 @@ async fn put_data(
             return Ok(());
         }
         write::put_chunk_size(out, data.len());
-        write_all(stream, out, stall).await?;
+        wire.write_all(out, stall).await?;
         out.clear();
-        write_all(stream, &data, stall).await?;
+        wire.write_all(&data, stall).await?;
         out.extend_from_slice(b"\r\n");
         return Ok(());
     }
@@ -429,25 +372,8 @@ async fn put_data(
         return Ok(());
     }
     if !out.is_empty() {
-        write_all(stream, out, stall).await?;
+        wire.write_all(out, stall).await?;
         out.clear();
     }
-    write_all(stream, &data, stall).await
-}
-
-/// Writes all of `bytes`; fails with `TimedOut` when the client takes none of them for `stall`.
-async fn write_all(stream: &TcpStream, mut bytes: &[u8], stall: Duration) -> io::Result<()> {
-    while !bytes.is_empty() {
-        match stream.try_write(bytes) {
-            Ok(0) => return Err(ErrorKind::WriteZero.into()),
-            Ok(n) => bytes = bytes.get(n..).unwrap_or_default(),
-            Err(err) if err.kind() == ErrorKind::WouldBlock => {
-                tokio::time::timeout(stall, stream.writable())
-                    .await
-                    .map_err(|_| io::Error::from(ErrorKind::TimedOut))??;
-            }
-            Err(err) => return Err(err),
-        }
-    }
-    Ok(())
+    wire.write_all(&data, stall).await
 }

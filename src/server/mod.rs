@@ -7,7 +7,6 @@
 
 mod connection;
 mod h1_conn;
-mod h1_strict;
 mod h2_frames;
 mod proxy_header;
 mod workers;

@@ -15,11 +15,12 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::access::Entry;
+use crate::activity::InFlight;
 use crate::forward::strip_hop_by_hop;
+use crate::net::ClientWire;
 use crate::pool::{Conn, UpstreamPool};
 
 /// An HTTP/2 extended CONNECT (RFC 8441) for a WebSocket: a WebSocket over HTTP/2, not a forward-proxy tunnel.
@@ -179,9 +180,9 @@ impl Tunnel {
         self.ended(relayed);
     }
 
-    /// [`Tunnel::run`] for a client on a plain socket of floodgate's own HTTP/1 server, read and written directly.
-    pub(crate) async fn run_on_socket(self, client: Arc<TcpStream>, early: Bytes) {
-        let relayed = relay::relay_socket(client, early, &self.conn.wire, self.bounds()).await;
+    /// [`Tunnel::run`] for a client of floodgate's own HTTP/1 server, on its connection.
+    pub(crate) async fn run_on_wire(self, client: Arc<ClientWire>, early: Bytes) {
+        let relayed = relay::relay_on_wire(client, early, &self.conn.wire, self.bounds()).await;
         self.ended(relayed);
     }
 
@@ -240,25 +241,18 @@ impl Handoff {
     }
 }
 
-/// What a client connection on one of hyper's servers holds while a request is at work, kept by a tunnel's task for
-/// the tunnel's life: the connection's place among `max_client_connections` (HTTP/1, whose connection hyper hands
-/// over), and the request's in-flight mark (so that the connection's idle timeout and a drain's goodbye do not cut an
-/// HTTP/2 connection with tunnels on it). Put on an upgrade request by the server and the edge.
-#[derive(Clone, Default)]
+/// What an HTTP/2 client connection holds while a request is at work, kept by a tunnel's task for the tunnel's
+/// life: the request's in-flight mark, so that the connection's idle timeout and a drain's goodbye do not cut a
+/// connection with tunnels on it. Put on an upgrade request by the edge.
+#[derive(Clone)]
 pub(crate) struct Hold {
-    _held: Vec<Arc<dyn std::any::Any + Send + Sync>>,
+    _mark: Arc<InFlight>,
 }
 
 impl Hold {
-    /// Adds `held` to what `request` holds.
-    pub(crate) fn add<B>(request: &mut Request<B>, held: Arc<dyn std::any::Any + Send + Sync>) {
-        let extensions = request.extensions_mut();
-        match extensions.get_mut::<Hold>() {
-            Some(hold) => hold._held.push(held),
-            None => {
-                extensions.insert(Hold { _held: vec![held] });
-            }
-        }
+    /// Puts `mark` on `request`, for its tunnel's task to keep.
+    pub(crate) fn put<B>(request: &mut Request<B>, mark: InFlight) {
+        request.extensions_mut().insert(Hold { _mark: Arc::new(mark) });
     }
 }
 

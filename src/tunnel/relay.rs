@@ -19,10 +19,9 @@ use tokio::time::Instant;
 
 use std::sync::Arc;
 
-use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::net;
+use crate::net::ClientWire;
 use crate::pool::wire::Wire;
 
 /// The most read from a side at once, onto the stack.
@@ -95,21 +94,22 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Side for Client<C> {
     }
 }
 
-/// A plain client socket, read and written directly (no copy through `SharedStream`'s scratch).
-struct Socket(Arc<TcpStream>);
+/// A client of floodgate's own HTTP/1 server, on its connection (no copy through `SharedStream`'s scratch when it
+/// is a plain socket).
+struct OnWire(Arc<ClientWire>);
 
-impl Side for Socket {
+impl Side for OnWire {
     fn poll_read(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        net::poll_read_into(&self.0, cx, buf)
+        self.0.poll_read_into(cx, buf)
     }
     fn poll_write(&mut self, cx: &mut Context<'_>, bytes: &[u8]) -> Poll<io::Result<usize>> {
-        net::poll_write_some(&self.0, cx, bytes)
+        self.0.poll_write(cx, bytes)
     }
-    fn poll_flush(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
+    fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.0.poll_flush(cx)
     }
-    fn poll_shutdown(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(net::shutdown_write(&self.0))
+    fn poll_shutdown(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.0.poll_shutdown(cx)
     }
 }
 
@@ -257,9 +257,9 @@ where
     relay_with(Client(client), early, wire, bounds).await
 }
 
-/// [`relay`] for a client on a plain socket of floodgate's own HTTP/1 server.
-pub(super) async fn relay_socket(client: Arc<TcpStream>, early: Bytes, wire: &Wire, bounds: Bounds<'_>) -> Relayed {
-    relay_with(Socket(client), early, wire, bounds).await
+/// [`relay`] for a client of floodgate's own HTTP/1 server.
+pub(super) async fn relay_on_wire(client: Arc<ClientWire>, early: Bytes, wire: &Wire, bounds: Bounds<'_>) -> Relayed {
+    relay_with(OnWire(client), early, wire, bounds).await
 }
 
 async fn relay_with(mut client: impl Side, early: Bytes, wire: &Wire, bounds: Bounds<'_>) -> Relayed {

@@ -1,9 +1,14 @@
-//! Sockets shared between hyper and the proxy.
+//! Sockets shared between their readers and writers.
 //!
-//! [`SharedStream`] lets hyper drive a TCP connection while the proxy keeps its own handle to the same socket: the
-//! pool needs it to finish closing a connection after hyper has let go of it (the slot is only freed once the
-//! upstream has closed its side), and the listener needs it to notice a queued client leaving. It owns no policy:
+//! [`SharedStream`] lets hyper (or a TLS session) drive a TCP connection while the proxy keeps its own handle to
+//! the same socket: the pool needs it to finish closing a connection after hyper has let go of it (the slot is only
+//! freed once the upstream has closed its side), and the listener needs it to notice a queued client leaving.
+//! [`ClientWire`] is the client's connection under floodgate's own HTTP/1 server, plain or TLS. It owns no policy:
 //! what to do with a socket is decided by the caller.
+
+mod client_wire;
+
+pub(crate) use client_wire::ClientWire;
 
 use std::cell::RefCell;
 use std::future::Future;
@@ -17,15 +22,9 @@ use socket2::SockRef;
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 
-/// Called with every successful read that returned data, so the listener can tell a request head is arriving.
-pub(crate) trait ReadObserver: Send + Sync {
-    fn on_read(&self);
-}
-
 /// A TCP stream that can be shared: hyper reads and writes through this value, others hold `Arc` clones.
 pub(crate) struct SharedStream {
     stream: Arc<TcpStream>,
-    observer: Option<Arc<dyn ReadObserver>>,
     write_stall: Option<WriteStall>,
 }
 
@@ -57,18 +56,11 @@ impl WriteStall {
 }
 
 impl SharedStream {
-    pub(crate) fn new(stream: Arc<TcpStream>, observer: Option<Arc<dyn ReadObserver>>) -> Self {
+    pub(crate) fn new(stream: Arc<TcpStream>) -> Self {
         SharedStream {
             stream,
-            observer,
             write_stall: None,
         }
-    }
-
-    /// Replaces the read observer: under TLS the protocol, which decides whether there is one, is only known once
-    /// the handshake has run over this stream.
-    pub(crate) fn set_observer(&mut self, observer: Option<Arc<dyn ReadObserver>>) {
-        self.observer = observer;
     }
 
     /// Writes that cannot progress for `limit` fail with `TimedOut`.
@@ -162,14 +154,7 @@ impl AsyncRead for SharedStream {
                 }
             });
             match got.map_or(read, Ok) {
-                Ok(n) => {
-                    if n > 0 {
-                        if let Some(observer) = &self.observer {
-                            observer.on_read();
-                        }
-                    }
-                    return Poll::Ready(Ok(()));
-                }
+                Ok(_) => return Poll::Ready(Ok(())),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 Err(e) => return Poll::Ready(Err(e)),
             }

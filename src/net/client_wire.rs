@@ -1,0 +1,195 @@
+//! [`ClientWire`]: the byte stream floodgate's HTTP/1 server reads and writes, a plain socket or a TLS session
+//! over one, shared by the connection's task, the request body's reader and a tunnel.
+//!
+//! Owns how bytes move on a client's connection and nothing of HTTP. A plain socket is read and written directly
+//! (no copy, no lock); a TLS session sits behind a lock, which the connection's writer and a body's reader take in
+//! turn. It never decides when to read or how long to wait: its callers do.
+
+use std::io::{self, ErrorKind};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+use tokio::net::TcpStream;
+
+use super::{Peeked, SharedStream};
+
+/// A TLS session over the client's socket, its handshake done; writes that stall past the client's limit fail in
+/// the `SharedStream` under it.
+pub(crate) type TlsSession = tokio_rustls::server::TlsStream<SharedStream>;
+
+/// A client's connection as floodgate's HTTP/1 server sees it.
+pub(crate) struct ClientWire {
+    socket: Arc<TcpStream>,
+    tls: Option<Mutex<TlsSession>>,
+}
+
+impl std::fmt::Debug for ClientWire {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientWire")
+            .field("tls", &self.tls.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClientWire {
+    pub(crate) fn plain(socket: Arc<TcpStream>) -> Arc<ClientWire> {
+        Arc::new(ClientWire { socket, tls: None })
+    }
+
+    /// `session` runs over `socket` (inside its `SharedStream`).
+    pub(crate) fn tls(socket: Arc<TcpStream>, session: TlsSession) -> Arc<ClientWire> {
+        Arc::new(ClientWire {
+            socket,
+            tls: Some(Mutex::new(session)),
+        })
+    }
+
+    /// The TCP socket under the connection: for noticing the client leave, and for cutting the connection.
+    pub(crate) fn socket(&self) -> &Arc<TcpStream> {
+        &self.socket
+    }
+
+    pub(crate) fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// A panic while the lock was held left the session as rustls left it; going on from there is safe.
+    fn session(tls: &Mutex<TlsSession>) -> MutexGuard<'_, TlsSession> {
+        tls.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Reads what the client sent into `buf`, with `room` more room asked of it first; 0 when it closed its side.
+    pub(crate) fn poll_fill(&self, cx: &mut Context<'_>, buf: &mut BytesMut, room: usize) -> Poll<io::Result<usize>> {
+        match &self.tls {
+            None => loop {
+                ready!(self.socket.poll_read_ready(cx))?;
+                buf.reserve(room);
+                match super::try_read_drained(&self.socket, buf) {
+                    Err(err) if err.kind() == ErrorKind::WouldBlock => {}
+                    read => return Poll::Ready(read),
+                }
+            },
+            Some(tls) => {
+                buf.reserve(room);
+                tokio_util::io::poll_read_buf(Pin::new(&mut *Self::session(tls)), cx, buf)
+            }
+        }
+    }
+
+    /// Waits, holding no buffer while nothing is readable, until the client sends something: what it sent, in a
+    /// buffer of `room` taken only then, or `None` when it closed its side first.
+    pub(crate) fn poll_next_bytes(&self, cx: &mut Context<'_>, room: usize) -> Poll<io::Result<Option<BytesMut>>> {
+        loop {
+            if self.tls.is_none() {
+                ready!(self.socket.poll_read_ready(cx))?;
+            }
+            // Under TLS the session may hold decrypted bytes already, with nothing left on the socket: it is asked
+            // directly, and a buffer taken for a wait that ends pending goes again.
+            let mut received = BytesMut::new();
+            match self.poll_fill(cx, &mut received, room) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(0)) => return Poll::Ready(Ok(None)),
+                Poll::Ready(Ok(_)) => return Poll::Ready(Ok(Some(received))),
+                Poll::Ready(Err(err)) if err.kind() == ErrorKind::WouldBlock => {}
+                Poll::Ready(Err(err)) if is_reset(&err) => return Poll::Ready(Ok(None)),
+                Poll::Ready(Err(err)) => return Poll::Ready(Err(err)),
+            }
+        }
+    }
+
+    /// Reads into `buf`, as a tunnel's relay does; nothing added: the client closed its side.
+    pub(crate) fn poll_read_into(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match &self.tls {
+            None => super::poll_read_into(&self.socket, cx, buf),
+            Some(tls) => Pin::new(&mut *Self::session(tls)).poll_read(cx, buf),
+        }
+    }
+
+    /// Writes some of `bytes` once the connection takes them. Under TLS they may wait in the session until
+    /// [`ClientWire::poll_flush`].
+    pub(crate) fn poll_write(&self, cx: &mut Context<'_>, bytes: &[u8]) -> Poll<io::Result<usize>> {
+        match &self.tls {
+            None => super::poll_write_some(&self.socket, cx, bytes),
+            Some(tls) => Pin::new(&mut *Self::session(tls)).poll_write(cx, bytes),
+        }
+    }
+
+    pub(crate) fn poll_flush(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &self.tls {
+            None => Poll::Ready(Ok(())),
+            Some(tls) => Pin::new(&mut *Self::session(tls)).poll_flush(cx),
+        }
+    }
+
+    /// Ends our side: TLS's `close_notify`, then our FIN.
+    pub(crate) fn poll_shutdown(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &self.tls {
+            None => Poll::Ready(super::shutdown_write(&self.socket)),
+            Some(tls) => Pin::new(&mut *Self::session(tls)).poll_shutdown(cx),
+        }
+    }
+
+    /// Writes all of `bytes` (and, under TLS, out of the session); fails with `TimedOut` when the client takes
+    /// none of them for `stall`.
+    pub(crate) async fn write_all(&self, mut bytes: &[u8], stall: Duration) -> io::Result<()> {
+        if self.tls.is_some() {
+            // The session's SharedStream fails a write that stalls for the client's limit.
+            while !bytes.is_empty() {
+                match std::future::poll_fn(|cx| self.poll_write(cx, bytes)).await? {
+                    0 => return Err(ErrorKind::WriteZero.into()),
+                    n => bytes = bytes.get(n..).unwrap_or_default(),
+                }
+            }
+            return std::future::poll_fn(|cx| self.poll_flush(cx)).await;
+        }
+        while !bytes.is_empty() {
+            match self.socket.try_write(bytes) {
+                Ok(0) => return Err(ErrorKind::WriteZero.into()),
+                Ok(n) => bytes = bytes.get(n..).unwrap_or_default(),
+                Err(err) if err.kind() == ErrorKind::WouldBlock => {
+                    tokio::time::timeout(stall, self.socket.writable())
+                        .await
+                        .map_err(|_| io::Error::from(ErrorKind::TimedOut))??;
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(())
+    }
+
+    /// Resolves once the client has closed its side (or its socket failed), without reading what it sent.
+    pub(crate) async fn left(&self) {
+        if self.tls.is_some() {
+            // What waits on the socket is ciphertext (a `close_notify`, say, or a pipelined request) that only the
+            // session can read; a duplicate of the socket, whose readiness is its own, waits for the FIN instead.
+            return super::peer_closed(&self.socket).await;
+        }
+        let stream = &*self.socket;
+        loop {
+            match stream.ready(Interest::READABLE).await {
+                Ok(ready) if ready.is_read_closed() || ready.is_error() => return,
+                Ok(_) => match super::peek(stream) {
+                    Peeked::Closed | Peeked::Failed => return,
+                    // A pipelined request waits its turn, and the socket's readiness with it: forgotten, it would
+                    // not come again for bytes already there, and the request would never be read. The client is
+                    // still there; whether it leaves later is seen when that request is read.
+                    Peeked::Data => std::future::pending::<()>().await,
+                    // A readiness with nothing behind it.
+                    Peeked::Nothing => super::forget_readable(stream),
+                },
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+fn is_reset(err: &io::Error) -> bool {
+    matches!(
+        err.kind(),
+        ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted | ErrorKind::BrokenPipe
+    )
+}
