@@ -84,19 +84,32 @@ impl ClientWire {
     /// buffer of `room` taken only then, or `None` when it closed its side first.
     pub(crate) fn poll_next_bytes(&self, cx: &mut Context<'_>, room: usize) -> Poll<io::Result<Option<BytesMut>>> {
         loop {
-            if self.tls.is_none() {
-                ready!(self.socket.poll_read_ready(cx))?;
-            }
-            // Under TLS the session may hold decrypted bytes already, with nothing left on the socket: it is asked
-            // directly, and a buffer taken for a wait that ends pending goes again.
-            let mut received = BytesMut::new();
-            match self.poll_fill(cx, &mut received, room) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Ok(0)) => return Poll::Ready(Ok(None)),
-                Poll::Ready(Ok(_)) => return Poll::Ready(Ok(Some(received))),
-                Poll::Ready(Err(err)) if err.kind() == ErrorKind::WouldBlock => {}
-                Poll::Ready(Err(err)) if is_reset(&err) => return Poll::Ready(Ok(None)),
-                Poll::Ready(Err(err)) => return Poll::Ready(Err(err)),
+            let mut received;
+            let read = match &self.tls {
+                None => {
+                    ready!(self.socket.poll_read_ready(cx))?;
+                    received = BytesMut::with_capacity(room);
+                    super::try_read_drained(&self.socket, &mut received)
+                }
+                // The session may hold decrypted bytes already, with nothing left on the socket: it is asked
+                // directly, and a buffer taken for a wait that ends pending goes again.
+                Some(tls) => {
+                    received = BytesMut::with_capacity(room);
+                    let mut session = Self::session(tls);
+                    ready!(tokio_util::io::poll_read_buf(
+                        Pin::new(&mut *session),
+                        cx,
+                        &mut received
+                    ))
+                }
+            };
+            match read {
+                Ok(0) => return Poll::Ready(Ok(None)),
+                Ok(_) => return Poll::Ready(Ok(Some(received))),
+                // A readiness left from bytes already taken (the buffer goes again).
+                Err(err) if err.kind() == ErrorKind::WouldBlock => {}
+                Err(err) if is_reset(&err) => return Poll::Ready(Ok(None)),
+                Err(err) => return Poll::Ready(Err(err)),
             }
         }
     }
@@ -136,15 +149,9 @@ impl ClientWire {
     /// Writes all of `bytes` (and, under TLS, out of the session); fails with `TimedOut` when the client takes
     /// none of them for `stall`.
     pub(crate) async fn write_all(&self, mut bytes: &[u8], stall: Duration) -> io::Result<()> {
-        if self.tls.is_some() {
+        if let Some(tls) = &self.tls {
             // The session's SharedStream fails a write that stalls for the client's limit.
-            while !bytes.is_empty() {
-                match std::future::poll_fn(|cx| self.poll_write(cx, bytes)).await? {
-                    0 => return Err(ErrorKind::WriteZero.into()),
-                    n => bytes = bytes.get(n..).unwrap_or_default(),
-                }
-            }
-            return std::future::poll_fn(|cx| self.poll_flush(cx)).await;
+            return std::future::poll_fn(|cx| Self::poll_write_all(tls, cx, &mut bytes)).await;
         }
         while !bytes.is_empty() {
             match self.socket.try_write(bytes) {
@@ -161,12 +168,25 @@ impl ClientWire {
         Ok(())
     }
 
+    /// Puts all of `bytes` into the session and the session's bytes on the socket.
+    fn poll_write_all(tls: &Mutex<TlsSession>, cx: &mut Context<'_>, bytes: &mut &[u8]) -> Poll<io::Result<()>> {
+        let mut session = Self::session(tls);
+        while !bytes.is_empty() {
+            match ready!(Pin::new(&mut *session).poll_write(cx, bytes))? {
+                0 => return Poll::Ready(Err(ErrorKind::WriteZero.into())),
+                n => *bytes = bytes.get(n..).unwrap_or_default(),
+            }
+        }
+        Pin::new(&mut *session).poll_flush(cx)
+    }
+
     /// Resolves once the client has closed its side (or its socket failed), without reading what it sent.
     pub(crate) async fn left(&self) {
         if self.tls.is_some() {
             // What waits on the socket is ciphertext (a `close_notify`, say, or a pipelined request) that only the
             // session can read; a duplicate of the socket, whose readiness is its own, waits for the FIN instead.
-            return super::peer_closed(&self.socket).await;
+            // Boxed: every request's wait for its answer holds this future, a plain one's too.
+            return Box::pin(super::peer_closed(&self.socket)).await;
         }
         let stream = &*self.socket;
         loop {
