@@ -180,14 +180,9 @@ impl ClientWire {
         Pin::new(&mut *session).poll_flush(cx)
     }
 
-    /// Resolves once the client has closed its side (or its socket failed), without reading what it sent.
+    /// Resolves once a plain client has closed its side (or its socket failed), without reading what it sent. (A
+    /// TLS client's bytes are ciphertext that only its session can read: `server::h1_conn` watches it by reading.)
     pub(crate) async fn left(&self) {
-        if self.tls.is_some() {
-            // What waits on the socket is ciphertext (a `close_notify`, say, or a pipelined request) that only the
-            // session can read; a duplicate of the socket, whose readiness is its own, waits for the FIN instead.
-            // Boxed: every request's wait for its answer holds this future, a plain one's too.
-            return Box::pin(super::peer_closed(&self.socket)).await;
-        }
         let stream = &*self.socket;
         loop {
             match stream.ready(Interest::READABLE).await {

@@ -187,7 +187,11 @@ impl Conn<'_> {
         // `proxy`); while its body is still being read, the body's reader sees it go instead.
         let watch = async {
             body_over.notified().await;
-            wire.left().await;
+            if wire.is_tls() {
+                tls_client_left(wire, &reading).await;
+            } else {
+                wire.left().await;
+            }
         };
         let response = tokio::select! {
             biased;
@@ -242,6 +246,29 @@ async fn read_more(wire: &ClientWire, received: &mut BytesMut, max_header_bytes:
         .min(max_header_bytes.saturating_add(1).saturating_sub(received.len()))
         .max(1);
     std::future::poll_fn(|cx| wire.poll_fill(cx, received, room)).await
+}
+
+/// Resolves once a TLS client has closed its side (`close_notify`, or the connection's end) while its answer is
+/// awaited. What waits on the socket is ciphertext only the session can read, so it is read, into the connection's
+/// buffer where the next request's bytes go anyway; once the client has sent anything (a pipelined request), it is
+/// still there, and the watch ends without resolving, as the plain socket's does.
+async fn tls_client_left(wire: &ClientWire, reading: &Mutex<Reading>) {
+    let mut sent_more = false;
+    std::future::poll_fn(|cx| {
+        if sent_more {
+            return std::task::Poll::Pending;
+        }
+        let mut reading = Reading::lock(reading);
+        match wire.poll_fill(cx, &mut reading.received, HEAD_ROOM) {
+            std::task::Poll::Pending => std::task::Poll::Pending,
+            std::task::Poll::Ready(Ok(0) | Err(_)) => std::task::Poll::Ready(()),
+            std::task::Poll::Ready(Ok(_)) => {
+                sent_more = true;
+                std::task::Poll::Pending
+            }
+        }
+    })
+    .await
 }
 
 fn count_refused(metrics: &Metrics, refused: HeadError) {
