@@ -57,6 +57,7 @@ pub(crate) mod route;
 pub mod server;
 pub(crate) mod state;
 pub(crate) mod status;
+pub mod tls;
 pub(crate) mod trace;
 pub(crate) mod tunnel;
 pub mod upstream_lane;

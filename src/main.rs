@@ -55,7 +55,7 @@ impl LayerArgs {
     fn into_source(self) -> ConfigSource {
         let overrides = self.overrides;
         let file = self.config;
-        Arc::new(move || Config::load(file.as_deref(), &Env::Process, &overrides))
+        Arc::new(move || Config::load_checked(file.as_deref(), &Env::Process, &overrides, &[floodgate::tls::check]))
     }
 }
 

@@ -10,13 +10,13 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::config::tls::UpstreamTls;
 use crate::config::{Config, ConfigError, ConfigErrors, UpstreamConfig};
 use crate::metrics::Metrics;
 use crate::pool::UpstreamPool;
 use crate::route::Router;
 pub use crate::state::ConfigSource;
 use crate::state::State;
+use crate::tls::UpstreamTls;
 use crate::upstream_lane::{Spawner, UpstreamLane};
 
 /// Why a reload changed nothing.
@@ -153,7 +153,7 @@ pub fn upstream_clients(config: &Config) -> Result<UpstreamClients, ConfigError>
             return Err(ConfigError::new(format!("upstreams.{name}.url"), "no endpoint"));
         };
         // Every endpoint shares the scheme and the name verified (see `endpoint_list`): one client serves all.
-        let tls = crate::config::tls::upstream_client(name, upstream, origin).map_err(|problems| {
+        let tls = crate::tls::upstream_client(name, upstream, origin).map_err(|problems| {
             problems
                 .into_iter()
                 .next()
@@ -178,7 +178,7 @@ fn load(source: &ConfigSource, running: &Config) -> Result<Loaded, ConfigErrors>
     let mut needs_restart = Vec::new();
     keep_restart_only(running, &mut config, &mut needs_restart);
     // Certificates are read again even when their paths did not change: renewing them is the usual reason.
-    let listener_tls = crate::config::tls::server_config(&config)?;
+    let listener_tls = crate::tls::server_config(&config)?;
     let clients = upstream_clients(&config)?;
     Ok(Loaded {
         config,

@@ -9,7 +9,7 @@ fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The map's rows: the module a row is about (`server`, `config::tls`) and the files it lists in brackets after it
+/// The map's rows: the module a row is about (`server`, `pool`) and the files it lists in brackets after it
 /// (`(`mod`, `connection`; `tests/`)`), if any.
 fn map_rows() -> Vec<(String, Option<BTreeSet<String>>)> {
     let text = std::fs::read_to_string(repo().join("docs/architecture.md")).expect("docs/architecture.md");

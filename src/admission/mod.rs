@@ -18,9 +18,11 @@ mod lanes;
 #[cfg(test)]
 mod tests;
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
+
+pub(crate) use crate::config::Discipline;
+use crate::config::UpstreamConfig;
 
 pub(crate) use deadline::client_timeout;
 
@@ -56,44 +58,29 @@ impl Shed {
     }
 }
 
-/// The order waiting requests are served in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Discipline {
-    /// Oldest first.
-    #[default]
-    Fifo,
-    /// Oldest first until the queue has been non-empty for `codel_interval`, then newest first: under sustained
-    /// overload the fresh requests, whose clients still wait, are the ones served in time.
-    AdaptiveLifo,
-    /// Oldest first; once every request served over `codel_interval` waited longer than `codel_target`, those
-    /// that waited over twice the target are shed instead of served.
-    Codel,
-}
-
 /// The queue's bounds, discipline and fairness, from the upstream's configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QueuePolicy {
-    pub max_queue: usize,
-    pub discipline: Discipline,
-    pub target: Duration,
-    pub interval: Duration,
+pub(crate) struct QueuePolicy {
+    pub(crate) max_queue: usize,
+    pub(crate) discipline: Discipline,
+    pub(crate) target: Duration,
+    pub(crate) interval: Duration,
     /// Most requests one client key may have waiting; 0: only `max_queue` bounds them.
-    pub per_key_max: usize,
+    pub(crate) per_key_max: usize,
     /// Grants per round for the keys named; every other key gets 1.
-    pub weights: Arc<BTreeMap<String, u32>>,
+    pub(crate) weights: Arc<BTreeMap<String, u32>>,
 }
 
 impl QueuePolicy {
-    /// FIFO with `max_queue` places, no fairness.
-    pub fn fifo(max_queue: usize) -> Self {
+    /// The queue an upstream's configuration asks for.
+    pub(crate) fn of(upstream: &UpstreamConfig) -> QueuePolicy {
         QueuePolicy {
-            max_queue,
-            discipline: Discipline::Fifo,
-            target: Duration::from_millis(5),
-            interval: Duration::from_millis(100),
-            per_key_max: 0,
-            weights: Arc::default(),
+            max_queue: upstream.max_queue,
+            discipline: upstream.queue_discipline,
+            target: upstream.codel_target,
+            interval: upstream.codel_interval,
+            per_key_max: upstream.fair_max_queue,
+            weights: Arc::new(upstream.fair_weights.clone()),
         }
     }
 }

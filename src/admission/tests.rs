@@ -1,8 +1,20 @@
 use super::*;
 
+/// FIFO with `max_queue` places, no fairness.
+fn fifo(max_queue: usize) -> QueuePolicy {
+    QueuePolicy {
+        max_queue,
+        discipline: Discipline::Fifo,
+        target: Duration::from_millis(5),
+        interval: Duration::from_millis(100),
+        per_key_max: 0,
+        weights: Arc::default(),
+    }
+}
+
 #[test]
 fn full_queue_sheds_but_a_retry_still_gets_the_front() {
-    let mut q: WaitQueue<u32> = WaitQueue::new(QueuePolicy::fifo(1));
+    let mut q: WaitQueue<u32> = WaitQueue::new(fifo(1));
     let first = q.join(false, Instant::now(), None).unwrap();
     assert_eq!(q.join(false, Instant::now(), None).err(), Some(Shed::QueueFull));
     let retry = q.join(true, Instant::now(), None).unwrap();
@@ -13,7 +25,7 @@ fn full_queue_sheds_but_a_retry_still_gets_the_front() {
 
 #[test]
 fn a_waiter_that_leaves_is_gone_at_once_and_order_is_kept() {
-    let mut q: WaitQueue<u32> = WaitQueue::new(QueuePolicy::fifo(10));
+    let mut q: WaitQueue<u32> = WaitQueue::new(fifo(10));
     let a = q.join(false, Instant::now(), None).unwrap();
     let b = q.join(false, Instant::now(), None).unwrap();
     let c = q.join(false, Instant::now(), None).unwrap();
@@ -26,7 +38,7 @@ fn a_waiter_that_leaves_is_gone_at_once_and_order_is_kept() {
 
 #[test]
 fn a_grant_to_a_departed_waiter_comes_back() {
-    let mut q: WaitQueue<u32> = WaitQueue::new(QueuePolicy::fifo(10));
+    let mut q: WaitQueue<u32> = WaitQueue::new(fifo(10));
     let ticket = q.join(false, Instant::now(), None).unwrap();
     drop(ticket);
     let waiter = q.next(Instant::now()).unwrap();
@@ -36,7 +48,7 @@ fn a_grant_to_a_departed_waiter_comes_back() {
 fn policy(discipline: Discipline) -> QueuePolicy {
     QueuePolicy {
         discipline,
-        ..QueuePolicy::fifo(100)
+        ..fifo(100)
     }
 }
 
@@ -174,7 +186,7 @@ fn client_timeouts_are_read_from_the_configured_header_and_grpc_timeout_and_the_
 
 #[test]
 fn zero_max_queue_sheds_every_waiter() {
-    let mut q: WaitQueue<u32> = WaitQueue::new(QueuePolicy::fifo(0));
+    let mut q: WaitQueue<u32> = WaitQueue::new(fifo(0));
     assert_eq!(q.join(false, Instant::now(), None).err(), Some(Shed::QueueFull));
 }
 
@@ -183,6 +195,7 @@ mod properties {
 
     use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+    use super::fifo;
     use proptest::prelude::*;
     use proptest::sample::Index;
 
@@ -231,7 +244,7 @@ mod properties {
             max_queue in 0..4usize,
             ops in prop::collection::vec(op(), 1..80),
         ) {
-            let mut queue: WaitQueue<u64> = WaitQueue::new(QueuePolicy::fifo(max_queue));
+            let mut queue: WaitQueue<u64> = WaitQueue::new(fifo(max_queue));
             // The ids in the queue, front first; the tickets the test still holds; how each waiter ended.
             let mut model: VecDeque<u64> = VecDeque::new();
             let mut tickets: BTreeMap<u64, Option<Ticket<u64>>> = BTreeMap::new();

@@ -15,7 +15,6 @@ mod read;
 mod secret;
 #[cfg(test)]
 mod tests;
-pub mod tls;
 mod upstream;
 mod validate;
 
@@ -35,7 +34,7 @@ pub use log_level::log_filter;
 pub use overrides::{GlobalOverrides, Overrides, UpstreamOverrides};
 pub use secret::{Secret, REDACTED};
 pub use upstream::{
-    AdaptiveLimit, EndpointConfig, FairKey, Origin, ReplicaSource, Scheme, UpstreamConfig, MAX_PRIORITY,
+    AdaptiveLimit, Discipline, EndpointConfig, FairKey, Origin, ReplicaSource, Scheme, UpstreamConfig, MAX_PRIORITY,
 };
 use validate::hides;
 pub use validate::{is_addressable_name, LARGEST_RUNTIME_COUNT, MAX_THREADS};
@@ -166,6 +165,10 @@ pub enum LogFormat {
     Human,
     Json,
 }
+
+/// A step of start-up's that the configuration, which is data, cannot take itself, run on it once it is valid:
+/// the problems it finds, each naming its key.
+pub type StartupCheck = fn(&Config) -> Vec<ConfigError>;
 
 impl Default for Config {
     fn default() -> Self {
@@ -320,6 +323,18 @@ impl Config {
 
     /// Built-in defaults < the file (if any) < `env` < the flags, then validation.
     pub fn load(file: Option<&Path>, env: &Env, overrides: &Overrides) -> Result<Config, ConfigErrors> {
+        Config::load_checked(file, env, overrides, &[])
+    }
+
+    /// [`Config::load`], with `checks` of start-up's own run on the validated configuration (building TLS, which
+    /// reads the files it names: `crate::tls::check`); their problems are reported with the rest, each with where
+    /// its value came from.
+    pub fn load_checked(
+        file: Option<&Path>,
+        env: &Env,
+        overrides: &Overrides,
+        checks: &[StartupCheck],
+    ) -> Result<Config, ConfigErrors> {
         let tree = match file {
             Some(path) => {
                 let name = path.display().to_string();
@@ -330,14 +345,14 @@ impl Config {
             }
             None => Ok(Node::empty()),
         };
-        Config::from_layers(tree?, env, overrides)
+        Config::from_layers(tree?, env, overrides, checks)
     }
 
     /// [`Config::load`] from the text of a file rather than its path, without environment; `origin` names the
     /// text in errors.
     #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn load_toml(text: &str, origin: &str, overrides: &Overrides) -> Result<Config, ConfigErrors> {
-        Config::from_layers(Node::from_file(text, origin)?, &Env::none(), overrides)
+        Config::from_layers(Node::from_file(text, origin)?, &Env::none(), overrides, &[])
     }
 
     /// The configuration as the TOML file that would state it, every [`Secret`] shown as [`REDACTED`]: what
@@ -356,7 +371,12 @@ impl Config {
             .unwrap_or_else(|| UpstreamConfig::default().body_idle_timeout)
     }
 
-    fn from_layers(mut tree: Node, env: &Env, overrides: &Overrides) -> Result<Config, ConfigErrors> {
+    fn from_layers(
+        mut tree: Node,
+        env: &Env,
+        overrides: &Overrides,
+        checks: &[StartupCheck],
+    ) -> Result<Config, ConfigErrors> {
         let mut problems = Vec::new();
         tree.overlay_env(env, &mut problems);
         // serde stops at the first refused value: each one is taken out of the tree (its key then reads as its
@@ -385,7 +405,10 @@ impl Config {
             return Err(ConfigErrors(problems));
         };
         config.apply(overrides);
-        let checked = config.validate();
+        let mut checked = config.validate();
+        for check in checks {
+            checked.extend(check(&config));
+        }
         problems.extend(refused.iter().cloned());
         for problem in checked {
             if refused.iter().any(|value| hides(&value.key, &problem.key)) {

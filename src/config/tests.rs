@@ -108,7 +108,7 @@ upstream = "api"
 "#;
 
 fn load(env: &Env, overrides: &Overrides) -> Result<Config, ConfigErrors> {
-    Config::from_layers(Node::from_file(FILE, "test")?, env, overrides)
+    Config::from_layers(Node::from_file(FILE, "test")?, env, overrides, &[])
 }
 
 fn problem_lines(err: &ConfigErrors) -> Vec<String> {

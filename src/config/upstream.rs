@@ -4,7 +4,6 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::admission::{Discipline, QueuePolicy};
 use serde::{Deserialize, Serialize};
 
 use super::{integer, ConfigError};
@@ -283,7 +282,7 @@ impl UpstreamConfig {
     }
 
     /// [`UpstreamConfig::endpoint_list`] with every problem, never an empty list of them.
-    pub(super) fn endpoint_problems(&self, name: &str) -> Result<Vec<(Origin, usize)>, Vec<ConfigError>> {
+    pub(crate) fn endpoint_problems(&self, name: &str) -> Result<Vec<(Origin, usize)>, Vec<ConfigError>> {
         let key = |field: &str| format!("upstreams.{name}.{field}");
         match (self.url.is_empty(), self.endpoints.is_empty()) {
             (false, false) => {
@@ -340,18 +339,6 @@ impl UpstreamConfig {
             Ok(list)
         } else {
             Err(problems)
-        }
-    }
-
-    /// The admission queue's bound and discipline.
-    pub fn queue_policy(&self) -> QueuePolicy {
-        QueuePolicy {
-            max_queue: self.max_queue,
-            discipline: self.queue_discipline,
-            target: self.codel_target,
-            interval: self.codel_interval,
-            per_key_max: self.fair_max_queue,
-            weights: std::sync::Arc::new(self.fair_weights.clone()),
         }
     }
 
@@ -527,4 +514,19 @@ impl Origin {
             format!("{}:{}", self.host, self.port)
         }
     }
+}
+
+/// The order waiting requests are served in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Discipline {
+    /// Oldest first.
+    #[default]
+    Fifo,
+    /// Oldest first until the queue has been non-empty for `codel_interval`, then newest first: under sustained
+    /// overload the fresh requests, whose clients still wait, are the ones served in time.
+    AdaptiveLifo,
+    /// Oldest first; once every request served over `codel_interval` waited longer than `codel_target`, those
+    /// that waited over twice the target are shed instead of served.
+    Codel,
 }

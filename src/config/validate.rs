@@ -39,10 +39,6 @@ impl Config {
                 problems.push("access_log", format!("cannot open {} to append: {err}", path.display()));
             }
         }
-        // The files are read here so that `floodgate check` refuses what start-up would.
-        if let Err(found) = super::tls::listener_config(self) {
-            problems.0.extend(found);
-        }
         if let Some(token) = &self.admin_token {
             // It travels in an Authorization header and must be hard to guess.
             let token = token.expose();
@@ -100,9 +96,20 @@ impl Config {
             let key = |field: &str| format!("upstreams.{name}.{field}");
             match upstream.endpoint_problems(name) {
                 Ok(endpoints) => {
-                    if let Some((origin, _)) = endpoints.first() {
-                        if let Err(found) = super::tls::upstream_client(name, upstream, origin) {
-                            problems.0.extend(found);
+                    let plain = endpoints
+                        .first()
+                        .is_some_and(|(origin, _)| origin.scheme == super::Scheme::Http);
+                    for (field, set) in [
+                        ("tls_ca", upstream.tls_ca.is_some()),
+                        ("tls_client_cert", upstream.tls_client_cert.is_some()),
+                        ("tls_client_key", upstream.tls_client_key.is_some()),
+                        ("tls_server_name", upstream.tls_server_name.is_some()),
+                    ] {
+                        if plain && set {
+                            problems.push(
+                                key(field),
+                                "only for https:// upstreams, and url is http:// (plain HTTP)",
+                            );
                         }
                     }
                 }

@@ -6,9 +6,9 @@ use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
 use super::{adaptive, PoolState, UpstreamPool};
-use crate::config::tls::UpstreamTls;
 use crate::config::UpstreamConfig;
 use crate::error::ShedAdvice;
+use crate::tls::UpstreamTls;
 
 impl UpstreamPool {
     /// Whether the pool was retired by a reload.
@@ -153,7 +153,7 @@ impl UpstreamPool {
             // A lowered bound closes no tunnel: it refuses new ones until fewer are open.
             self.tunnel_count
                 .set_bound(super::replicas::share(limits.max_tunnels, replicas));
-            state.queue.set_policy(limits.queue_policy());
+            state.queue.set_policy(crate::admission::QueuePolicy::of(&limits));
             self.limits.store(Arc::new(limits));
             (raised, state.evict_surplus_idle())
         };

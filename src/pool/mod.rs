@@ -46,10 +46,10 @@ use handoff::Back;
 use idle::{expire_idle, IdleConn};
 use slots::Slots;
 
-use crate::admission::{Shed, WaitQueue};
-use crate::config::tls::UpstreamTls;
+use crate::admission::{QueuePolicy, Shed, WaitQueue};
 use crate::config::{Origin, UpstreamConfig};
 use crate::metrics::UpstreamMetrics;
+use crate::tls::UpstreamTls;
 use crate::upstream_lane::Spawner;
 
 /// What an admitted request is handed: a connection ready for reuse, or the right to dial a new one.
@@ -125,7 +125,7 @@ pub struct UpstreamPool {
 }
 
 impl UpstreamPool {
-    /// `tls` is [`crate::config::tls::upstream_client`]'s, built for this origin (`None` for `http://`).
+    /// `tls` is [`crate::tls::upstream_client`]'s, built for this origin (`None` for `http://`).
     pub fn new(
         name: &str,
         origin: Origin,
@@ -213,7 +213,7 @@ impl UpstreamPool {
                 leased: 0,
                 limit: adaptive.in_force(),
                 idle: VecDeque::new(),
-                queue: WaitQueue::new(limits.queue_policy()),
+                queue: WaitQueue::new(QueuePolicy::of(&limits)),
             }),
             origin,
             endpoints,

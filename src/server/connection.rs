@@ -21,12 +21,12 @@ use super::h2_frames::{FrameWatch, PingAcks};
 use super::{h1_conn, proxy_header, OpenClient};
 use crate::activity::{ClientActivity, Expired};
 use crate::body::ClientBody;
-use crate::config::tls::ALPN_H2;
 use crate::config::Config;
 use crate::error::Outcome;
 use crate::forward::ClientInfo;
 use crate::net::{ClientWire, SharedStream};
 use crate::proxy::Proxy;
+use crate::tls::ALPN_H2;
 
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 

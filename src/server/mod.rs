@@ -105,7 +105,7 @@ impl Floodgate {
         proxy.buffers().set_limit(config.max_buffered_bytes);
         // Validation read these files already; reading them again here keeps a file changed in between from
         // slipping through, and this is the copy the listener serves.
-        let tls = crate::config::tls::server_config(&config)?;
+        let tls = crate::tls::server_config(&config)?;
         let listener = bind(config.listen).await?;
         let admin = bind(config.admin).await?;
         Ok(Floodgate {

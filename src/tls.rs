@@ -1,5 +1,6 @@
-//! TLS both ways: termination on the client listener (certificates picked by SNI, ALPN `h2` and `http/1.1`) and
-//! the client side of `https://` upstreams. Part of the configuration because checking one means building this.
+//! TLS both ways, built from the configuration: termination on the client listener (certificates picked by SNI,
+//! ALPN `h2` and `http/1.1`) and the client side of `https://` upstreams. A step of start-up, of a reload and of
+//! `floodgate check` ([`check`]), which refuses what start-up would; the configuration itself only names the files.
 //!
 //! Owns reading the PEM files and the choice of certificate by SNI; a problem names its key and never quotes the
 //! file, so a private key cannot reach a log. It never opens a socket. The crypto provider is *ring*, which needs
@@ -20,11 +21,30 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
-use super::{Config, ConfigError, Origin, Scheme, UpstreamConfig};
+use crate::config::{Config, ConfigError, Origin, Scheme, UpstreamConfig};
 
 /// What the listener negotiates, most preferred first; the client's pick decides HTTP/2 or HTTP/1.
 pub const ALPN_H2: &[u8] = b"h2";
 pub const ALPN_HTTP1: &[u8] = b"http/1.1";
+
+/// Every TLS problem of `config`, each naming its key: the listener's certificates and each `https://` upstream's
+/// client settings, built as start-up builds them (the files are read).
+pub fn check(config: &Config) -> Vec<ConfigError> {
+    let mut problems = listener_config(config).err().unwrap_or_default();
+    for (name, upstream) in &config.upstreams {
+        // An upstream whose endpoints do not parse has its own problems already.
+        if let Some((origin, _)) = upstream
+            .endpoint_problems(name)
+            .ok()
+            .and_then(|endpoints| endpoints.first().cloned())
+        {
+            if let Err(found) = upstream_client(name, upstream, &origin) {
+                problems.extend(found);
+            }
+        }
+    }
+    problems
+}
 
 /// The client listener's TLS configuration from the whole configuration: `None` when the listener is plain
 /// (neither `tls_cert`/`tls_key` nor `[[tls_certificates]]`). Reads every file it names, each time it is
@@ -34,7 +54,7 @@ pub fn server_config(config: &Config) -> Result<Option<Arc<ServerConfig>>, Confi
 }
 
 /// [`server_config`] with every problem, for validation.
-pub(crate) fn listener_config(config: &Config) -> Result<Option<Arc<ServerConfig>>, Vec<ConfigError>> {
+fn listener_config(config: &Config) -> Result<Option<Arc<ServerConfig>>, Vec<ConfigError>> {
     let provider = provider();
     let mut problems = Vec::new();
     let default = match (&config.tls_cert, &config.tls_key) {
@@ -242,21 +262,9 @@ pub fn upstream_client(
 ) -> Result<Option<UpstreamTls>, Vec<ConfigError>> {
     let key = |field: &str| format!("upstreams.{name}.{field}");
     let mut problems = Vec::new();
+    // The TLS keys on an http:// upstream are refused by the configuration's validation.
     if origin.scheme == Scheme::Http {
-        for (field, set) in [
-            ("tls_ca", upstream.tls_ca.is_some()),
-            ("tls_client_cert", upstream.tls_client_cert.is_some()),
-            ("tls_client_key", upstream.tls_client_key.is_some()),
-            ("tls_server_name", upstream.tls_server_name.is_some()),
-        ] {
-            if set {
-                problems.push(problem(
-                    &key(field),
-                    "only for https:// upstreams, and url is http:// (plain HTTP)",
-                ));
-            }
-        }
-        return if problems.is_empty() { Ok(None) } else { Err(problems) };
+        return Ok(None);
     }
     let roots = match &upstream.tls_ca {
         Some(path) => read_roots(&key("tls_ca"), path),
