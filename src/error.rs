@@ -5,14 +5,12 @@
 //! is what an upstream's settings and recent pace add to a shed answer (its status, `Retry-After`). Nothing here
 //! logs or counts: the caller does that once, with the outcome this module names.
 
-use std::io;
 use std::time::Duration;
 
 use http::StatusCode;
 
 use crate::admission::Shed;
-use crate::h1::response_head::{MAX_INTERIM_HEADS, MAX_RESPONSE_HEAD_BYTES};
-use crate::h1::HeadError;
+pub use crate::h1::UpstreamError;
 
 /// Why an exchange did not produce the upstream's own answer.
 #[derive(Debug, thiserror::Error)]
@@ -315,23 +313,4 @@ pub struct ShedAdvice {
     pub status: StatusCode,
     pub quota_status: StatusCode,
     pub retry_after_secs: u64,
-}
-
-/// What went wrong on the upstream's side of an exchange.
-#[derive(Debug, thiserror::Error)]
-pub enum UpstreamError {
-    #[error("connection error: {0}")]
-    Io(#[from] io::Error),
-    #[error("connection closed before the answer's head was complete")]
-    ClosedBeforeHead,
-    #[error("the connection was closed (or spoken on unasked) while it sat idle")]
-    Closed,
-    #[error("invalid answer head: {0}")]
-    Head(#[from] HeadError),
-    #[error("answer body cut short: the connection ended before it did")]
-    BodyCutShort,
-    #[error("invalid chunked answer body: {0}")]
-    Chunked(&'static str),
-    #[error("more than {MAX_INTERIM_HEADS} interim (1xx) answers, or {MAX_RESPONSE_HEAD_BYTES} bytes of them, before the final one")]
-    TooManyInterim,
 }

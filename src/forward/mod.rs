@@ -18,9 +18,9 @@ mod tests;
 
 use crate::body::IdleTimer;
 pub use crate::body::{BodyStalled, BoxError, CutOff, RequestBody};
-pub use crate::error::UpstreamError;
 pub(crate) use crate::h1::connection_options;
 pub use crate::h1::keeps_alive;
+pub use crate::h1::UpstreamError;
 pub(crate) use crate::pool::client::send;
 pub use crate::pool::client::{client_body_error, Upload, UpstreamIncoming};
 pub use head::{

@@ -2,7 +2,8 @@
 //! buffer: the readers of a client's request head ([`request_head`]), an upstream's response head
 //! ([`response_head`]), a body's pieces ([`body`], chunked ones by [`chunked`]), and the writers of an answer to a
 //! client and of a request to an upstream ([`write`]), the heads and writers each checked against hyper's reading
-//! or writing by a differential fuzz target. It never touches a socket, a pool or a metric.
+//! or writing by a differential fuzz target; what can go wrong with an upstream's side of an exchange
+//! ([`UpstreamError`]). It never touches a socket, a pool or a metric.
 
 pub(crate) mod body;
 pub(crate) mod chunked;
@@ -11,7 +12,11 @@ pub(crate) mod request_head;
 pub(crate) mod response_head;
 pub(crate) mod write;
 
+use std::io;
+
 use http::{header, HeaderMap, StatusCode, Version};
+
+use response_head::{MAX_INTERIM_HEADS, MAX_RESPONSE_HEAD_BYTES};
 
 /// How many header lines a head may have, as hyper's default; more is answered `431`.
 pub(crate) const MAX_HEADERS: usize = 100;
@@ -35,6 +40,25 @@ pub(crate) enum Framing {
     Chunked,
     /// Everything until the connection closes.
     UntilClose,
+}
+
+/// What went wrong on the upstream's side of an exchange.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("connection error: {0}")]
+    Io(#[from] io::Error),
+    #[error("connection closed before the answer's head was complete")]
+    ClosedBeforeHead,
+    #[error("the connection was closed (or spoken on unasked) while it sat idle")]
+    Closed,
+    #[error("invalid answer head: {0}")]
+    Head(#[from] HeadError),
+    #[error("answer body cut short: the connection ended before it did")]
+    BodyCutShort,
+    #[error("invalid chunked answer body: {0}")]
+    Chunked(&'static str),
+    #[error("more than {MAX_INTERIM_HEADS} interim (1xx) answers, or {MAX_RESPONSE_HEAD_BYTES} bytes of them, before the final one")]
+    TooManyInterim,
 }
 
 /// Why a head is refused; the connection ends after the answer.
