@@ -29,4 +29,5 @@ pub use head::{
 };
 pub use path::resolve_dot_segments;
 pub use relay::{complete, Completion, UpstreamBody};
-pub use response::{local_response, to_client, ResponseBody, SHED_REASON};
+pub use response::{local_response, ResponseBody, SHED_REASON};
+pub(crate) use response::{to_client, RouteEdits};

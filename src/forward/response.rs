@@ -19,7 +19,6 @@ use crate::buffer::{self, BufferBudget, ReadError};
 use crate::error::{ProxyError, ShedAdvice};
 use crate::metrics::OutcomeCounters;
 use crate::pool::Lease;
-use crate::route::RouteSettings;
 
 use super::{
     check_transfer_coding, keeps_alive, strip_hop_by_hop, BoxError, Completion, UpstreamBody, UpstreamIncoming,
@@ -235,20 +234,27 @@ pub(super) fn content_length(headers: &HeaderMap) -> ContentLength {
     length.map_or(ContentLength::Invalid, ContentLength::Repeated)
 }
 
+/// What the request's route asks of its answer, as the proxy resolved it: its header edits and its own
+/// `body_idle_timeout` (`None`: the upstream's).
+pub(crate) struct RouteEdits<'a> {
+    pub(crate) edit_response: &'a (dyn Fn(&mut http::HeaderMap) + Sync),
+    pub(crate) body_idle_timeout: Option<std::time::Duration>,
+}
+
 /// Turns the upstream's response into the client's, deciding whether the connection may be reused. A body whose
 /// Content-Length is within the upstream's `buffer_response_bytes` (and fits the global bound) is read in full
 /// first, at the upstream's speed, and the lease given back before the client is sent anything: a slow client
 /// then holds memory, never a slot. Any other body streams, holding the lease until its last byte. A failure while
 /// buffering is answered by the caller (nothing has reached the client yet), with the access entry handed back.
 #[allow(clippy::too_many_arguments)]
-pub async fn to_client(
+pub(crate) async fn to_client(
     response: Response<UpstreamIncoming>,
     mut lease: Lease,
     counters: Arc<OutcomeCounters>,
     access: Option<Box<Entry>>,
     watch: bool,
     budget: &Arc<BufferBudget>,
-    route: &RouteSettings,
+    route: RouteEdits<'_>,
     span: &tracing::Span,
 ) -> Result<Response<ResponseBody>, (ProxyError, Option<Box<Entry>>)> {
     let (mut parts, mut body) = response.into_parts();
@@ -265,7 +271,7 @@ pub async fn to_client(
     if parts.status == StatusCode::NO_CONTENT {
         parts.headers.remove(header::CONTENT_LENGTH);
     }
-    route.edit_response(&mut parts.headers);
+    (route.edit_response)(&mut parts.headers);
     parts.version = Version::HTTP_11;
     let completion = Completion::new(counters, parts.status, access, span.clone());
     let limits = lease.pool().limits();

@@ -43,7 +43,11 @@ pub(super) async fn exchange(
         Err(err) => return Err((err, access)),
     };
     let counters = pool.metrics.requests.clone();
-    forward::to_client(response, lease, counters, access, watch_body, &buffers, route, span).await
+    let edits = forward::RouteEdits {
+        edit_response: &|headers| route.edit_response(headers),
+        body_idle_timeout: route.body_idle_timeout,
+    };
+    forward::to_client(response, lease, counters, access, watch_body, &buffers, edits, span).await
 }
 
 /// An admitted request on its way to the upstream side: the rest of its path runs there, in a task of its own.
