@@ -51,6 +51,50 @@ fn config_text(upstream: &str, cert: &str, key: &str) -> String {
     )
 }
 
+/// An upstream, and floodgate in front of it on a TLS listener with `config_text`'s settings and `extra` flags.
+struct TlsProxy {
+    upstream: Upstream,
+    cert: TestCert,
+    proxy: Proxy,
+    _config: TempConfig,
+}
+
+impl TlsProxy {
+    async fn start(extra: &[&str]) -> TlsProxy {
+        let upstream = Upstream::start().await;
+        let cert = TestCert::new();
+        let config = TempConfig::new(&config_text(&upstream.url(), &cert.cert_path(), &cert.key_path()));
+        let path = config.path_str();
+        let mut args = vec!["--config", path.as_str()];
+        args.extend_from_slice(extra);
+        let proxy = Proxy::start(&args).await;
+        TlsProxy {
+            upstream,
+            cert,
+            proxy,
+            _config: config,
+        }
+    }
+}
+
+/// Reads what the server sends on `tls` until it closes (a close without close_notify reads as an error: either way
+/// the connection is over); `None` if it is still open after 10 s.
+async fn read_to_close(tls: &mut tokio_rustls::client::TlsStream<TcpStream>) -> Option<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut buf = [0u8; 16 * 1024];
+        while let Ok(n) = tls.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await;
+    read.ok().map(|()| got)
+}
+
 async fn tls_connect(connector: &TlsConnector, addr: SocketAddr) -> tokio_rustls::client::TlsStream<TcpStream> {
     let tcp = TcpStream::connect(addr).await.unwrap();
     tcp.set_nodelay(true).unwrap();
@@ -88,10 +132,12 @@ async fn h1_send(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_tls_a_flood_of_unsolicited_http2_ping_acks_is_counted_and_closed_too() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let upstream = Upstream::start().await;
-    let cert = TestCert::new();
-    let config = TempConfig::new(&config_text(&upstream.url(), &cert.cert_path(), &cert.key_path()));
-    let proxy = Proxy::start(&["--config", &config.path_str(), "--client-idle-timeout", "60s"]).await;
+    let TlsProxy {
+        upstream: _upstream,
+        cert,
+        proxy,
+        _config,
+    } = TlsProxy::start(&["--client-idle-timeout", "60s"]).await;
     let mut tls = tls_connect(&cert.connector(&[b"h2"]), proxy.listen).await;
     assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
     let mut flood = h2_raw::hello();
@@ -122,11 +168,13 @@ async fn over_tls_a_flood_of_unsolicited_http2_ping_acks_is_counted_and_closed_t
 /// behind it (which an LF-tolerant reader would take as trailers) never read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_tls_a_bare_lf_in_trailers_is_refused_and_the_request_behind_it_never_read() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let upstream = Upstream::start().await;
-    let cert = TestCert::new();
-    let config = TempConfig::new(&config_text(&upstream.url(), &cert.cert_path(), &cert.key_path()));
-    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    use tokio::io::AsyncWriteExt;
+    let TlsProxy {
+        upstream,
+        cert,
+        proxy,
+        _config,
+    } = TlsProxy::start(&[]).await;
     let mut tls = tls_connect(&cert.connector(&[b"http/1.1"]), proxy.listen).await;
     tls.write_all(
         b"POST /echo/tls HTTP/1.1\r\nHost: client.test\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nx-t: 1\n\r\n\
@@ -134,20 +182,9 @@ async fn over_tls_a_bare_lf_in_trailers_is_refused_and_the_request_behind_it_nev
     )
     .await
     .unwrap();
-    let mut got = Vec::new();
-    let closed = tokio::time::timeout(Duration::from_secs(10), async {
-        let mut buf = [0u8; 4096];
-        // A close without close_notify reads as an error: either way the connection is over.
-        while let Ok(n) = tls.read(&mut buf).await {
-            if n == 0 {
-                break;
-            }
-            got.extend_from_slice(&buf[..n]);
-        }
-    })
-    .await;
-    assert!(closed.is_ok(), "the connection was left open");
-    let text = String::from_utf8_lossy(&got);
+    let got = read_to_close(&mut tls).await;
+    assert!(got.is_some(), "the connection was left open");
+    let text = String::from_utf8_lossy(got.as_deref().unwrap_or_default());
     assert!(text.starts_with("HTTP/1.1 400"), "{text}");
     assert_eq!(text.matches("HTTP/1.1 ").count(), 1, "{text}");
     let reached: Vec<_> = upstream
@@ -158,34 +195,18 @@ async fn over_tls_a_bare_lf_in_trailers_is_refused_and_the_request_behind_it_nev
     assert!(reached.is_empty(), "{reached:?}");
 }
 
-/// Reads what the server sends on `tls` until it closes (a close without close_notify reads as an error: either way
-/// the connection is over); `None` if it is still open after 10 s.
-async fn read_to_close(tls: &mut tokio_rustls::client::TlsStream<TcpStream>) -> Option<Vec<u8>> {
-    use tokio::io::AsyncReadExt;
-    let mut got = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(10), async {
-        let mut buf = [0u8; 16 * 1024];
-        while let Ok(n) = tls.read(&mut buf).await {
-            if n == 0 {
-                break;
-            }
-            got.extend_from_slice(&buf[..n]);
-        }
-    })
-    .await;
-    read.ok().map(|()| got)
-}
-
 /// floodgate's HTTP/1 server over a TLS session: a large upload with a request pipelined behind it in the same
 /// records (bytes the session holds decrypted while the first is answered), a `100 Continue` that must leave the
 /// session before the client sends its body, and a large answer, each on one connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_tls_pipelined_requests_an_expect_continue_and_large_bodies_are_served() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let upstream = Upstream::start().await;
-    let cert = TestCert::new();
-    let config = TempConfig::new(&config_text(&upstream.url(), &cert.cert_path(), &cert.key_path()));
-    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let TlsProxy {
+        upstream,
+        cert,
+        proxy,
+        _config,
+    } = TlsProxy::start(&[]).await;
     let connector = cert.connector(&[b"http/1.1"]);
 
     let upload = 1024 * 1024;
@@ -233,10 +254,12 @@ async fn over_tls_pipelined_requests_an_expect_continue_and_large_bodies_are_ser
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_clients_leaving_while_queued_leave_the_queue_and_never_reach_the_upstream() {
     use tokio::io::AsyncWriteExt;
-    let upstream = Upstream::start().await;
-    let cert = TestCert::new();
-    let config = TempConfig::new(&config_text(&upstream.url(), &cert.cert_path(), &cert.key_path()));
-    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let TlsProxy {
+        upstream,
+        cert,
+        proxy,
+        _config,
+    } = TlsProxy::start(&[]).await;
     let connector = cert.connector(&[b"http/1.1"]);
     // Both slots held (max_connections = 2) by requests the upstream stalls.
     let occupants: Vec<_> = (0..2)
@@ -277,10 +300,12 @@ async fn tls_clients_leaving_while_queued_leave_the_queue_and_never_reach_the_up
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_over_http1_and_h2_reaches_the_upstream_within_the_cap() {
-    let upstream = Upstream::start().await;
-    let cert = TestCert::new();
-    let config = TempConfig::new(&config_text(&upstream.url(), &cert.cert_path(), &cert.key_path()));
-    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let TlsProxy {
+        upstream,
+        cert,
+        proxy,
+        _config,
+    } = TlsProxy::start(&[]).await;
 
     // HTTP/1.1, one TLS connection per client, all at once: more clients than the cap of 2.
     let connector = cert.connector(&[b"http/1.1"]);
@@ -334,10 +359,12 @@ async fn https_over_http1_and_h2_reaches_the_upstream_within_the_cap() {
 
 #[tokio::test]
 async fn the_tls_listener_refuses_plain_http() {
-    let upstream = Upstream::start().await;
-    let cert = TestCert::new();
-    let config = TempConfig::new(&config_text(&upstream.url(), &cert.cert_path(), &cert.key_path()));
-    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let TlsProxy {
+        upstream,
+        cert: _cert,
+        proxy,
+        _config,
+    } = TlsProxy::start(&[]).await;
     let (data, _) = raw_exchange(
         proxy.listen,
         b"GET / HTTP/1.1\r\nhost: localhost\r\n\r\n",

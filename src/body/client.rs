@@ -7,13 +7,13 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{ready, Context, Poll};
 
-use crate::net::ClientWire;
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
 use crate::error::ProxyError;
 use crate::h1::body::{BodyFault, Delimited};
+use crate::net::ClientWire;
 
 /// How much room a read of body bytes asks for.
 const READ_ROOM: usize = 16 * 1024;
@@ -117,7 +117,7 @@ pub(crate) struct Reading {
     over: Arc<tokio::sync::Notify>,
     /// Pieces of the body were dropped rather than taken by the body's reader: from here the body only fails.
     cut: bool,
-    /// The `100 Continue` is written and may still be in a TLS session.
+    /// The `100 Continue` is (being) written and may still be in a TLS session.
     flushing: bool,
 }
 
@@ -163,13 +163,11 @@ impl Reading {
 
     fn send_continue(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ClientBodyError>> {
         while self.continue_left > 0 {
+            self.flushing = true;
             let start = CONTINUE.len() - self.continue_left;
             match ready!(self.wire.poll_write(cx, CONTINUE.get(start..).unwrap_or_default())) {
                 Ok(0) | Err(_) => return Poll::Ready(Err(ClientBodyError::Gone)),
                 Ok(n) => self.continue_left -= n.min(self.continue_left),
-            }
-            if self.continue_left == 0 {
-                self.flushing = true;
             }
         }
         if self.flushing {

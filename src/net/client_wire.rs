@@ -93,14 +93,9 @@ impl ClientWire {
                 }
                 // The session may hold decrypted bytes already, with nothing left on the socket: it is asked
                 // directly, and a buffer taken for a wait that ends pending goes again.
-                Some(tls) => {
+                Some(_) => {
                     received = BytesMut::with_capacity(room);
-                    let mut session = Self::session(tls);
-                    ready!(tokio_util::io::poll_read_buf(
-                        Pin::new(&mut *session),
-                        cx,
-                        &mut received
-                    ))
+                    ready!(self.poll_fill(cx, &mut received, 0))
                 }
             };
             match read {

@@ -253,22 +253,15 @@ async fn read_more(wire: &ClientWire, received: &mut BytesMut, max_header_bytes:
 /// buffer where the next request's bytes go anyway; once the client has sent anything (a pipelined request), it is
 /// still there, and the watch ends without resolving, as the plain socket's does.
 async fn tls_client_left(wire: &ClientWire, reading: &Mutex<Reading>) {
-    let mut sent_more = false;
-    std::future::poll_fn(|cx| {
-        if sent_more {
-            return std::task::Poll::Pending;
-        }
+    let left = std::future::poll_fn(|cx| {
         let mut reading = Reading::lock(reading);
-        match wire.poll_fill(cx, &mut reading.received, HEAD_ROOM) {
-            std::task::Poll::Pending => std::task::Poll::Pending,
-            std::task::Poll::Ready(Ok(0) | Err(_)) => std::task::Poll::Ready(()),
-            std::task::Poll::Ready(Ok(_)) => {
-                sent_more = true;
-                std::task::Poll::Pending
-            }
-        }
+        wire.poll_fill(cx, &mut reading.received, HEAD_ROOM)
+            .map(|read| matches!(read, Ok(0) | Err(_)))
     })
-    .await
+    .await;
+    if !left {
+        std::future::pending::<()>().await;
+    }
 }
 
 fn count_refused(metrics: &Metrics, refused: HeadError) {
