@@ -43,7 +43,6 @@ pub struct Entry {
     arrived: Instant,
     upstream: Option<String>,
     admitted: Option<Instant>,
-    relayed: u64,
 }
 
 impl Entry {
@@ -73,7 +72,6 @@ impl Entry {
             arrived: Instant::now(),
             upstream: None,
             admitted: None,
-            relayed: 0,
         }))
     }
 
@@ -85,13 +83,9 @@ impl Entry {
         self.admitted = Some(Instant::now());
     }
 
-    /// Counts response body bytes read from the upstream and handed on to the client.
-    pub fn relayed(&mut self, bytes: usize) {
-        self.relayed += bytes as u64;
-    }
-
-    pub fn relayed_bytes(&self) -> u64 {
-        self.relayed
+    /// The request left the queue at `at`.
+    pub fn admitted_at(&mut self, at: Instant) {
+        self.admitted = Some(at);
     }
 
     /// Writes the line. `bytes` is the response body handed on to the client.

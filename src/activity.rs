@@ -133,7 +133,7 @@ impl ClientActivity {
 }
 
 /// One dispatched request on a client connection; dropping it ends the request.
-pub struct InFlight(Arc<ClientActivity>);
+pub(crate) struct InFlight(Arc<ClientActivity>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {

@@ -1,45 +1,32 @@
-//! The request's edges, built in one place: the proxy as a `tower::Service`, and what every request gets around
-//! it. An `X-Request-Id` (a trusted peer's kept, any other's replaced by one made here) is set on the request, so
-//! it goes upstream and into the access log, and returned on the answer; a tracing span per request (at `debug`)
-//! carries the ID, the route, the upstream and the outcome, and stays open until the response's last byte (the
-//! route is asked of the proxy before the span is made; the outcome is recorded where it is counted,
-//! `forward::complete`); a panic in floodgate's own code is answered `500` rather than by a reset connection. It
-//! never admits or answers anything but that `500`.
+//! The request's edges: the proxy as a `tower::Service` for one client connection, and the request ID every
+//! request gets around it. An `X-Request-Id` (a trusted peer's kept, any other's replaced by one made here) is set
+//! on the request, so it goes upstream and into the access log and the request's span, and returned on the
+//! answer. The steps themselves, the request's span and its record are the proxy's ([`crate::proxy`]); the
+//! span is entered here, around the whole of the request's future, and stays open until the response's last
+//! byte. It never routes, admits or answers anything.
 //!
 //! Request IDs are set and returned here rather than by tower-http's `SetRequestId` and `PropagateRequestId`: their
 //! two layers, a future each and an extension map per request cost more than the header read, made and copied that
-//! they do (docs/data-path.md has the count). Panics are caught here rather than by
-//! tower-http's `CatchPanic`, which boxes every response body; admission, the pool and retries stay the proxy's
-//! own (see `docs/architecture.md`).
+//! they do (docs/data-path.md has the count).
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
-use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
 
-use futures_util::FutureExt;
 use http::{HeaderValue, Request, Response};
 use tower::Service;
-use tracing::field::display;
 use tracing::Instrument;
 
 use crate::activity::ClientActivity;
 use crate::body::ClientBody;
-use crate::error::ProxyError;
-use crate::forward::{local_response, ClientInfo, ResponseBody};
-use crate::metrics::Metrics;
+use crate::forward::{ClientInfo, ResponseBody};
 use crate::proxy::Proxy;
 
 use crate::access::X_REQUEST_ID;
-
-/// The request span's target. It is at `debug`: made at every request, it costs about a sixth of floodgate's own
-/// work on a response (docs/testing.md), and at `info` almost no line is written while a request is handled.
-/// `log_level = "info,floodgate::request=debug"` turns it on alone.
-const SPAN_TARGET: &str = "floodgate::request";
 
 /// The stack one client connection's requests go through; `activity`, when the connection's deadlines need it
 /// (hyper's HTTP/2 server), counts them in flight on that connection.
@@ -116,89 +103,31 @@ impl Service<Request<ClientBody>> for ProxyService {
 
     fn call(&mut self, mut request: Request<ClientBody>) -> Self::Future {
         let id = set_request_id(&mut request, self.client.trusted);
-        let mut in_flight = self.activity.as_ref().map(ClientActivity::request_started);
-        // A tunnel's request is at work for as long as the tunnel: its task keeps the mark, not the answer.
-        let upgrade = crate::tunnel::asked(&request);
-        if let Some(mark) = in_flight.take_if(|_| upgrade.is_some()) {
-            crate::tunnel::Hold::put(&mut request, mark);
-        }
-        // Routed first so the span is made with its fields (each later record costs about as much as making
-        // it); the fields are read only when the span is on.
-        let routed = self.proxy.route(&mut request);
-        let arrived = std::time::Instant::now();
-        let route_metrics = routed.as_ref().ok().map(|(_, picked)| picked.metrics.clone());
-        let traced = self.proxy.tracing().map(|tracing| {
-            let route = routed.as_ref().ok().map(|(pool, picked)| (&*pool.name, &*picked.label));
-            tracing.request(&mut request, self.client.peer.ip(), route)
-        });
-        let (route, upstream) = match &routed {
-            Ok((pool, picked)) => (Some(display(&picked.label)), Some(display(&pool.name))),
-            Err(_) => (None, None),
-        };
-        let span = tracing::debug_span!(
-            target: SPAN_TARGET,
-            "request",
-            id = %id.as_ref().and_then(|id| id.to_str().ok()).unwrap_or("-"),
-            route,
-            upstream,
-            outcome = tracing::field::Empty,
-        );
+        let in_flight = self.activity.as_ref().map(ClientActivity::request_started);
+        let arrival = self.proxy.arrive(&mut request, &self.client, in_flight, id.as_ref());
+        let span = arrival.span.clone();
         let (proxy, client) = (self.proxy.clone(), self.client.clone());
         // The serving future is made inside the box: an async future held across an await is stored twice, and
         // moving kilobytes of it into the box costs more than the request's own work.
         Box::pin(
             async move {
-                let metrics = proxy.metrics.clone();
-                let mut answered = answer_panic(proxy.serve_routed(request, client, routed, upgrade), metrics).await;
+                let mut answered = proxy.serve_arrived(request, client, arrival).await;
                 // The answer carries the request's ID back, unless the upstream set its own.
                 if let Some(id) = id {
                     if let http::header::Entry::Vacant(place) = answered.headers_mut().entry(X_REQUEST_ID) {
                         place.insert(id);
                     }
                 }
-                if let Some(span) = &traced {
-                    span.set_status(answered.status());
-                }
-                Ok(answered.map(|body| body.tracked(in_flight).served(route_metrics, arrived).traced(traced)))
+                Ok(answered)
             }
             .instrument(span),
         )
     }
 }
 
-/// `serve`'s answer, or, if it panics, a `500` counted as `internal_error`: the panic ends this request alone,
-/// and what it held (a lease, a place in the queue) is given back as it unwinds.
-fn answer_panic(
-    serve: impl Future<Output = Response<ResponseBody>>,
-    metrics: Arc<Metrics>,
-) -> impl Future<Output = Response<ResponseBody>> {
-    AssertUnwindSafe(serve).catch_unwind().map(move |served| {
-        served.unwrap_or_else(|_| {
-            tracing::error!("handling a request panicked; it is answered 500");
-            let err = ProxyError::Internal;
-            metrics.client_side(err.outcome(), Some(err.status()));
-            local_response(&err, None)
-        })
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[tokio::test]
-    async fn a_panic_while_serving_is_answered_500_and_counted() {
-        let metrics = Arc::new(Metrics::new());
-        let bug = std::hint::black_box(true);
-        let panicking = async move {
-            assert!(!bug, "a bug in floodgate's own code");
-            local_response(&ProxyError::NoRoute, None)
-        };
-        let answer = answer_panic(panicking, metrics.clone()).await;
-        assert_eq!(answer.status(), http::StatusCode::INTERNAL_SERVER_ERROR);
-        let counted: Vec<_> = metrics.client_side_counters().totals().collect();
-        assert_eq!(counted, vec![(crate::error::Outcome::Internal, 1)]);
-    }
 
     #[test]
     fn request_ids_are_unique_and_valid_header_values() {

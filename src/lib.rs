@@ -19,8 +19,8 @@
 //!        ──► end of the response body from the upstream: connection back to idle (or closed), then the slot
 //! metrics/admin observe from the side; they are never behind admission.
 //! ```
-//! Where a request's outcome is counted ([`forward::complete`]), [`access`] writes its access-log line when
-//! that log is on.
+//! A request's end is observed once, by its [`record`]: finished when its answer's body ends or it is abandoned,
+//! it counts the outcome and, when that log is on, has [`access`] write its access-log line.
 //! The invariant lives in the pool's `Slots` type, the only code that changes the counts behind the cap; a
 //! [`pool::Slot`] stands for one count, an upstream connection exists only while it holds one (it has no task of
 //! its own: whoever moves its bytes holds its wire), and a slot is given back only once the socket is closed on
@@ -52,6 +52,7 @@ pub mod metrics;
 pub(crate) mod net;
 pub mod pool;
 pub(crate) mod proxy;
+pub(crate) mod record;
 pub mod reload;
 pub(crate) mod route;
 pub mod server;

@@ -28,6 +28,6 @@ pub use head::{
     to_upstream, upstream_head, ClientInfo,
 };
 pub use path::resolve_dot_segments;
-pub use relay::{complete, Completion, UpstreamBody};
+pub use relay::UpstreamBody;
 pub use response::{local_response, ResponseBody, SHED_REASON};
 pub(crate) use response::{to_client, RouteEdits};

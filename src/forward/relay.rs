@@ -1,6 +1,7 @@
 //! The response body from the upstream: it holds the lease until its last byte is read, returns the connection
 //! when the body ends, and when the client leaves early reads the rest (bounded) so the connection can still be
-//! reused; and [`Completion`], the one place a request's end is counted. It never decides admission.
+//! reused. How it ends is the request's outcome: it finishes the request's [`Record`] then. It never decides
+//! admission.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -9,75 +10,17 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::StatusCode;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::access::Entry;
 use crate::buffer::Buffered;
 use crate::error::Outcome;
-use crate::metrics::OutcomeCounters;
 use crate::pool::Lease;
+use crate::record::Record;
 
 use super::{BodyStalled, BoxError, CutOff, IdleTimer, UpstreamIncoming};
-
-/// How a request's end is counted once its answer is done with: the one place that counts the outcome and
-/// writes the access-log line, for relayed and local answers alike.
-pub struct Completion {
-    counters: Arc<OutcomeCounters>,
-    status: StatusCode,
-    /// Present only while the access log is on; it also counts the body bytes relayed.
-    pub(super) access: Option<Box<Entry>>,
-    /// The request's span, kept open until the body ends, when its outcome is known.
-    span: tracing::Span,
-}
-
-impl Completion {
-    pub fn new(
-        counters: Arc<OutcomeCounters>,
-        status: StatusCode,
-        access: Option<Box<Entry>>,
-        span: tracing::Span,
-    ) -> Self {
-        Completion {
-            counters,
-            status,
-            access,
-            span,
-        }
-    }
-
-    pub fn record(self, outcome: Outcome) {
-        let bytes = self.access.as_ref().map_or(0, |entry| entry.relayed_bytes());
-        complete(
-            &self.counters,
-            Some(self.status),
-            self.access,
-            outcome,
-            bytes,
-            &self.span,
-        );
-    }
-}
-
-/// Counts how a request ended, on its metrics, its span and its access-log line (when `access` is there): every
-/// request the proxy answers, or loses to its client, ends here exactly once.
-pub fn complete(
-    counters: &OutcomeCounters,
-    status: Option<StatusCode>,
-    access: Option<Box<Entry>>,
-    outcome: Outcome,
-    bytes: u64,
-    span: &tracing::Span,
-) {
-    counters.record(outcome, status);
-    span.record("outcome", tracing::field::display(outcome.as_str()));
-    if let Some(entry) = access {
-        entry.write(outcome, status, bytes);
-    }
-}
 
 /// Where a relayed response body comes from.
 pub(super) enum Source {
@@ -98,11 +41,15 @@ pub(super) enum Ending {
     GivenUp,
 }
 
-/// An upstream response in flight: its body, the lease it holds until the end, and how the end is counted.
+/// An upstream response in flight: its body, the lease it holds until the end, and the request's record, finished
+/// by the end.
 pub(super) struct Relay {
     inner: Option<Source>,
     lease: Option<Lease>,
-    completion: Option<Completion>,
+    /// Given by the client's side once the answer reaches it ([`UpstreamBody::record`]).
+    record: Option<Record>,
+    /// How the body ended, once it has; an end that came before the record is passed on to it.
+    ended: Option<Outcome>,
     /// Cut off by the stall watchdog: the client is told by an error, not a clean end.
     cut_off: bool,
     /// Largest data frame handed on, if bounded; what is left of a larger one waits in `rest`.
@@ -125,14 +72,10 @@ pub(super) const WATCHED_FRAME_BYTES: usize = 16 * 1024;
 pub(super) const MEMORY_FRAME_BYTES: usize = 16 * 1024;
 
 impl Relay {
-    /// The access log's count of body bytes handed on; a field apart, for it is counted while the source is
-    /// borrowed.
-    fn count_relayed(completion: &mut Option<Completion>, frame: &Frame<Bytes>) {
-        if let (Some(data), Some(entry)) = (
-            frame.data_ref(),
-            completion.as_mut().and_then(|done| done.access.as_mut()),
-        ) {
-            entry.relayed(data.len());
+    /// The record's count of body bytes handed on; a field apart, for it is counted while the source is borrowed.
+    fn count_relayed(record: &mut Option<Record>, frame: &Frame<Bytes>) {
+        if let (Some(data), Some(record)) = (frame.data_ref(), record.as_mut()) {
+            record.relayed(data.len());
         }
     }
 
@@ -144,7 +87,7 @@ impl Relay {
             return Poll::Ready(Some(Err(err)));
         }
         if let Some(first) = self.first.take() {
-            Self::count_relayed(&mut self.completion, &first);
+            Self::count_relayed(&mut self.record, &first);
             if self.source_ended() || first.is_trailers() {
                 self.finish(Outcome::Ok, true);
             }
@@ -167,7 +110,7 @@ impl Relay {
         };
         match Pin::new(&mut *inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                Self::count_relayed(&mut self.completion, &frame);
+                Self::count_relayed(&mut self.record, &frame);
                 // Trailers end a body, though hyper's chunked body says so only when polled once more, which the
                 // client's server need not do: the relay would be dropped unfinished, counted a client abort.
                 if inner.is_end_stream() || frame.is_trailers() {
@@ -199,11 +142,8 @@ impl Relay {
 
     /// A frame of a body held in memory is counted as handed on; the request ends when the last one is.
     fn hand_on_from_memory(&mut self, frame: Option<Frame<Bytes>>) -> Option<Result<Frame<Bytes>, BoxError>> {
-        if let (Some(data), Some(entry)) = (
-            frame.as_ref().and_then(Frame::data_ref),
-            self.completion.as_mut().and_then(|done| done.access.as_mut()),
-        ) {
-            entry.relayed(data.len());
+        if let (Some(data), Some(record)) = (frame.as_ref().and_then(Frame::data_ref), self.record.as_mut()) {
+            record.relayed(data.len());
         }
         let ended = match &self.inner {
             Some(Source::Memory(memory)) => memory.is_empty(),
@@ -263,7 +203,15 @@ impl Relay {
 
     /// Counted already: by its end, a cut-off or its client leaving.
     fn is_finished(&self) -> bool {
-        self.completion.is_none()
+        self.ended.is_some()
+    }
+
+    /// The request's record, finished at once if the body has already ended.
+    fn record(&mut self, mut record: Record) {
+        match self.ended {
+            Some(outcome) => record.finish(outcome),
+            None => self.record = Some(record),
+        }
     }
 
     /// Ends the exchange: the lease goes back (reused or closed) and the outcome is counted, once.
@@ -279,8 +227,11 @@ impl Relay {
                 Ending::GivenUp => lease.abandon(),
             }
         }
-        if let Some(done) = self.completion.take() {
-            done.record(outcome);
+        if self.ended.is_none() {
+            self.ended = Some(outcome);
+            if let Some(mut record) = self.record.take() {
+                record.finish(outcome);
+            }
         }
     }
 
@@ -304,8 +255,9 @@ impl Relay {
             self.finish(Outcome::Ok, true);
             return None;
         }
-        if let Some(done) = self.completion.take() {
-            done.record(Outcome::ClientAbort);
+        self.ended = Some(Outcome::ClientAbort);
+        if let Some(mut record) = self.record.take() {
+            record.finish(Outcome::ClientAbort);
         }
         match (self.inner.take(), self.lease.take()) {
             (Some(Source::Upstream(body)), Some(lease)) => Some((body, lease)),
@@ -405,14 +357,8 @@ pub struct UpstreamBody {
 impl UpstreamBody {
     /// `watch`: also cut the exchange off when the client stops taking the body (HTTP/2 streams).
     /// `idle_timeout`: the route's or upstream's `body_idle_timeout`.
-    pub fn new(
-        inner: UpstreamIncoming,
-        lease: Lease,
-        completion: Completion,
-        watch: bool,
-        idle_timeout: Duration,
-    ) -> Self {
-        Self::relaying(Source::Upstream(inner), Some(lease), completion, watch, idle_timeout)
+    pub fn new(inner: UpstreamIncoming, lease: Lease, watch: bool, idle_timeout: Duration) -> Self {
+        Self::relaying(Source::Upstream(inner), Some(lease), watch, idle_timeout)
     }
 
     /// A frame read ahead of the body, to be handed on before the rest.
@@ -425,21 +371,21 @@ impl UpstreamBody {
 
     /// A body already read in full: no lease is held; an HTTP/2 stream that stops taking it is still cut off
     /// after `idle_timeout`, which gives its memory back.
-    pub fn buffered(body: Buffered, completion: Completion, watch: bool, idle_timeout: Duration) -> Self {
-        Self::relaying(Source::Memory(Box::new(body)), None, completion, watch, idle_timeout)
+    pub fn buffered(body: Buffered, watch: bool, idle_timeout: Duration) -> Self {
+        Self::relaying(Source::Memory(Box::new(body)), None, watch, idle_timeout)
     }
 
-    fn relaying(
-        inner: Source,
-        lease: Option<Lease>,
-        completion: Completion,
-        watch: bool,
-        idle_timeout: Duration,
-    ) -> Self {
+    /// The request's record, finished by the body's end.
+    pub(crate) fn record(&mut self, record: Record) {
+        self.relay.with_mut(|relay| relay.record(record));
+    }
+
+    fn relaying(inner: Source, lease: Option<Lease>, watch: bool, idle_timeout: Duration) -> Self {
         let relay = Relay {
             inner: Some(inner),
             lease,
-            completion: Some(completion),
+            record: None,
+            ended: None,
             cut_off: false,
             max_frame: watch
                 .then(|| std::num::NonZeroUsize::new(WATCHED_FRAME_BYTES))

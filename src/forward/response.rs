@@ -13,41 +13,16 @@ use http::{Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 
-use crate::access::Entry;
-use crate::activity::InFlight;
 use crate::buffer::{self, BufferBudget, ReadError};
-use crate::error::{ProxyError, ShedAdvice};
-use crate::metrics::OutcomeCounters;
+use crate::error::{Outcome, ProxyError, ShedAdvice};
 use crate::pool::Lease;
+use crate::record::Record;
 
-use super::{
-    check_transfer_coding, keeps_alive, strip_hop_by_hop, BoxError, Completion, UpstreamBody, UpstreamIncoming,
-};
+use super::{check_transfer_coding, keeps_alive, strip_hop_by_hop, BoxError, UpstreamBody, UpstreamIncoming};
 
 /// The body of every answer floodgate sends: the upstream's, or a short one of its own.
 pub struct ResponseBody {
     kind: Kind,
-    /// Ends the request's in-flight period on its client connection when the answer is done with.
-    _in_flight: Option<InFlight>,
-    /// The route's time and bytes as the client sees them, counted as the body goes and when it is done with.
-    served: Option<Served>,
-    /// The request's span (with `otlp_endpoint`), ended with the answer.
-    _traced: Option<crate::trace::RequestSpan>,
-}
-
-/// A request's answer on its way to the client: when the request arrived, and the body bytes sent so far. Dropped
-/// with the answer (its last byte written, or the client gone), it observes the request's duration.
-struct Served {
-    metrics: crate::metrics::RouteMetrics,
-    arrived: std::time::Instant,
-    bytes: u64,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        self.metrics.duration.observe(self.arrived.elapsed().as_secs_f64());
-        self.metrics.response_bytes.inc_by(self.bytes);
-    }
 }
 
 // As for `RelayHandle`: a local answer is rare, and the upstream's body is not worth an allocation to shrink it.
@@ -61,9 +36,6 @@ impl ResponseBody {
     pub fn upstream(body: UpstreamBody) -> Self {
         ResponseBody {
             kind: Kind::Upstream(body),
-            _in_flight: None,
-            served: None,
-            _traced: None,
         }
     }
 
@@ -71,40 +43,27 @@ impl ResponseBody {
     pub fn full(bytes: Bytes) -> Self {
         ResponseBody {
             kind: Kind::Local((!bytes.is_empty()).then_some(bytes)),
-            _in_flight: None,
-            served: None,
-            _traced: None,
         }
     }
 
     pub fn local(text: &'static str) -> Self {
         ResponseBody {
             kind: Kind::Local(Some(Bytes::from_static(text.as_bytes()))),
-            _in_flight: None,
-            served: None,
-            _traced: None,
         }
     }
 
-    pub fn tracked(mut self, in_flight: Option<InFlight>) -> Self {
-        self._in_flight = in_flight;
-        self
-    }
-
-    /// Ends `span` with the answer.
-    pub(crate) fn traced(mut self, span: Option<crate::trace::RequestSpan>) -> Self {
-        self._traced = span;
-        self
-    }
-
-    /// Counts the answer's bytes and, once it is done with, the request's time since `arrived` in its route's
-    /// metrics.
-    pub fn served(mut self, metrics: Option<crate::metrics::RouteMetrics>, arrived: std::time::Instant) -> Self {
-        self.served = metrics.map(|metrics| Served {
-            metrics,
-            arrived,
-            bytes: 0,
-        });
+    /// The request's record, finished by this body's end. An answer of floodgate's own was finished when it was
+    /// made (its whole body is known then); one that was not is finished now, as served.
+    pub(crate) fn recorded(mut self, mut record: Record) -> Self {
+        if !record.is_finished() {
+            match &mut self.kind {
+                Kind::Upstream(body) => body.record(record),
+                Kind::Local(bytes) => {
+                    record.relayed(bytes.as_ref().map_or(0, Bytes::len));
+                    record.finish(Outcome::Ok);
+                }
+            }
+        }
         self
     }
 }
@@ -114,15 +73,10 @@ impl Body for ResponseBody {
     type Error = BoxError;
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = &mut *self;
-        let polled = match &mut this.kind {
+        match &mut self.kind {
             Kind::Upstream(body) => Pin::new(body).poll_frame(cx),
             Kind::Local(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-        };
-        if let (Some(served), Poll::Ready(Some(Ok(frame)))) = (this.served.as_mut(), &polled) {
-            served.bytes += frame.data_ref().map_or(0, |data| data.len() as u64);
         }
-        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -245,23 +199,19 @@ pub(crate) struct RouteEdits<'a> {
 /// Content-Length is within the upstream's `buffer_response_bytes` (and fits the global bound) is read in full
 /// first, at the upstream's speed, and the lease given back before the client is sent anything: a slow client
 /// then holds memory, never a slot. Any other body streams, holding the lease until its last byte. A failure while
-/// buffering is answered by the caller (nothing has reached the client yet), with the access entry handed back.
-#[allow(clippy::too_many_arguments)]
+/// buffering is answered by the caller (nothing has reached the client yet).
 pub(crate) async fn to_client(
     response: Response<UpstreamIncoming>,
     mut lease: Lease,
-    counters: Arc<OutcomeCounters>,
-    access: Option<Box<Entry>>,
     watch: bool,
     budget: &Arc<BufferBudget>,
     route: RouteEdits<'_>,
-    span: &tracing::Span,
-) -> Result<Response<ResponseBody>, (ProxyError, Option<Box<Entry>>)> {
+) -> Result<Response<ResponseBody>, ProxyError> {
     let (mut parts, mut body) = response.into_parts();
     if let Some(malformed) = malformed(&mut parts) {
         // Nothing has reached the client yet: it gets a 502, not a response that lies about itself.
         lease.forbid_reuse();
-        return Err((ProxyError::UpstreamMalformed(malformed), access));
+        return Err(ProxyError::UpstreamMalformed(malformed));
     }
     if !keeps_alive(parts.version, &parts.headers) {
         lease.forbid_reuse();
@@ -273,7 +223,6 @@ pub(crate) async fn to_client(
     }
     (route.edit_response)(&mut parts.headers);
     parts.version = Version::HTTP_11;
-    let completion = Completion::new(counters, parts.status, access, span.clone());
     let limits = lease.pool().limits();
     let (limit, idle_timeout) = (
         limits.buffer_response_bytes,
@@ -293,12 +242,12 @@ pub(crate) async fn to_client(
         let first = match tokio::time::timeout(FIRST_FRAME_WAIT, body.frame()).await {
             Ok(Some(Err(err))) => {
                 lease.forbid_reuse();
-                return Err((ProxyError::Upstream(err), completion.access));
+                return Err(ProxyError::Upstream(err));
             }
             Ok(Some(Ok(frame))) => Some(frame),
             Ok(None) | Err(_) => None,
         };
-        let streamed = UpstreamBody::new(body, lease, completion, watch, idle_timeout).starting_with(first);
+        let streamed = UpstreamBody::new(body, lease, watch, idle_timeout).starting_with(first);
         return Ok(Response::from_parts(parts, ResponseBody::upstream(streamed)));
     };
     // One byte past the length: the read then ends at the body's end, never at the limit.
@@ -315,7 +264,7 @@ pub(crate) async fn to_client(
     drop(lease);
     let failed = match read {
         Ok(buffered) if buffered.is_complete() => {
-            let body = UpstreamBody::buffered(buffered, completion, watch, idle_timeout);
+            let body = UpstreamBody::buffered(buffered, watch, idle_timeout);
             return Ok(Response::from_parts(parts, ResponseBody::upstream(body)));
         }
         // hyper ends a body at its Content-Length; this would be a body going on past it.
@@ -323,5 +272,5 @@ pub(crate) async fn to_client(
         Err(ReadError::Stalled(limit)) => ProxyError::UpstreamTimeout(limit),
         Err(ReadError::Body(err)) => ProxyError::Upstream(err),
     };
-    Err((failed, completion.access))
+    Err(failed)
 }

@@ -13,41 +13,41 @@ use http_body_util::BodyExt;
 use hyper::body::Body;
 use tokio::sync::oneshot;
 
-use crate::access::Entry;
 use crate::admission::{Patience, Shed};
 use crate::body::UploadProgress;
 use crate::buffer::BufferBudget;
-use crate::error::{Outcome, ProxyError, ShedAdvice};
+use crate::error::ProxyError;
 use crate::forward::{self, RequestBody, ResponseBody, UpstreamIncoming};
-use crate::metrics::OutcomeCounters;
 use crate::net;
 use crate::pool::{Admitted, Lease, LeaseTaker, Refused, UpstreamPool};
 use crate::route::RouteSettings;
 
-/// A failure carries the access-log entry back, so that its answer's line is written where it is counted.
-pub(super) type Answer = Result<Response<ResponseBody>, (ProxyError, Option<Box<Entry>>)>;
+/// The client's answer, or why there is none (made into one by the proxy, which counts it).
+pub(super) type Answer = Result<Response<ResponseBody>, ProxyError>;
+
+/// What the upstream side sends back to the client's task.
+pub(super) struct Exchanged {
+    /// `None`: the client left while its request was queued (noticed here, on its socket); nothing was sent.
+    pub(super) answer: Option<Answer>,
+    /// When the request left the queue, if it did: the access log splits the request's time there.
+    pub(super) admitted: Option<Instant>,
+}
 
 /// Sends the request upstream and turns the response head into the client's.
 pub(super) async fn exchange(
     lease: Lease,
     request: Request<RequestBody>,
-    access: Option<Box<Entry>>,
     watch_body: bool,
     buffers: Arc<BufferBudget>,
     route: &RouteSettings,
-    span: &tracing::Span,
 ) -> Answer {
     let pool = lease.pool().clone();
-    let (response, lease) = match send(&pool, lease, request, route.request_timeout).await {
-        Ok(sent) => sent,
-        Err(err) => return Err((err, access)),
-    };
-    let counters = pool.metrics.requests.clone();
+    let (response, lease) = send(&pool, lease, request, route.request_timeout).await?;
     let edits = forward::RouteEdits {
         edit_response: &|headers| route.edit_response(headers),
         body_idle_timeout: route.body_idle_timeout,
     };
-    forward::to_client(response, lease, counters, access, watch_body, &buffers, edits, span).await
+    forward::to_client(response, lease, watch_body, &buffers, edits).await
 }
 
 /// An admitted request on its way to the upstream side: the rest of its path runs there, in a task of its own.
@@ -81,11 +81,10 @@ impl AdmittedExchange {
     }
 }
 
-/// Hands `answered` to the client's task, counting it as the client's abort if nobody waits for it any more.
-fn give(answer: oneshot::Sender<Answer>, answered: Answer, counters: &OutcomeCounters, span: &tracing::Span) {
-    if let Err(Err((_, access))) = answer.send(answered) {
-        forward::complete(counters, None, access, Outcome::ClientAbort, 0, span);
-    }
+/// Hands `answer` to the client's task. Nobody may wait for it any more: the client's record, dropped with its
+/// task, counted the abort, and an answer with a body drains it as it is dropped.
+fn give(to: oneshot::Sender<Exchanged>, answer: Option<Answer>, admitted: Option<Instant>) {
+    let _ = to.send(Exchanged { answer, admitted });
 }
 
 /// What an admitted request needs once it holds a lease: run where the lease was granted.
@@ -97,15 +96,11 @@ pub(super) struct Rest {
     /// A queued HTTP/2 upload's stream window, counted in the buffer budget until the request leaves the queue.
     pub(super) window_held: Option<crate::buffer::Reservation>,
     pub(super) request: Request<RequestBody>,
-    pub(super) access: Option<Box<Entry>>,
-    pub(super) answer: oneshot::Sender<Answer>,
+    pub(super) answer: oneshot::Sender<Exchanged>,
     pub(super) watch_body: bool,
     pub(super) buffers: Arc<BufferBudget>,
     /// What the request's route sets (its timeouts, the answer's fields).
     pub(super) route: Arc<RouteSettings>,
-    /// The request's span. The lane's tasks do not enter it (an enter and exit on every poll cost more than the
-    /// rest of the span); what is counted here is recorded on it, and the client's answer keeps it open.
-    pub(super) span: tracing::Span,
     /// The request's exported span, with `otlp_endpoint`: marked when the request leaves the queue and when the
     /// upstream answers.
     pub(super) marks: Option<crate::trace::Marks>,
@@ -121,7 +116,6 @@ impl Rest {
         patience: Patience,
         watched_socket: Option<Arc<tokio::net::TcpStream>>,
     ) {
-        let pool = queued.pool().clone();
         let handover = Arc::new(Handover {
             rest: std::sync::Mutex::new(Some(self)),
         });
@@ -141,16 +135,10 @@ impl Rest {
         let waited = queued.wait(patience, client_gone).await;
         // Taken by the grant's thread: its exchange runs there, and this wait is over.
         let Some(rest) = handover.take_back() else { return };
-        let counters = &pool.metrics.requests;
         match waited {
             Ok(lease) => rest.run(lease).await,
-            Err(Refused::Shed(shed)) => give(
-                rest.answer,
-                Err((ProxyError::Shed(shed), rest.access)),
-                counters,
-                &rest.span,
-            ),
-            Err(Refused::ClientGone) => client_left(counters, rest.access, rest.answer, &rest.span),
+            Err(Refused::Shed(shed)) => give(rest.answer, Some(Err(ProxyError::Shed(shed))), None),
+            Err(Refused::ClientGone) => give(rest.answer, None, None),
         }
     }
 
@@ -161,37 +149,32 @@ impl Rest {
             recheck_client,
             window_held,
             request,
-            mut access,
             answer,
             watch_body,
             buffers,
             route,
-            span,
             marks,
         } = self;
         // In a storm the client's task may not have run since its client left (clients that give up close): a
         // request nobody waits for any more is not sent. Its lease goes to the next waiter.
         if recheck_client.as_deref().is_some_and(net::peer_has_closed) {
-            let counters = lease.pool().metrics.requests.clone();
             drop(lease);
-            client_left(&counters, access, answer, &span);
+            give(answer, None, None);
             return;
         }
         // Out of the queue: the body now streams upstream, at the upstream's pace.
         drop(window_held);
-        let pool = lease.pool().clone();
-        pool.metrics.queue_waited_in(class, arrived.elapsed());
-        if let Some(entry) = access.as_mut() {
-            entry.admitted();
-        }
+        let left_queue = tokio::time::Instant::now();
+        let waited = left_queue - arrived;
+        lease.pool().metrics.queue_waited_in(class, waited);
         if let Some(marks) = &marks {
-            marks.admitted(arrived.elapsed());
+            marks.admitted(waited);
         }
-        let answered = exchange(lease, request, access, watch_body, buffers, &route, &span).await;
+        let answered = exchange(lease, request, watch_body, buffers, &route).await;
         if let (Some(marks), Ok(_)) = (&marks, &answered) {
             marks.answered();
         }
-        give(answer, answered, &pool.metrics.requests, &span);
+        give(answer, Some(answered), Some(left_queue.into_std()));
     }
 }
 
@@ -232,18 +215,6 @@ impl LeaseTaker for Handover {
         pool.spawn(rest.run(lease));
         Ok(())
     }
-}
-
-/// A queued request's client left: counted as its abort, and answered (if its task still waits) with an answer
-/// nobody will read.
-pub(super) fn client_left(
-    counters: &OutcomeCounters,
-    access: Option<Box<Entry>>,
-    answer: oneshot::Sender<Answer>,
-    span: &tracing::Span,
-) {
-    forward::complete(counters, None, access, Outcome::ClientAbort, 0, span);
-    let _ = answer.send(Ok(forward::local_response(&ProxyError::Shed(Shed::QueueTimeout), None)));
 }
 
 /// The sending loop, with the retry rules: a request the upstream never received is retried on another
@@ -443,61 +414,4 @@ pub(super) fn replayable(request: &Request<RequestBody>) -> Option<ReplayHead> {
         uri: request.uri().clone(),
         headers: request.headers().clone(),
     })
-}
-
-/// Counts a client abort (and writes its access line) if dropped before [`AbortWatch::disarm`], which hands the
-/// access-log entry back.
-pub(super) struct AbortWatch<'a> {
-    counters: Option<&'a OutcomeCounters>,
-    access: Option<Box<Entry>>,
-}
-
-impl<'a> AbortWatch<'a> {
-    pub(super) fn new(counters: &'a OutcomeCounters, access: Option<Box<Entry>>) -> Self {
-        AbortWatch {
-            counters: Some(counters),
-            access,
-        }
-    }
-
-    pub(super) fn disarm(mut self) -> Option<Box<Entry>> {
-        self.counters = None;
-        self.access.take()
-    }
-}
-
-impl Drop for AbortWatch<'_> {
-    fn drop(&mut self) {
-        if let Some(counters) = self.counters {
-            forward::complete(
-                counters,
-                None,
-                self.access.take(),
-                Outcome::ClientAbort,
-                0,
-                &tracing::Span::current(),
-            );
-        }
-    }
-}
-
-/// The proxy's own answer to an error, counted under `counters` and logged like any other request.
-pub(super) fn answer_locally(
-    counters: &OutcomeCounters,
-    err: ProxyError,
-    advice: Option<&ShedAdvice>,
-    access: Option<Box<Entry>>,
-) -> Response<ResponseBody> {
-    let response = forward::local_response(&err, advice);
-    // The body of a local answer is the reason's text.
-    let bytes = err.reason().len() as u64;
-    forward::complete(
-        counters,
-        Some(response.status()),
-        access,
-        err.outcome(),
-        bytes,
-        &tracing::Span::current(),
-    );
-    response
 }

@@ -1,9 +1,11 @@
-//! The request's path through floodgate, built in one place: tunnel check → target (its dot segments resolved) →
-//! route → rewrite → small body read → admission → exchange → answer.
+//! The request's path through floodgate, in one place: [`Proxy::arrive`] (the tunnel check, the target's dot
+//! segments resolved, the route, the request's record and span) → `rewrite` → the small body read → admission →
+//! the exchange, in the upstream lane (`exchange`) → the answer; an upgrade's own steps in `tunnel`.
 //!
-//! Owns the order of the steps and the one place where a [`ProxyError`] becomes a response and is counted. A
-//! client that leaves while its request is at the upstream does not cancel the exchange: its remainder is
-//! spawned, the response is still read to its end and the connection reused.
+//! Owns the order of the steps and the one place where a [`ProxyError`] becomes a response
+//! ([`Proxy::answer_error`]); what a request's end counts is its [`Record`]'s. A client that leaves while its
+//! request is at the upstream does not cancel the exchange: its remainder is spawned, the response is still read
+//! to its end and the connection reused.
 
 mod exchange;
 mod tunnel;
@@ -14,23 +16,53 @@ use std::time::Instant;
 
 use arc_swap::{ArcSwap, Guard};
 
-use http::{header, Method, Request, Response, Version};
+use std::panic::AssertUnwindSafe;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use http::{header, HeaderValue, Method, Request, Response, Version};
 use hyper::body::Body;
 use tokio::sync::oneshot;
+use tracing::field::display;
 
 use crate::access::Entry;
+use crate::activity::InFlight;
 use crate::admission::{self, Patience, Place, Shed};
 use crate::body::ClientBody;
 use crate::buffer::BufferBudget;
 use crate::config::{Config, FairKey, UpstreamConfig, MAX_PRIORITY};
-use crate::error::ProxyError;
+use crate::error::{Outcome, ProxyError};
 use crate::forward::{self, ClientInfo, ResponseBody};
 use crate::metrics::Metrics;
 use crate::pool::{Admitted, Refused, UpstreamPool};
-use crate::route::{Picked, Router};
+use crate::record::Record;
+use crate::route::{Picked, RouteSettings, Router};
 use crate::upstream_lane::UpstreamLane;
 
-use exchange::{answer_locally, AbortWatch, AdmittedExchange, Rest};
+use exchange::{AdmittedExchange, Answer, Rest};
+
+/// The request span's target. It is at `debug`: made at every request, it costs about a sixth of floodgate's own
+/// work on a response (docs/testing.md), and at `info` almost no line is written while a request is handled.
+/// `log_level = "info,floodgate::request=debug"` turns it on alone.
+const SPAN_TARGET: &str = "floodgate::request";
+
+/// A request as it arrived ([`Proxy::arrive`]): its route (or why it has none), the protocol it asks to switch
+/// to, its record and its span, which the caller's future is made in.
+pub(crate) struct Arrival {
+    routed: Result<(Arc<UpstreamPool>, Picked), ProxyError>,
+    upgrade: Option<HeaderValue>,
+    record: Record,
+    pub(crate) span: tracing::Span,
+}
+
+/// What a request takes from its upstream's settings and its route.
+struct Bounds {
+    buffer_limit: u64,
+    request_timeout: Duration,
+    queue_timeout: Duration,
+    client_deadline: Option<tokio::time::Instant>,
+    place: Place,
+}
 
 /// Everything a request needs, shared by all connections. The router and the trusted proxies are replaced whole
 /// by a reload; a request reads each once.
@@ -168,110 +200,156 @@ impl Proxy {
         self.trusted_proxies.load().iter().any(|net| net.contains(&peer))
     }
 
-    /// Serves one request from `client`'s connection.
+    /// Serves one request from `client`'s connection: [`Proxy::arrive`], then [`Proxy::serve_arrived`].
     pub async fn serve(
         self: Arc<Self>,
         mut request: Request<ClientBody>,
         client: Arc<ClientInfo>,
     ) -> Response<ResponseBody> {
-        let routed = self.route(&mut request);
-        let upgrade = crate::tunnel::asked(&request);
-        self.serve_routed(request, client, routed, upgrade).await
+        let arrival = self.arrive(&mut request, &client, None, None);
+        self.serve_arrived(request, client, arrival).await
     }
 
-    /// Serves one request already routed (or refused) by [`Proxy::route`], with what it asks to switch to
-    /// ([`crate::tunnel::asked`], read once by the caller).
-    pub async fn serve_routed(
+    /// The steps taken as a request arrives, before its future exists: what it asks to switch to (read once), its
+    /// route, and its record and span, made with what the route says (each later record on a span costs about as
+    /// much as making it; the fields are read only when the span is on). `id`: its `X-Request-Id`.
+    pub(crate) fn arrive(
+        &self,
+        request: &mut Request<ClientBody>,
+        client: &ClientInfo,
+        in_flight: Option<InFlight>,
+        id: Option<&HeaderValue>,
+    ) -> Arrival {
+        let mut record = Record::open(self.metrics.clone(), in_flight);
+        let upgrade = crate::tunnel::asked(request);
+        if upgrade.is_some() {
+            // A tunnel's request is at work for as long as the tunnel: its task keeps the mark, not the answer.
+            if let Some(mark) = record.take_in_flight() {
+                crate::tunnel::Hold::put(request, mark);
+            }
+        }
+        let routed = self.route(request);
+        let exported = self.tracing().map(|tracing| {
+            let route = routed.as_ref().ok().map(|(pool, picked)| (&*pool.name, &*picked.label));
+            tracing.request(request, client.peer.ip(), route)
+        });
+        let (route, upstream) = match &routed {
+            Ok((pool, picked)) => (Some(display(&picked.label)), Some(display(&pool.name))),
+            Err(_) => (None, None),
+        };
+        let span = tracing::debug_span!(
+            target: SPAN_TARGET,
+            "request",
+            id = %id.and_then(|id| id.to_str().ok()).unwrap_or("-"),
+            route,
+            upstream,
+            outcome = tracing::field::Empty,
+        );
+        let access = Entry::start(self.access_log, client.peer, request);
+        record.described(access, span.clone(), exported);
+        if let Ok((pool, picked)) = &routed {
+            record.routed(&pool.name, pool.metrics.requests.clone(), picked.metrics.clone());
+        }
+        Arrival {
+            routed,
+            upgrade,
+            record,
+            span,
+        }
+    }
+
+    /// Serves a request that has arrived ([`Proxy::arrive`]); its record, finished by its answer, goes with it. A
+    /// panic in floodgate's own code is answered `500`: it ends this request alone, and what it held (a lease, a
+    /// place in the queue) is given back as it unwinds.
+    pub(crate) async fn serve_arrived(
         self: Arc<Self>,
         request: Request<ClientBody>,
         client: Arc<ClientInfo>,
-        routed: Result<(Arc<UpstreamPool>, Picked), ProxyError>,
-        upgrade: Option<http::HeaderValue>,
+        arrival: Arrival,
     ) -> Response<ResponseBody> {
-        if let Some(upgrade) = upgrade {
-            // Boxed: an upgrade is rare, and its steps would add their size to every request's future.
-            return Box::pin(self.serve_tunnel(request, client, routed, upgrade)).await;
+        let Arrival {
+            routed,
+            upgrade,
+            mut record,
+            span: _,
+        } = arrival;
+        let served = AssertUnwindSafe(self.serve_routed(request, &client, routed, upgrade, &mut record))
+            .catch_unwind()
+            .await;
+        let answered = served.unwrap_or_else(|_| {
+            tracing::error!("handling a request panicked; it is answered 500");
+            self.answer_error(None, ProxyError::Internal, &mut record)
+        });
+        if !record.is_finished() {
+            record.answered(answered.status());
         }
+        answered.map(|body| body.recorded(record))
+    }
+
+    /// The request's path once routed: refused, a tunnel, or forwarded; an error becomes its answer here.
+    async fn serve_routed(
+        self: &Arc<Self>,
+        request: Request<ClientBody>,
+        client: &Arc<ClientInfo>,
+        routed: Result<(Arc<UpstreamPool>, Picked), ProxyError>,
+        upgrade: Option<HeaderValue>,
+        record: &mut Record,
+    ) -> Response<ResponseBody> {
+        let (pool, picked) = match routed {
+            Ok(routed) => routed,
+            Err(err) => return self.answer_error(None, err, record),
+        };
+        let served = match upgrade {
+            // Boxed: an upgrade is rare, and its steps would add their size to every request's future.
+            Some(upgrade) => Box::pin(self.serve_tunnel(request, client, &pool, &picked, upgrade, record)).await,
+            None => self.forward(request, client, &pool, picked, record).await,
+        };
+        served.unwrap_or_else(|err| self.answer_error(Some(&pool), err, record))
+    }
+
+    /// A routed request's steps: rewritten for its upstream, its small body read, admitted, exchanged.
+    async fn forward(
+        &self,
+        request: Request<ClientBody>,
+        client: &Arc<ClientInfo>,
+        pool: &Arc<UpstreamPool>,
+        picked: Picked,
+        record: &mut Record,
+    ) -> Answer {
         // A client's own deadline runs from when its request arrived, body reading included.
         let received = tokio::time::Instant::now();
         let marks = request.extensions().get::<crate::trace::Marks>().cloned();
-        let mut body_unread = !request.body().is_end_stream();
         let is_http1 = request.version() <= Version::HTTP_11;
         // The client asked to hear from us before it sends the body: that answer waits for admission.
         let awaits_continue = request.headers().contains_key(header::EXPECT);
-        let mut access = Entry::start(self.access_log, client.peer, &request);
-        let prepared = routed.and_then(|(pool, picked)| {
-            let upstream_request = forward::to_upstream(request, &client, &pool)?;
-            Ok((pool, picked, upstream_request))
-        });
-        let (pool, picked, mut upstream_request) = match prepared {
-            Ok(prepared) => prepared,
-            Err(err) => return self.refuse(err, access),
-        };
-        if let Some(entry) = access.as_mut() {
-            entry.routed(&pool.name);
-        }
-        if body_unread {
-            upstream_request
-                .body_mut()
-                .counted_in(picked.metrics.request_bytes.clone());
-        }
+        let mut upstream_request = forward::to_upstream(request, client, pool)?;
         let route = picked.settings.clone();
-        if !route.edits_nothing() {
-            let (mut parts, body) = upstream_request.into_parts();
-            forward::drop_underscore_aliases(&mut parts.headers, &route.guarded_request);
-            route.edit_request(&mut parts.uri, &mut parts.headers);
-            upstream_request = Request::from_parts(parts, body);
-        }
-        if let Some(idle) = route.body_idle_timeout {
-            upstream_request.body_mut().set_idle_timeout(idle);
-        }
-        // Everything this request takes from its upstream's settings, read once; the head is all it needs.
-        let (buffer_limit, request_timeout, queue_timeout, client_deadline, place) = {
-            let limits = pool.limits();
-            let headers = upstream_request.headers();
-            let client_deadline = admission::client_timeout(headers, &limits.deadline_header, limits.grpc_timeout)
-                .map(|timeout| received + timeout);
-            let place = place(&limits, &picked, headers, &client, &self.trusted_proxies.load());
-            (
-                limits.buffer_request_bytes,
-                route.request_timeout.unwrap_or(limits.request_timeout),
-                limits.queue_timeout,
-                client_deadline,
-                place,
-            )
-        };
-
+        rewrite(&mut upstream_request, &route, &picked);
+        let bounds = self.bounds(pool, &picked, &route, &upstream_request, client, received);
+        let mut body_unread = !upstream_request.body().is_end_stream();
         if body_unread && !awaits_continue {
             // Read before admission, so a client that uploads slowly waits without holding a slot. Over HTTP/2 a
             // body without a length may be a stream the client feeds as answers arrive: it is not waited for.
-            // hyper drops this future when the client leaves; while its body is read, that is counted here.
-            let reading = AbortWatch::new(&pool.metrics.requests, access);
+            // A client that leaves meanwhile drops this future, and its record counts the abort.
             let body = upstream_request.body_mut();
-            let buffered = body
-                .buffer(buffer_limit, is_http1, request_timeout, &self.buffers)
-                .await;
-            access = reading.disarm();
-            match buffered {
-                Ok(all_read) => body_unread = !all_read,
-                Err(err) => return self.answer_error(&pool, err, access),
-            }
+            let all_read = body
+                .buffer(bounds.buffer_limit, is_http1, bounds.request_timeout, &self.buffers)
+                .await?;
+            body_unread = !all_read;
         }
         // The queue's clock starts once the body is in: queue_timeout bounds the wait for a slot.
         let arrived = tokio::time::Instant::now();
         let patience = Patience {
-            queue_timeout_at: arrived + queue_timeout,
-            client_deadline,
+            queue_timeout_at: arrived + bounds.queue_timeout,
+            client_deadline: bounds.client_deadline,
         };
         // Admission decides here and at once; a shed costs the client side nothing more.
-        let admitted = match pool.try_admit(false, patience, &place) {
-            Ok(admitted) => admitted,
-            Err(Refused::Shed(shed)) => {
-                self.warn_shed(&pool, shed);
-                return self.answer_error(&pool, ProxyError::Shed(shed), access);
-            }
-            Err(Refused::ClientGone) => return self.answer_error(&pool, ProxyError::ClientGone, access),
-        };
+        let admitted = pool
+            .try_admit(false, patience, &bounds.place)
+            .map_err(|refused| match refused {
+                Refused::Shed(shed) => ProxyError::Shed(shed),
+                Refused::ClientGone => ProxyError::ClientGone,
+            })?;
         // A queued HTTP/2 upload's stream window may fill while it waits: floodgate holds those bytes, so they count.
         let window_held = match &admitted {
             Admitted::Queued(_) if body_unread && !is_http1 => {
@@ -292,32 +370,49 @@ impl Proxy {
             watched_socket: client.http1_stream.clone().filter(|_| queued && body_unread),
             rest: Rest {
                 arrived,
-                class: place.class,
+                class: bounds.place.class,
                 // Looked at once more when a queued request's turn comes; one granted at once has just been read.
                 recheck_client: client.http1_stream.clone().filter(|_| queued),
                 window_held,
                 request: upstream_request,
-                access,
                 answer,
                 // An HTTP/2 client can stop a stream without blocking its socket; its body gets a watchdog.
                 watch_body: !is_http1,
                 buffers: self.buffers.clone(),
                 route,
-                span: tracing::Span::current(),
                 marks,
             },
         };
         self.lane.spawn(admitted.start());
-        match answered.await {
-            Ok(Ok(response)) => response,
-            Ok(Err((err, access))) => {
-                if let ProxyError::Shed(shed) = err {
-                    self.warn_shed(&pool, shed);
-                }
-                self.answer_error(&pool, err, access)
-            }
-            // The upstream side stopped (floodgate is exiting) with the exchange on it.
-            Err(_) => self.answer_error(&pool, ProxyError::Abandoned, None),
+        // The upstream side stopped (floodgate is exiting) with the exchange on it.
+        let exchanged = answered.await.map_err(|_| ProxyError::Abandoned)?;
+        record.admitted(exchanged.admitted);
+        exchanged.answer.unwrap_or_else(|| {
+            // Its client left while it was queued: it goes unanswered, counted as the client's abort.
+            record.finish(Outcome::ClientAbort);
+            Ok(forward::local_response(&ProxyError::Shed(Shed::QueueTimeout), None))
+        })
+    }
+
+    /// Everything a request takes from its upstream's settings and its route, read once; the head is all it needs.
+    fn bounds(
+        &self,
+        pool: &UpstreamPool,
+        picked: &Picked,
+        route: &RouteSettings,
+        request: &Request<forward::RequestBody>,
+        client: &ClientInfo,
+        received: tokio::time::Instant,
+    ) -> Bounds {
+        let limits = pool.limits();
+        let headers = request.headers();
+        Bounds {
+            buffer_limit: limits.buffer_request_bytes,
+            request_timeout: route.request_timeout.unwrap_or(limits.request_timeout),
+            queue_timeout: limits.queue_timeout,
+            client_deadline: admission::client_timeout(headers, &limits.deadline_header, limits.grpc_timeout)
+                .map(|timeout| received + timeout),
+            place: place(&limits, picked, headers, client, &self.trusted_proxies.load()),
         }
     }
 
@@ -354,19 +449,31 @@ impl Proxy {
         Ok((pool.clone(), picked.clone()))
     }
 
-    fn refuse(&self, err: ProxyError, access: Option<Box<Entry>>) -> Response<ResponseBody> {
-        answer_locally(self.metrics.client_side_counters(), err, None, access)
-    }
-
-    fn answer_error(&self, pool: &UpstreamPool, err: ProxyError, access: Option<Box<Entry>>) -> Response<ResponseBody> {
-        let advice = match err {
-            ProxyError::Shed(_) => Some(pool.shed_advice()),
-            _ => {
+    /// The one place a [`ProxyError`] becomes the client's answer: floodgate's own, counted on `record` (under
+    /// `pool` when it has one), with the upstream's advice when the request was shed.
+    fn answer_error(
+        &self,
+        pool: Option<&UpstreamPool>,
+        err: ProxyError,
+        record: &mut Record,
+    ) -> Response<ResponseBody> {
+        let advice = match (&err, pool) {
+            (ProxyError::Shed(shed), Some(pool)) => {
+                self.warn_shed(pool, *shed);
+                Some(pool.shed_advice())
+            }
+            (_, Some(pool)) => {
                 tracing::debug!(upstream = %pool.name, error = %err, "request failed");
                 None
             }
+            (_, None) => None,
         };
-        answer_locally(&pool.metrics.requests, err, advice.as_ref(), access)
+        let response = forward::local_response(&err, advice.as_ref());
+        record.answered(response.status());
+        // The body of a local answer is the reason's text.
+        record.relayed(err.reason().len());
+        record.finish(err.outcome());
+        response
     }
 
     /// At most one shedding warning a second, so overload does not also flood the logs.
@@ -388,6 +495,24 @@ impl Proxy {
                 "shedding requests"
             );
         }
+    }
+}
+
+/// The route's own edits to the head (the names that alias `X-Forwarded-*` with `_` dropped first), and its
+/// request body counted in its metrics and bounded by its `body_idle_timeout`.
+fn rewrite(request: &mut Request<forward::RequestBody>, route: &RouteSettings, picked: &Picked) {
+    if !request.body().is_end_stream() {
+        request.body_mut().counted_in(picked.metrics.request_bytes.clone());
+    }
+    if !route.edits_nothing() {
+        forward::drop_underscore_aliases(request.headers_mut(), &route.guarded_request);
+        // The target is taken out for a moment (a default `Uri` costs nothing) so both halves can be edited.
+        let mut target = std::mem::take(request.uri_mut());
+        route.edit_request(&mut target, request.headers_mut());
+        *request.uri_mut() = target;
+    }
+    if let Some(idle) = route.body_idle_timeout {
+        request.body_mut().set_idle_timeout(idle);
     }
 }
 

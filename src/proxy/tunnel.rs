@@ -11,12 +11,12 @@ use http_body_util::BodyExt;
 use hyper::body::Body;
 use tokio::sync::oneshot;
 
-use super::Proxy;
-use crate::access::Entry;
+use super::{Answer, Proxy};
 use crate::body::ClientBody;
-use crate::error::{Outcome, ProxyError};
+use crate::error::ProxyError;
 use crate::forward::{self, ClientInfo, ResponseBody, UpstreamIncoming};
 use crate::pool::{Conn, Slot, UpstreamPool};
+use crate::record::Record;
 use crate::route::{Picked, RouteSettings};
 use crate::tunnel::{self, Handoff, Tunnel};
 
@@ -48,37 +48,28 @@ async fn open(
 impl Proxy {
     /// Serves a request that asks to switch to `upgrade` (see [`tunnel::asked`]).
     pub(super) async fn serve_tunnel(
-        self: Arc<Self>,
+        &self,
         mut request: Request<ClientBody>,
-        client: Arc<ClientInfo>,
-        routed: Result<(Arc<UpstreamPool>, Picked), ProxyError>,
+        client: &ClientInfo,
+        pool: &Arc<UpstreamPool>,
+        picked: &Picked,
         upgrade: HeaderValue,
-    ) -> Response<ResponseBody> {
-        let mut access = Entry::start(self.access_log, client.peer, &request);
-        let (pool, picked) = match routed {
-            Ok(routed) => routed,
-            Err(err) => return self.refuse(err, access),
-        };
-        if let Some(entry) = access.as_mut() {
-            entry.routed(&pool.name);
-        }
+        record: &mut Record,
+    ) -> Answer {
         if pool.limits().max_tunnels == 0 {
             pool.metrics.tunnels_refused_off.inc();
-            return self.answer_error(&pool, ProxyError::TunnelsOff, access);
+            return Err(ProxyError::TunnelsOff);
         }
         // An extended CONNECT's stream is the tunnel itself, not a body.
         if !tunnel::extended_connect(&request) && !request.body().is_end_stream() {
-            return self.answer_error(&pool, ProxyError::UpgradeWithBody, access);
+            return Err(ProxyError::UpgradeWithBody);
         }
         let version = request.version();
         // hyper's HTTP/2 server hands the client's stream over through the request; floodgate's own HTTP/1 server
         // takes the tunnel from the answer instead (see `Handoff`).
         let on_upgrade = request.extensions_mut().remove::<hyper::upgrade::OnUpgrade>();
         let hold = request.extensions_mut().remove::<tunnel::Hold>();
-        let upstream_request = match forward::to_upstream(request, &client, &pool) {
-            Ok(upstream_request) => upstream_request,
-            Err(err) => return self.answer_error(&pool, err, access),
-        };
+        let upstream_request = forward::to_upstream(request, client, pool)?;
         let (mut parts, body) = upstream_request.into_parts();
         forward::drop_underscore_aliases(&mut parts.headers, &picked.settings.guarded_request);
         picked.settings.edit_request(&mut parts.uri, &mut parts.headers);
@@ -87,43 +78,33 @@ impl Proxy {
         // A tunnel may last hours: one beyond the bound is refused now rather than queued.
         let Some(slot) = pool.tunnel_slot() else {
             pool.metrics.tunnels_refused_limit.inc();
-            return self.answer_error(&pool, ProxyError::TunnelLimit, access);
+            return Err(ProxyError::TunnelLimit);
         };
-        if let Some(entry) = access.as_mut() {
-            entry.admitted();
-        }
+        record.admitted(Some(std::time::Instant::now()));
         // Opened where the pool's connections run: a client that leaves meanwhile drops only the wait, and a
         // socket dialled for it is closed like any other (both sides) before its slot goes back.
         let (opened, opening) = oneshot::channel();
         let limit = picked.settings.request_timeout.unwrap_or(pool.limits().request_timeout);
         pool.spawn(open(pool.clone(), slot, upstream_request, limit, opened));
-        let (conn, response) = match opening.await {
-            Ok(Ok(open)) => open,
-            Ok(Err(err)) => return self.answer_error(&pool, err, access),
-            Err(_) => return self.answer_error(&pool, ProxyError::Abandoned, access),
-        };
+        let (conn, response) = opening.await.map_err(|_| ProxyError::Abandoned)??;
         if response.status() != StatusCode::SWITCHING_PROTOCOLS {
             pool.metrics.tunnels_refused_upstream.inc();
             // Over HTTP/2 a success to CONNECT would itself open the tunnel, with nothing behind it.
             if version == http::Version::HTTP_2 && response.status().is_success() {
                 let refused = ProxyError::UpstreamMalformed("a success without switching to a WebSocket");
-                return self.answer_error(&pool, refused, access);
+                return Err(refused);
             }
-            return self
-                .refused_upgrade(&pool, &picked.settings, response, conn, access)
-                .await;
+            return refused_upgrade(pool, &picked.settings, response, conn).await;
         }
-        let (status, mut headers) = match tunnel::client_answer(response.headers(), &upgrade, version) {
-            Ok(answer) => answer,
-            // The socket (`conn`) is dropped with this, and closed: it was switched to what nobody here speaks.
-            Err(malformed) => return self.answer_error(&pool, ProxyError::UpstreamMalformed(malformed), access),
-        };
+        // The socket (`conn`) is dropped with an error, and closed: it was switched to what nobody here speaks.
+        let (status, mut headers) =
+            tunnel::client_answer(response.headers(), &upgrade, version).map_err(ProxyError::UpstreamMalformed)?;
         picked.settings.edit_response(&mut headers);
-        let span = tracing::Span::current();
         // The switch is the request's answer, counted now; its access-log line waits for the tunnel's end.
-        forward::complete(&pool.metrics.requests, Some(status), None, Outcome::Ok, 0, &span);
+        let access = record.switched(status);
         pool.metrics.tunnels_opened.inc();
-        let tunnel = Tunnel::new(conn, pool, access, self.tunnel_stop.clone(), span);
+        let span = tracing::Span::current();
+        let tunnel = Tunnel::new(conn, pool.clone(), access, self.tunnel_stop.clone(), span);
         let mut response = tunnel::switched_response(status, headers, ResponseBody::full(Bytes::new()));
         match on_upgrade {
             Some(on_upgrade) => {
@@ -140,47 +121,39 @@ impl Proxy {
                 response.extensions_mut().insert(Handoff::new(tunnel));
             }
         }
-        response
+        Ok(response)
     }
+}
 
-    /// The upstream answered the upgrade without switching (a `400`, `403`, `426`…): its answer is passed on,
-    /// read in full first (it is a short page), and the socket closed: it was the tunnel's, not the pool's.
-    async fn refused_upgrade(
-        &self,
-        pool: &UpstreamPool,
-        route: &RouteSettings,
-        response: Response<UpstreamIncoming>,
-        conn: Conn,
-        access: Option<Box<Entry>>,
-    ) -> Response<ResponseBody> {
-        let (mut parts, body) = response.into_parts();
-        let limits = pool.limits();
-        let read = tokio::time::timeout(
-            limits.body_idle_timeout,
-            http_body_util::Limited::new(body, MAX_REFUSAL_BYTES).collect(),
-        )
-        .await;
-        drop(conn);
-        let bytes = match read {
-            Ok(Ok(collected)) => collected.to_bytes(),
-            Ok(Err(_)) => {
-                let failed = ProxyError::UpstreamMalformed("an upgrade's refusal that could not be read whole");
-                return self.answer_error(pool, failed, access);
-            }
-            Err(_) => return self.answer_error(pool, ProxyError::UpstreamTimeout(limits.body_idle_timeout), access),
-        };
-        forward::strip_hop_by_hop(&mut parts.headers);
-        route.edit_response(&mut parts.headers);
-        parts.headers.remove(http::header::CONTENT_LENGTH);
-        parts.version = Version::HTTP_11;
-        forward::complete(
-            &pool.metrics.requests,
-            Some(parts.status),
-            access,
-            Outcome::Ok,
-            bytes.len() as u64,
-            &tracing::Span::current(),
-        );
-        Response::from_parts(parts, ResponseBody::full(bytes))
-    }
+/// The upstream answered the upgrade without switching (a `400`, `403`, `426`…): its answer is passed on, read in
+/// full first (it is a short page), and the socket closed: it was the tunnel's, not the pool's.
+async fn refused_upgrade(
+    pool: &UpstreamPool,
+    route: &RouteSettings,
+    response: Response<UpstreamIncoming>,
+    conn: Conn,
+) -> Answer {
+    let (mut parts, body) = response.into_parts();
+    let limits = pool.limits();
+    let read = tokio::time::timeout(
+        limits.body_idle_timeout,
+        http_body_util::Limited::new(body, MAX_REFUSAL_BYTES).collect(),
+    )
+    .await;
+    drop(conn);
+    let bytes = match read {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(_)) => {
+            return Err(ProxyError::UpstreamMalformed(
+                "an upgrade's refusal that could not be read whole",
+            ))
+        }
+        Err(_) => return Err(ProxyError::UpstreamTimeout(limits.body_idle_timeout)),
+    };
+    forward::strip_hop_by_hop(&mut parts.headers);
+    route.edit_response(&mut parts.headers);
+    parts.headers.remove(http::header::CONTENT_LENGTH);
+    parts.version = Version::HTTP_11;
+    // Counted with its bytes when its record is finished, as an answer in memory is.
+    Ok(Response::from_parts(parts, ResponseBody::full(bytes)))
 }
