@@ -3,7 +3,8 @@
 //! on the request, so it goes upstream and into the access log and the request's span, and returned on the
 //! answer. The steps themselves, the request's span and its record are the proxy's ([`crate::proxy`]); the
 //! span is entered here, around the whole of the request's future, and stays open until the response's last
-//! byte. It never routes, admits or answers anything.
+//! byte; a panic in that future is caught here and answered by the proxy. It never routes, admits or answers
+//! anything itself.
 //!
 //! Request IDs are set and returned here rather than by tower-http's `SetRequestId` and `PropagateRequestId`: their
 //! two layers, a future each and an extension map per request cost more than the header read, made and copied that
@@ -12,11 +13,13 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
 
+use futures_util::FutureExt;
 use http::{HeaderValue, Request, Response};
 use tower::Service;
 use tracing::Instrument;
@@ -24,7 +27,7 @@ use tracing::Instrument;
 use crate::activity::ClientActivity;
 use crate::body::ClientBody;
 use crate::forward::{ClientInfo, ResponseBody};
-use crate::proxy::Proxy;
+use crate::proxy::{Arrival, Proxy};
 
 use crate::access::X_REQUEST_ID;
 
@@ -104,14 +107,22 @@ impl Service<Request<ClientBody>> for ProxyService {
     fn call(&mut self, mut request: Request<ClientBody>) -> Self::Future {
         let id = set_request_id(&mut request, self.client.trusted);
         let in_flight = self.activity.as_ref().map(ClientActivity::request_started);
-        let arrival = self.proxy.arrive(&mut request, &self.client, in_flight, id.as_ref());
-        let span = arrival.span.clone();
+        let Arrival {
+            routed,
+            upgrade,
+            mut record,
+            span,
+        } = self.proxy.arrive(&mut request, &self.client, in_flight, id.as_ref());
         let (proxy, client) = (self.proxy.clone(), self.client.clone());
         // The serving future is made inside the box: an async future held across an await is stored twice, and
-        // moving kilobytes of it into the box costs more than the request's own work.
+        // moving kilobytes of it into the box costs more than the request's own work. The record stays outside
+        // it, so a panic in it leaves the record to be finished by the `500` that answers it.
         Box::pin(
             async move {
-                let mut answered = proxy.serve_arrived(request, client, arrival).await;
+                let served = AssertUnwindSafe(proxy.serve_routed(request, &client, routed, upgrade, &mut record))
+                    .catch_unwind()
+                    .await;
+                let mut answered = proxy.answer(served.map_err(drop), record);
                 // The answer carries the request's ID back, unless the upstream set its own.
                 if let Some(id) = id {
                     if let http::header::Entry::Vacant(place) = answered.headers_mut().entry(X_REQUEST_ID) {

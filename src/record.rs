@@ -13,15 +13,16 @@ use http::StatusCode;
 use crate::access::Entry;
 use crate::activity::InFlight;
 use crate::error::Outcome;
-use crate::metrics::{Metrics, OutcomeCounters, RouteMetrics};
+use crate::metrics::{Metrics, RouteMetrics};
+use crate::pool::UpstreamPool;
 use crate::trace::RequestSpan;
 
 /// What is known of one request until it ends; dropped unfinished, it ends as a client abort.
 pub(crate) struct Record {
     /// Where an outcome is counted before the request has an upstream (`client_side`).
     metrics: Arc<Metrics>,
-    /// Its upstream's counters, once routed.
-    counters: Option<Arc<OutcomeCounters>>,
+    /// Its upstream, once routed: its outcome is counted there.
+    pool: Option<Arc<UpstreamPool>>,
     /// Its route's time and bytes as the client sees them, once routed.
     route: Option<RouteMetrics>,
     arrived: Instant,
@@ -43,7 +44,7 @@ impl Record {
     pub(crate) fn open(metrics: Arc<Metrics>, in_flight: Option<InFlight>) -> Self {
         Record {
             metrics,
-            counters: None,
+            pool: None,
             route: None,
             arrived: Instant::now(),
             status: None,
@@ -64,13 +65,18 @@ impl Record {
         self.exported = exported;
     }
 
-    /// Its upstream (`name`) and route are known: its outcome is counted there.
-    pub(crate) fn routed(&mut self, name: &str, counters: Arc<OutcomeCounters>, route: RouteMetrics) {
+    /// Its upstream and route are known: its outcome is counted there.
+    pub(crate) fn routed(&mut self, pool: Arc<UpstreamPool>, route: RouteMetrics) {
         if let Some(entry) = self.access.as_mut() {
-            entry.routed(name);
+            entry.routed(&pool.name);
         }
-        self.counters = Some(counters);
+        self.pool = Some(pool);
         self.route = Some(route);
+    }
+
+    /// Its upstream, once routed.
+    pub(crate) fn pool(&self) -> Option<&UpstreamPool> {
+        self.pool.as_deref()
     }
 
     /// The request left the queue at `at`.
@@ -118,8 +124,8 @@ impl Record {
         if std::mem::replace(&mut self.finished, true) {
             return None;
         }
-        match &self.counters {
-            Some(counters) => counters.record(outcome, self.status),
+        match &self.pool {
+            Some(pool) => pool.metrics.requests.record(outcome, self.status),
             None => self.metrics.client_side(outcome, self.status),
         }
         self.span.record("outcome", tracing::field::display(outcome.as_str()));

@@ -23,7 +23,7 @@ use crate::pool::{Admitted, Lease, LeaseTaker, Refused, UpstreamPool};
 use crate::route::RouteSettings;
 
 /// The client's answer, or why there is none (made into one by the proxy, which counts it).
-pub(super) type Answer = Result<Response<ResponseBody>, ProxyError>;
+pub(crate) type Answer = Result<Response<ResponseBody>, ProxyError>;
 
 /// What the upstream side sends back to the client's task.
 pub(super) struct Exchanged {

@@ -3,7 +3,7 @@
 //! the exchange, in the upstream lane (`exchange`) → the answer; an upgrade's own steps in `tunnel`.
 //!
 //! Owns the order of the steps and the one place where a [`ProxyError`] becomes a response
-//! ([`Proxy::answer_error`]); what a request's end counts is its [`Record`]'s. A client that leaves while its
+//! ([`Proxy::answer`]); what a request's end counts is its [`Record`]'s. A client that leaves while its
 //! request is at the upstream does not cancel the exchange: its remainder is spawned, the response is still read
 //! to its end and the connection reused.
 
@@ -39,7 +39,8 @@ use crate::record::Record;
 use crate::route::{Picked, RouteSettings, Router};
 use crate::upstream_lane::UpstreamLane;
 
-use exchange::{AdmittedExchange, Answer, Rest};
+pub(crate) use exchange::Answer;
+use exchange::{AdmittedExchange, Rest};
 
 /// The request span's target. It is at `debug`: made at every request, it costs about a sixth of floodgate's own
 /// work on a response (docs/testing.md), and at `info` almost no line is written while a request is handled.
@@ -49,9 +50,9 @@ const SPAN_TARGET: &str = "floodgate::request";
 /// A request as it arrived ([`Proxy::arrive`]): its route (or why it has none), the protocol it asks to switch
 /// to, its record and its span, which the caller's future is made in.
 pub(crate) struct Arrival {
-    routed: Result<(Arc<UpstreamPool>, Picked), ProxyError>,
-    upgrade: Option<HeaderValue>,
-    record: Record,
+    pub(crate) routed: Result<(Arc<UpstreamPool>, Picked), ProxyError>,
+    pub(crate) upgrade: Option<HeaderValue>,
+    pub(crate) record: Record,
     pub(crate) span: tracing::Span,
 }
 
@@ -200,14 +201,24 @@ impl Proxy {
         self.trusted_proxies.load().iter().any(|net| net.contains(&peer))
     }
 
-    /// Serves one request from `client`'s connection: [`Proxy::arrive`], then [`Proxy::serve_arrived`].
+    /// Serves one request from `client`'s connection: [`Proxy::arrive`], [`Proxy::serve_routed`], then
+    /// [`Proxy::answer`] (the client's connections take the same steps through `edge`, which boxes them in the
+    /// request's span).
     pub async fn serve(
         self: Arc<Self>,
         mut request: Request<ClientBody>,
         client: Arc<ClientInfo>,
     ) -> Response<ResponseBody> {
-        let arrival = self.arrive(&mut request, &client, None, None);
-        self.serve_arrived(request, client, arrival).await
+        let Arrival {
+            routed,
+            upgrade,
+            mut record,
+            span: _,
+        } = self.arrive(&mut request, &client, None, None);
+        let served = AssertUnwindSafe(self.serve_routed(request, &client, routed, upgrade, &mut record))
+            .catch_unwind()
+            .await;
+        self.answer(served.map_err(drop), record)
     }
 
     /// The steps taken as a request arrives, before its future exists: what it asks to switch to (read once), its
@@ -248,7 +259,7 @@ impl Proxy {
         let access = Entry::start(self.access_log, client.peer, request);
         record.described(access, span.clone(), exported);
         if let Ok((pool, picked)) = &routed {
-            record.routed(&pool.name, pool.metrics.requests.clone(), picked.metrics.clone());
+            record.routed(pool.clone(), picked.metrics.clone());
         }
         Arrival {
             routed,
@@ -258,74 +269,51 @@ impl Proxy {
         }
     }
 
-    /// Serves a request that has arrived ([`Proxy::arrive`]); its record, finished by its answer, goes with it. A
-    /// panic in floodgate's own code is answered `500`: it ends this request alone, and what it held (a lease, a
-    /// place in the queue) is given back as it unwinds.
-    pub(crate) async fn serve_arrived(
-        self: Arc<Self>,
-        request: Request<ClientBody>,
-        client: Arc<ClientInfo>,
-        arrival: Arrival,
-    ) -> Response<ResponseBody> {
-        let Arrival {
-            routed,
-            upgrade,
-            mut record,
-            span: _,
-        } = arrival;
-        let served = AssertUnwindSafe(self.serve_routed(request, &client, routed, upgrade, &mut record))
-            .catch_unwind()
-            .await;
-        let answered = served.unwrap_or_else(|_| {
-            tracing::error!("handling a request panicked; it is answered 500");
-            self.answer_error(None, ProxyError::Internal, &mut record)
-        });
+    /// The client's answer to what [`Proxy::serve_routed`] came to (`Err(())`: it panicked), with `record`, which
+    /// its end finishes. An error is answered here, the one place a [`ProxyError`] becomes a response. A panic in
+    /// floodgate's own code is answered `500`: it ends this request alone, and what it held (a lease, a place in
+    /// the queue) was given back as it unwound.
+    pub(crate) fn answer(&self, served: Result<Answer, ()>, mut record: Record) -> Response<ResponseBody> {
+        let answered = match served {
+            Ok(Ok(response)) => response,
+            Ok(Err(err)) => self.answer_error(err, &mut record),
+            Err(()) => {
+                tracing::error!("handling a request panicked; it is answered 500");
+                self.answer_error(ProxyError::Internal, &mut record)
+            }
+        };
         if !record.is_finished() {
             record.answered(answered.status());
         }
         answered.map(|body| body.recorded(record))
     }
 
-    /// The request's path once routed: refused, a tunnel, or forwarded; an error becomes its answer here.
-    async fn serve_routed(
-        self: &Arc<Self>,
+    /// A request's path once it has arrived: refused, a tunnel, or rewritten for its upstream, its small body
+    /// read, admitted and exchanged. One `async fn` on purpose: each future nested in another is moved into it
+    /// whole, and a request's future is kilobytes.
+    pub(crate) async fn serve_routed(
+        &self,
         request: Request<ClientBody>,
         client: &Arc<ClientInfo>,
         routed: Result<(Arc<UpstreamPool>, Picked), ProxyError>,
         upgrade: Option<HeaderValue>,
         record: &mut Record,
-    ) -> Response<ResponseBody> {
-        let (pool, picked) = match routed {
-            Ok(routed) => routed,
-            Err(err) => return self.answer_error(None, err, record),
-        };
-        let served = match upgrade {
-            // Boxed: an upgrade is rare, and its steps would add their size to every request's future.
-            Some(upgrade) => Box::pin(self.serve_tunnel(request, client, &pool, &picked, upgrade, record)).await,
-            None => self.forward(request, client, &pool, picked, record).await,
-        };
-        served.unwrap_or_else(|err| self.answer_error(Some(&pool), err, record))
-    }
-
-    /// A routed request's steps: rewritten for its upstream, its small body read, admitted, exchanged.
-    async fn forward(
-        &self,
-        request: Request<ClientBody>,
-        client: &Arc<ClientInfo>,
-        pool: &Arc<UpstreamPool>,
-        picked: Picked,
-        record: &mut Record,
     ) -> Answer {
+        let (pool, picked) = routed?;
+        if let Some(upgrade) = upgrade {
+            // Boxed: an upgrade is rare, and its steps would add their size to every request's future.
+            return Box::pin(self.serve_tunnel(request, client, &pool, &picked, upgrade, record)).await;
+        }
         // A client's own deadline runs from when its request arrived, body reading included.
         let received = tokio::time::Instant::now();
         let marks = request.extensions().get::<crate::trace::Marks>().cloned();
         let is_http1 = request.version() <= Version::HTTP_11;
         // The client asked to hear from us before it sends the body: that answer waits for admission.
         let awaits_continue = request.headers().contains_key(header::EXPECT);
-        let mut upstream_request = forward::to_upstream(request, client, pool)?;
+        let mut upstream_request = forward::to_upstream(request, client, &pool)?;
         let route = picked.settings.clone();
         rewrite(&mut upstream_request, &route, &picked);
-        let bounds = self.bounds(pool, &picked, &route, &upstream_request, client, received);
+        let bounds = self.bounds(&pool, &picked, &route, &upstream_request, client, received);
         let mut body_unread = !upstream_request.body().is_end_stream();
         if body_unread && !awaits_continue {
             // Read before admission, so a client that uploads slowly waits without holding a slot. Over HTTP/2 a
@@ -449,14 +437,10 @@ impl Proxy {
         Ok((pool.clone(), picked.clone()))
     }
 
-    /// The one place a [`ProxyError`] becomes the client's answer: floodgate's own, counted on `record` (under
-    /// `pool` when it has one), with the upstream's advice when the request was shed.
-    fn answer_error(
-        &self,
-        pool: Option<&UpstreamPool>,
-        err: ProxyError,
-        record: &mut Record,
-    ) -> Response<ResponseBody> {
+    /// A [`ProxyError`] as floodgate's own answer, counted on `record` (under its upstream when it has one), with
+    /// the upstream's advice when the request was shed.
+    fn answer_error(&self, err: ProxyError, record: &mut Record) -> Response<ResponseBody> {
+        let pool = record.pool();
         let advice = match (&err, pool) {
             (ProxyError::Shed(shed), Some(pool)) => {
                 self.warn_shed(pool, *shed);
