@@ -79,10 +79,6 @@ impl Entry {
         self.upstream = Some(upstream.to_string());
     }
 
-    pub fn admitted(&mut self) {
-        self.admitted = Some(Instant::now());
-    }
-
     /// The request left the queue at `at`.
     pub fn admitted_at(&mut self, at: Instant) {
         self.admitted = Some(at);

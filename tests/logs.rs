@@ -336,3 +336,99 @@ async fn the_combined_access_log_is_what_web_log_tools_read_and_the_ready_line_s
     );
     assert_eq!(rest, expected, "{line}");
 }
+
+/// One record per request: whether it is served, refused before it has a route, or left behind by its client at
+/// the upstream or in the queue, it ends in exactly one access-log line and one count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_ends_in_one_line_and_one_count_served_refused_or_left_by_its_client() {
+    use tokio::io::AsyncWriteExt;
+    let upstream = Upstream::start().await;
+    let url = upstream.url();
+    let proxy = Proxy::start_with_env(
+        &[
+            "--upstream",
+            &url,
+            "--max-connections",
+            "1",
+            "--max-queue",
+            "4",
+            "--log-format",
+            "json",
+        ],
+        &[("FLOODGATE__ACCESS_LOG", "stdout")],
+    )
+    .await;
+    let send = |head: &'static str| async move {
+        let mut client = tokio::net::TcpStream::connect(proxy.listen).await.unwrap();
+        client.write_all(head.as_bytes()).await.unwrap();
+        client
+    };
+
+    // At the upstream, then its client leaves: the exchange goes on there, holding the only slot.
+    let at_upstream = send("GET /stall HTTP/1.1\r\nHost: app\r\n\r\n").await;
+    wait_until_sync("the only slot is taken", Duration::from_secs(5), || {
+        upstream.inflight() == 1
+    })
+    .await;
+    drop(at_upstream);
+    let lines = proxy.access_lines(1).await;
+    assert_eq!(lines[0]["url.path"], "/stall", "{}", lines[0]);
+    assert_eq!(lines[0]["floodgate.outcome"], "client_abort", "{}", lines[0]);
+
+    // Queued behind it, then its client leaves.
+    let queued = send("GET /queued HTTP/1.1\r\nHost: app\r\n\r\n").await;
+    proxy
+        .wait_until_field("default", "queue_depth", 1, Duration::from_secs(5))
+        .await;
+    drop(queued);
+    proxy
+        .wait_until_field("default", "queue_depth", 0, Duration::from_secs(5))
+        .await;
+    let lines = proxy.access_lines(2).await;
+    assert_eq!(lines[1]["url.path"], "/queued", "{}", lines[1]);
+    assert_eq!(lines[1]["floodgate.outcome"], "client_abort", "{}", lines[1]);
+    assert_eq!(
+        lines[1]["floodgate.upstream.duration_us"], 0,
+        "never admitted: {}",
+        lines[1]
+    );
+
+    // Refused before it has a route: counted on the client side, its line without an upstream.
+    let mut refused = send("CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n").await;
+    let _ = tokio::io::AsyncReadExt::read(&mut refused, &mut [0u8; 512]).await;
+    let lines = proxy.access_lines(3).await;
+    assert_eq!(lines[2]["http.request.method"], "CONNECT", "{}", lines[2]);
+    assert_eq!(lines[2]["floodgate.outcome"], "not_implemented", "{}", lines[2]);
+    assert_eq!(lines[2]["floodgate.upstream"], "-", "{}", lines[2]);
+
+    // The upstream finishes the abandoned exchange; its slot serves the next request.
+    upstream.release_stalled();
+    assert_eq!(get(proxy.listen, "/hello").await.status, StatusCode::OK);
+    assert_eq!(proxy.outcome_count("default", "client_abort").await, 2.0);
+    assert_eq!(proxy.outcome_count("default", "ok").await, 1.0);
+
+    // Stopped, every line is written: one per request, no more.
+    let output = stopped_output(proxy).await;
+    let access: Vec<serde_json::Value> = output
+        .lines()
+        .filter_map(|line| line.strip_prefix("[stdout] "))
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect();
+    let ends: Vec<(&str, &str)> = access
+        .iter()
+        .map(|line| {
+            let path = line["url.path"].as_str().unwrap_or("");
+            (path, line["floodgate.outcome"].as_str().unwrap_or(""))
+        })
+        .collect();
+    assert_eq!(
+        ends,
+        vec![
+            ("/stall", "client_abort"),
+            ("/queued", "client_abort"),
+            (ends[2].0, "not_implemented"),
+            ("/hello", "ok")
+        ],
+        "{output}"
+    );
+}

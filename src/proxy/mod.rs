@@ -312,9 +312,9 @@ impl Proxy {
         let awaits_continue = request.headers().contains_key(header::EXPECT);
         let mut upstream_request = forward::to_upstream(request, client, &pool)?;
         let route = picked.settings.clone();
-        rewrite(&mut upstream_request, &route, &picked);
-        let bounds = self.bounds(&pool, &picked, &route, &upstream_request, client, received);
         let mut body_unread = !upstream_request.body().is_end_stream();
+        rewrite(&mut upstream_request, body_unread, &route, &picked);
+        let bounds = self.bounds(&pool, &picked, &route, &upstream_request, client, received);
         if body_unread && !awaits_continue {
             // Read before admission, so a client that uploads slowly waits without holding a slot. Over HTTP/2 a
             // body without a length may be a stream the client feeds as answers arrive: it is not waited for.
@@ -483,9 +483,10 @@ impl Proxy {
 }
 
 /// The route's own edits to the head (the names that alias `X-Forwarded-*` with `_` dropped first), and its
-/// request body counted in its metrics and bounded by its `body_idle_timeout`.
-fn rewrite(request: &mut Request<forward::RequestBody>, route: &RouteSettings, picked: &Picked) {
-    if !request.body().is_end_stream() {
+/// request body (`body_unread`: one is still to come) counted in its metrics and bounded by its
+/// `body_idle_timeout`.
+fn rewrite(request: &mut Request<forward::RequestBody>, body_unread: bool, route: &RouteSettings, picked: &Picked) {
+    if body_unread {
         request.body_mut().counted_in(picked.metrics.request_bytes.clone());
     }
     if !route.edits_nothing() {
