@@ -1,8 +1,9 @@
 //! Sockets shared between their readers and writers.
 //!
 //! [`SharedStream`] lets hyper (or a TLS session) drive a TCP connection while the proxy keeps its own handle to
-//! the same socket: the pool needs it to finish closing a connection after hyper has let go of it (the slot is only
-//! freed once the upstream has closed its side), and the listener needs it to notice a queued client leaving.
+//! the same socket: the listener needs it to notice a queued client leaving and to bound a stalled write, and an
+//! `https://` upstream's TLS session runs over one while the pool keeps the socket's handle (its idle watch, its
+//! close).
 //! [`ClientWire`] is the client's connection under floodgate's own HTTP/1 server, plain or TLS. It owns no policy:
 //! what to do with a socket is decided by the caller.
 

@@ -1,7 +1,7 @@
 //! One upstream connection: dialling it, what a request holds of it, and closing it completely.
 //!
-//! A connection has no task of its own: its bytes are moved by whoever uses it ([`Wire`]), and its [`Slot`] is
-//! held by the [`Conn`] until the connection is dropped, when a closing task takes both: only when the upstream
+//! A connection has no task of its own: its bytes are moved by whoever uses it ([`Wire`]), which also holds its
+//! [`Slot`]; when the [`Conn`] is dropped, a closing task takes the slot from the wire: only when the upstream
 //! has closed its side too (or `close_timeout` has passed and the socket was reset) is the slot dropped. So a
 //! replacement is never dialled while its predecessor still exists as the upstream counts them. For an `https://`
 //! upstream the TLS session runs over the same socket, so none of that changes; a handshake that fails or runs out
