@@ -4,6 +4,8 @@
 use http::header::HeaderName;
 use http::{header, HeaderMap, HeaderValue, Version};
 
+use std::ops::Range;
+
 use super::HeadError;
 
 /// A plain decimal number: no sign, no space, no list.
@@ -55,6 +57,9 @@ pub(super) fn shared_field(name: &[u8], value: bytes::Bytes) -> Result<(HeaderNa
     Ok((name, value))
 }
 
+/// A head's lines as the ranges of their names and values, kept while the head is split off its buffer.
+pub(super) type Lines = Vec<(Range<usize>, Range<usize>)>;
+
 /// Where the slices httparse hands out lie in the bytes it read, as ranges: kept while the bytes are split off.
 pub(super) struct Offsets(usize);
 
@@ -63,8 +68,13 @@ impl Offsets {
         Offsets(bytes.as_ptr() as usize)
     }
 
+    /// A header line's name and value as ranges of the bytes `self` was made of.
+    pub(super) fn line(&self, line: &httparse::Header<'_>) -> (Range<usize>, Range<usize>) {
+        (self.range(line.name.as_bytes()), self.range(line.value))
+    }
+
     /// `part`, a slice of the bytes `self` was made of, as a range of them.
-    pub(super) fn range(&self, part: &[u8]) -> std::ops::Range<usize> {
+    pub(super) fn range(&self, part: &[u8]) -> Range<usize> {
         let start = (part.as_ptr() as usize).saturating_sub(self.0);
         start..start + part.len()
     }

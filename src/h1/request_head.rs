@@ -68,11 +68,7 @@ pub(crate) fn take(received: &mut BytesMut, max_head_bytes: usize) -> Result<Opt
             return Err(HeadError::Malformed("incomplete request line"));
         };
         let at = fields::Offsets::of(received);
-        let lines: Vec<_> = request
-            .headers
-            .iter()
-            .map(|line| (at.range(line.name.as_bytes()), at.range(line.value)))
-            .collect();
+        let lines: fields::Lines = request.headers.iter().map(|line| at.line(line)).collect();
         (
             head_len,
             at.range(method.as_bytes()),

@@ -7,7 +7,7 @@
 //! message; `fuzzing::h1_response_head` checks that on every input of the corpus. What floodgate then refuses to
 //! relay (both framings, a `101` it did not ask for) is decided later, as for hyper's reading.
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::header;
 use http::{HeaderMap, Method, Response, StatusCode, Version};
 
@@ -45,72 +45,79 @@ pub(crate) fn parse(
     method: &Method,
     max_head_bytes: usize,
 ) -> Result<Option<(ResponseHead, usize)>, HeadError> {
-    let mut start = 0;
-    loop {
-        let Some(rest) = received.get(start..).filter(|rest| !rest.is_empty()) else {
-            return Ok(None);
-        };
-        let Some((head, len)) = parse_one(rest, method, max_head_bytes, received.len())? else {
-            return Ok(None);
-        };
-        start += len;
-        if let Some(head) = head {
-            return Ok(Some((head, start)));
+    let mut buffer = BytesMut::from(received);
+    while !buffer.is_empty() {
+        match take_one(&mut buffer, method, max_head_bytes, received.len())? {
+            None => return Ok(None),
+            Some(Some(head)) => return Ok(Some((head, received.len() - buffer.len()))),
+            Some(None) => {}
         }
     }
+    Ok(None)
 }
 
-/// The next head at the start of `received`, interim or final: `Some((None, len))` for an interim `1xx` to take off
-/// and pass over, `Ok(None)` while it is incomplete (and smaller than `max_head_bytes`). A reader that takes each
-/// interim head off as it comes parses each once, where [`parse`] would parse them all again at every read.
+/// The next head at the start of `received`, interim or final, taken off it once complete: `Some(None)` for an
+/// interim `1xx` passed over, `Ok(None)` while it is incomplete (and smaller than `max_head_bytes`). A final
+/// head's field values are slices of the bytes read (no allocation or copy per value); what follows the head
+/// stays in `received`. A reader that takes each interim head off as it comes parses each once, where [`parse`]
+/// would parse them all again at every read.
 pub(crate) fn next(
-    received: &[u8],
+    received: &mut BytesMut,
     method: &Method,
     max_head_bytes: usize,
-) -> Result<Option<(Option<ResponseHead>, usize)>, HeadError> {
-    parse_one(received, method, max_head_bytes, received.len())
+) -> Result<Option<Option<ResponseHead>>, HeadError> {
+    let counted = received.len();
+    take_one(received, method, max_head_bytes, counted)
 }
 
-/// One head at the start of `bytes`: `Some((None, len))` for an interim `1xx` to pass over.
-fn parse_one(
-    bytes: &[u8],
+/// One head at the start of `received`, taken off it once complete; `counted` is what the size bound is held to
+/// while it is incomplete.
+fn take_one(
+    received: &mut BytesMut,
     method: &Method,
     max_head_bytes: usize,
-    received: usize,
-) -> Result<Option<(Option<ResponseHead>, usize)>, HeadError> {
-    let mut lines = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut response = httparse::Response::new(&mut lines);
-    let parsed = response.parse(bytes);
-    let Some(head_len) = fields::head_len(parsed, received, max_head_bytes)? else {
-        return Ok(None);
+    counted: usize,
+) -> Result<Option<Option<ResponseHead>>, HeadError> {
+    // First where everything is, while httparse borrows the bytes; then the head is split off and read from.
+    let (head_len, status, minor, reason, lines) = {
+        let mut lines = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut response = httparse::Response::new(&mut lines);
+        let parsed = response.parse(received);
+        let Some(head_len) = fields::head_len(parsed, counted, max_head_bytes)? else {
+            return Ok(None);
+        };
+        let (Some(minor), Some(code), Some(reason)) = (response.version, response.code, response.reason) else {
+            return Err(HeadError::Malformed("incomplete status line"));
+        };
+        let status = StatusCode::from_u16(code).map_err(|_| HeadError::Malformed("invalid status code"))?;
+        let at = fields::Offsets::of(received);
+        let lines: fields::Lines = response.headers.iter().map(|line| at.line(line)).collect();
+        let reason = (status.canonical_reason() != Some(reason)).then(|| at.range(reason.as_bytes()));
+        (head_len, status, minor, reason, lines)
     };
-    let (Some(minor), Some(code), Some(reason)) = (response.version, response.code, response.reason) else {
-        return Err(HeadError::Malformed("incomplete status line"));
-    };
-    let status = StatusCode::from_u16(code).map_err(|_| HeadError::Malformed("invalid status code"))?;
+    let head = received.split_to(head_len).freeze();
     let version = fields::version(minor);
     // Room for what the proxy adds (a request ID, the shed and retry fields): growing a map rehashes it.
-    let mut headers = HeaderMap::with_capacity(response.headers.len() + ADDED_FIELDS);
-    for line in response.headers.iter() {
-        let (name, value) = fields::field(line).map_err(HeadError::Malformed)?;
+    let mut headers = HeaderMap::with_capacity(lines.len() + ADDED_FIELDS);
+    for (name, value) in lines {
+        let name = head.get(name).unwrap_or_default();
+        let (name, value) = fields::shared_field(name, head.slice(value)).map_err(HeadError::Malformed)?;
         headers.append(name, value);
     }
     let Some((body, upgrade)) = framing(status, version, method, &headers)? else {
-        return Ok(Some((None, head_len)));
+        return Ok(Some(None));
     };
-    let reason = (status.canonical_reason() != Some(reason)).then(|| Bytes::copy_from_slice(reason.as_bytes()));
     let (mut parts, ()) = Response::new(()).into_parts();
     parts.status = status;
     parts.version = version;
     parts.headers = headers;
-    let head = ResponseHead {
+    Ok(Some(Some(ResponseHead {
         keep_alive: keeps_alive(version, &parts.headers) && !upgrade,
         parts,
-        reason,
+        reason: reason.map(|reason| head.slice(reason)),
         body,
         upgrade,
-    };
-    Ok(Some((Some(head), head_len)))
+    })))
 }
 
 /// RFC 9112 §6.3 for a response: its body's framing and whether it leaves HTTP; `None` for an interim `1xx`.

@@ -12,7 +12,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
 use http::{Method, Request, Response};
 use http_body::{Body, Frame, SizeHint};
@@ -148,13 +148,11 @@ async fn read_head(wire: &Arc<Wire>, method: &Method) -> Result<Response<Upstrea
         let mut state = wire.lock();
         loop {
             if !state.received.is_empty() {
-                match response_head::next(&state.received, method, MAX_RESPONSE_HEAD_BYTES) {
-                    Ok(Some((Some(head), len))) => {
-                        state.received.advance(len);
-                        return Poll::Ready(Ok(head));
-                    }
-                    Ok(Some((None, len))) => {
-                        state.received.advance(len);
+                let before = state.received.len();
+                match response_head::next(&mut state.received, method, MAX_RESPONSE_HEAD_BYTES) {
+                    Ok(Some(Some(head))) => return Poll::Ready(Ok(head)),
+                    Ok(Some(None)) => {
+                        let len = before - state.received.len();
                         interim += 1;
                         interim_bytes += len;
                         if interim > MAX_INTERIM_HEADS || interim_bytes > MAX_RESPONSE_HEAD_BYTES {
