@@ -6,7 +6,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use http::StatusCode;
+use http::{Method, StatusCode};
 use support::*;
 
 const UP: &str = "default";
@@ -35,6 +35,37 @@ async fn release_all(upstream: &Upstream, tasks: Vec<tokio::task::JoinHandle<Sta
     for t in tasks {
         assert_eq!(t.await.unwrap(), StatusCode::OK);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_sends_the_head_as_it_first_went_out_and_a_replayed_head_request_ends_with_its_head() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 2, &[]).await;
+    assert_eq!(get(proxy.listen, "/warm").await.status, StatusCode::OK);
+    proxy.wait_in_use_zero(UP, Duration::from_secs(5)).await;
+
+    for (method, path) in [(Method::GET, "/replayed-get"), (Method::HEAD, "/replayed-head")] {
+        upstream.kill_next_reused_connection();
+        let mut conn = H1Conn::connect(proxy.listen).await;
+        let resp = conn.try_request(method.clone(), path, body_empty()).await.unwrap();
+        assert_eq!(resp.status, StatusCode::OK, "{method} {}", resp.text());
+        let seen = upstream.recorded_with_prefix(path);
+        assert_eq!(seen.len(), 2, "{method}: sent, then replayed once");
+        assert_ne!(
+            seen[0].conn_id, seen[1].conn_id,
+            "{method}: replayed on another connection"
+        );
+        assert_eq!(
+            (&seen[1].method, &seen[1].uri, &seen[1].headers),
+            (&seen[0].method, &seen[0].uri, &seen[0].headers),
+            "{method}: the replay is the request as it first went out"
+        );
+        // A HEAD's answer has no body whatever its Content-Length says: had the replay been read as a GET's, the
+        // connection would wait for a body that never comes and its lease would not end.
+        proxy.wait_in_use_zero(UP, Duration::from_secs(5)).await;
+    }
+    assert_eq!(get(proxy.listen, "/after").await.status, StatusCode::OK);
+    assert!(upstream.peak_connections() <= 2, "peak {}", upstream.peak_connections());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -21,8 +21,8 @@ pub use crate::body::{BodyStalled, BoxError, CutOff, RequestBody};
 pub(crate) use crate::h1::connection_options;
 pub use crate::h1::keeps_alive;
 pub use crate::h1::UpstreamError;
-pub(crate) use crate::pool::client::send;
 pub use crate::pool::client::{client_body_error, Upload, UpstreamIncoming};
+pub(crate) use crate::pool::client::{resend, send, SentHead};
 pub use head::{
     check_host, check_target, check_transfer_coding, drop_underscore_aliases, strip_hop_by_hop, target_host,
     to_upstream, upstream_head, ClientInfo,

@@ -104,10 +104,17 @@ pub(crate) async fn send(
     if first_done && size != BodySize::Empty {
         sending.finish(&mut tail).map_err(|err| fail(wire, err))?;
     }
-    wire::write_all(wire, &[&out, &large, &tail])
-        .await
-        .map_err(|err| fail(wire, ProxyError::Upstream(err.into())))?;
-    drop((out, large, tail));
+    let written = wire::write_all(wire, &[&out, &large, &tail]).await;
+    if bodiless && size == BodySize::Empty {
+        wire.lock().sent_head = Some(SentHead {
+            bytes: out,
+            method: parts.method.clone(),
+        });
+    } else {
+        drop(out);
+    }
+    written.map_err(|err| fail(wire, ProxyError::Upstream(err.into())))?;
+    drop((large, tail));
     let method = parts.method;
     let head = read_head(wire, &method);
     if first_done {
@@ -140,6 +147,26 @@ pub(crate) async fn send(
     Ok((response, Some(Box::pin(upload))))
 }
 
+/// A bodiless GET or HEAD's head as it was written, kept on its wire until the answer's head comes
+/// ([`Wire::take_sent_head`]): sent again as it is ([`resend`]) when the upstream closed a reused connection just as
+/// the request went out, without the copy of the request's head that keeping it in advance would cost.
+pub(crate) struct SentHead {
+    bytes: BytesMut,
+    method: Method,
+}
+
+/// Sends `head` again, on a fresh connection's `wire`, and reads the answer's head.
+pub(crate) async fn resend(
+    wire: &Arc<Wire>,
+    head: SentHead,
+) -> Result<(Response<UpstreamIncoming>, Option<Upload>), ProxyError> {
+    wire.take_for_exchange();
+    wire::write_all(wire, &[&head.bytes])
+        .await
+        .map_err(|err| fail(wire, ProxyError::Upstream(err.into())))?;
+    Ok((read_head(wire, &head.method).await?, None))
+}
+
 /// The answer's head, past any interim `1xx`: each is taken off the buffer as soon as it is read (never parsed
 /// again with the next read), and they are bounded in number and bytes.
 async fn read_head(wire: &Arc<Wire>, method: &Method) -> Result<Response<UpstreamIncoming>, ProxyError> {
@@ -150,7 +177,11 @@ async fn read_head(wire: &Arc<Wire>, method: &Method) -> Result<Response<Upstrea
             if !state.received.is_empty() {
                 let before = state.received.len();
                 match response_head::next(&mut state.received, method, MAX_RESPONSE_HEAD_BYTES) {
-                    Ok(Some(Some(head))) => return Poll::Ready(Ok(head)),
+                    Ok(Some(Some(head))) => {
+                        // Answered: the request will not be sent again.
+                        state.sent_head = None;
+                        return Poll::Ready(Ok(head));
+                    }
                     Ok(Some(None)) => {
                         let len = before - state.received.len();
                         interim += 1;

@@ -19,6 +19,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc::WeakUnboundedSender;
 use tokio::sync::Notify;
 
+use super::client::SentHead;
 use super::Slot;
 use crate::net::{self, Peeked, SharedStream};
 
@@ -77,6 +78,9 @@ pub(crate) struct WireState {
     pub(crate) idle: bool,
     /// The connection was let go of: a stir on it is no one's concern.
     gone: bool,
+    /// A bodiless GET or HEAD's head as it went out, until its answer's head comes: what a replay sends again on a
+    /// fresh connection when this one fails first (kept by moving it here, not copied).
+    pub(crate) sent_head: Option<SentHead>,
     /// The connection's right to exist, given back by whoever closes the socket first: the connection when it is
     /// let go of, or its watch when the upstream closes it first.
     slot: Option<Slot>,
@@ -101,6 +105,7 @@ impl Wire {
                 uploading: false,
                 idle: false,
                 gone: false,
+                sent_head: None,
                 slot: None,
             }),
             upload_over: Notify::new(),
@@ -156,6 +161,11 @@ impl Wire {
     }
 
     /// An exchange takes the connection: what its socket says is the exchange's from here.
+    /// The head of the bodiless GET or HEAD last sent, if its answer's head has not come.
+    pub(crate) fn take_sent_head(&self) -> Option<SentHead> {
+        self.lock().sent_head.take()
+    }
+
     pub(crate) fn take_for_exchange(&self) {
         self.lock().idle = false;
     }

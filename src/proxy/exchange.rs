@@ -8,9 +8,8 @@ use std::time::Instant;
 use std::future::Future;
 use std::pin::Pin;
 
-use http::{Method, Request, Response};
+use http::{Request, Response};
 use http_body_util::BodyExt;
-use hyper::body::Body;
 use tokio::sync::oneshot;
 
 use crate::admission::{Patience, Shed};
@@ -227,11 +226,12 @@ impl LeaseTaker for Handover {
 pub(super) async fn send(
     pool: &Arc<UpstreamPool>,
     mut lease: Lease,
-    mut request: Request<RequestBody>,
+    request: Request<RequestBody>,
     request_timeout: Option<std::time::Duration>,
 ) -> Result<(Response<UpstreamIncoming>, Lease), ProxyError> {
-    // The head is kept (an allocation) only where a replay can happen: on a reused connection.
-    let mut replay = if lease.reused() { replayable(&request) } else { None };
+    let mut outgoing = Outgoing::Request(request);
+    // One replay at most: of a GET or HEAD, once, on a fresh connection.
+    let mut replayed = false;
     // Every unsent attempt uses up a stale idle connection or a fresh dial, so this bound is never the limit in
     // practice; it only guarantees termination.
     let (max_connections, eject_after, limit) = {
@@ -272,9 +272,18 @@ pub(super) async fn send(
         };
         let dispatched = Instant::now();
         let in_flight = pool.in_flight_for_limit();
-        let upload = request.body().upload();
+        let upload = match &outgoing {
+            Outgoing::Request(request) => request.body().upload(),
+            Outgoing::Replay(_) => None,
+        };
         let wire = conn.wire.clone();
-        let mut responded = Box::pin(async move { forward::send(&wire, request).await });
+        let on = wire.clone();
+        let mut responded = Box::pin(async move {
+            match outgoing {
+                Outgoing::Request(request) => forward::send(&on, request).await,
+                Outgoing::Replay(head) => forward::resend(&on, head).await,
+            }
+        });
         let answered = tokio::select! {
             answered = &mut responded => Ok(answered),
             () = tokio::time::sleep(limit) => Err(()),
@@ -305,12 +314,13 @@ pub(super) async fn send(
                 lease.forbid_reuse();
                 drop(lease);
                 // A reused connection the upstream closed just as the request went out: a GET or HEAD without a
-                // body is sent again on a fresh one.
-                if reused && matches!(failed, ProxyError::Upstream(_)) {
-                    if let Some(again) = replay.take().map(ReplayHead::rebuild) {
+                // body is sent again on a fresh one, its head as it went out the first time.
+                if reused && !replayed && matches!(failed, ProxyError::Upstream(_)) {
+                    if let Some(head) = wire.take_sent_head() {
                         tracing::debug!(upstream = %pool.name, "retrying an idempotent request on a fresh connection");
                         pool.metrics.replayed.inc();
-                        request = again;
+                        replayed = true;
+                        outgoing = Outgoing::Replay(head);
                         lease = Box::pin(readmit(pool, true)).await?;
                         continue;
                     }
@@ -390,28 +400,11 @@ pub(super) async fn readmit(pool: &Arc<UpstreamPool>, fresh: bool) -> Result<Lea
     })
 }
 
-/// The head of a GET/HEAD without a body, kept to resend it if a reused connection fails after sending.
-pub(super) struct ReplayHead {
-    method: Method,
-    uri: http::Uri,
-    headers: http::HeaderMap,
-}
-
-impl ReplayHead {
-    fn rebuild(self) -> Request<RequestBody> {
-        let mut request = Request::new(RequestBody::empty());
-        *request.method_mut() = self.method;
-        *request.uri_mut() = self.uri;
-        *request.headers_mut() = self.headers;
-        request
-    }
-}
-
-pub(super) fn replayable(request: &Request<RequestBody>) -> Option<ReplayHead> {
-    let idempotent = request.method() == Method::GET || request.method() == Method::HEAD;
-    (idempotent && request.body().is_end_stream()).then(|| ReplayHead {
-        method: request.method().clone(),
-        uri: request.uri().clone(),
-        headers: request.headers().clone(),
-    })
+/// What an attempt sends: the request, or the head of a bodiless GET or HEAD as it went out on a connection the
+/// upstream closed under it.
+// The request is nearly every attempt's: boxing it to shrink the rare replay would cost each one an allocation.
+#[allow(clippy::large_enum_variant)]
+enum Outgoing {
+    Request(Request<RequestBody>),
+    Replay(forward::SentHead),
 }
