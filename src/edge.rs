@@ -19,7 +19,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
 
-use futures_util::FutureExt;
 use http::{HeaderValue, Request, Response};
 use tower::Service;
 use tracing::Instrument;
@@ -117,22 +116,29 @@ impl Service<Request<ClientBody>> for ProxyService {
         // The serving future is made inside the box: an async future held across an await is stored twice, and
         // moving kilobytes of it into the box costs more than the request's own work. The record stays outside
         // it, so a panic in it leaves the record to be finished by the `500` that answers it.
-        Box::pin(
-            async move {
-                let served = AssertUnwindSafe(proxy.serve_routed(request, &client, routed, upgrade, &mut record))
-                    .catch_unwind()
-                    .await;
-                let mut answered = proxy.answer(served.map_err(drop), record);
-                // The answer carries the request's ID back, unless the upstream set its own.
-                if let Some(id) = id {
-                    if let http::header::Entry::Vacant(place) = answered.headers_mut().entry(X_REQUEST_ID) {
-                        place.insert(id);
+        boxed!(async move {
+            // Polled where it was made: wrapped in `catch_unwind`'s future, its kilobytes moved twice more.
+            let served = {
+                let mut serving = std::pin::pin!(proxy.serve_routed(request, &client, routed, upgrade, &mut record));
+                std::future::poll_fn(|cx| {
+                    match std::panic::catch_unwind(AssertUnwindSafe(|| serving.as_mut().poll(cx))) {
+                        Ok(Poll::Pending) => Poll::Pending,
+                        Ok(Poll::Ready(answer)) => Poll::Ready(Ok(answer)),
+                        Err(panic) => Poll::Ready(Err(panic)),
                     }
+                })
+                .await
+            };
+            let mut answered = proxy.answer(served.map_err(drop), record);
+            // The answer carries the request's ID back, unless the upstream set its own.
+            if let Some(id) = id {
+                if let http::header::Entry::Vacant(place) = answered.headers_mut().entry(X_REQUEST_ID) {
+                    place.insert(id);
                 }
-                Ok(answered)
             }
-            .instrument(span),
-        )
+            Ok(answered)
+        }
+        .instrument(span),)
     }
 }
 

@@ -33,6 +33,16 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)
 )]
 
+/// `Box::pin(future)`, with the box allocated before the future is made, so that it is made in the box: `Box::pin`
+/// makes it on the stack and copies it in, and the futures a request's path boxes are kilobytes
+/// (docs/data-path.md). A macro, not a function: a function's argument is made before its body allocates.
+macro_rules! boxed {
+    ($future:expr $(,)?) => {{
+        let made_in_place = Box::write(Box::new_uninit(), $future);
+        Box::into_pin(made_in_place)
+    }};
+}
+
 pub mod access;
 pub(crate) mod activity;
 pub(crate) mod admin;

@@ -19,7 +19,8 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
 use tokio::sync::mpsc;
 
-type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
+/// A unit of upstream work, boxed.
+pub type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 thread_local! {
     /// The lane of the worker thread this is, on floodgate's worker threads (`server::workers`).
@@ -52,6 +53,16 @@ impl Spawner {
             }
         }
     }
+
+    /// [`Spawner::spawn`] for work already boxed: into a lane as it is, not boxed again.
+    pub fn spawn_boxed(&self, task: Task) {
+        match self {
+            Spawner::Lane(lane) => lane.spawn_boxed(task),
+            Spawner::Runtime(runtime) => {
+                runtime.spawn(task);
+            }
+        }
+    }
 }
 
 /// The lane's inbox; [`UpstreamLane::run`] is the future that runs what arrives in it.
@@ -76,7 +87,11 @@ impl UpstreamLane {
     /// back): one exchange's bug must not stop every upstream connection.
     pub fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
         // Boxed as it is: an exchange's future is kilobytes, and each wrapper around it before the box is a copy.
-        let task: Task = Box::pin(task);
+        self.spawn_boxed(Box::pin(task));
+    }
+
+    /// [`UpstreamLane::spawn`] for work already boxed (made in its box: see `boxed!` in the crate's root).
+    pub fn spawn_boxed(&self, task: Task) {
         HERE.with_borrow(|here| {
             let _ = here.as_deref().unwrap_or(self).inbox.send(task);
         });

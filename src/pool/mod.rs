@@ -253,6 +253,11 @@ impl UpstreamPool {
         self.spawner.spawn(task);
     }
 
+    /// [`UpstreamPool::spawn`] for work already boxed.
+    pub(crate) fn spawn_boxed(&self, task: crate::upstream_lane::Task) {
+        self.spawner.spawn_boxed(task);
+    }
+
     /// Closes a connection let go of, in the closing task; never gives its slot back on the spot (the caller may
     /// hold the pool's lock).
     fn close_later(&self, closing: connection::Closing) {

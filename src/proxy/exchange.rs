@@ -32,23 +32,6 @@ pub(super) struct Exchanged {
     pub(super) admitted: Option<Instant>,
 }
 
-/// Sends the request upstream and turns the response head into the client's.
-pub(super) async fn exchange(
-    lease: Lease,
-    request: Request<RequestBody>,
-    watch_body: bool,
-    buffers: Arc<BufferBudget>,
-    route: &RouteSettings,
-) -> Answer {
-    let pool = lease.pool().clone();
-    let (response, lease) = send(&pool, lease, request, route.request_timeout).await?;
-    let edits = forward::RouteEdits {
-        edit_response: &|headers| route.edit_response(headers),
-        body_idle_timeout: route.body_idle_timeout,
-    };
-    forward::to_client(response, lease, watch_body, &buffers, edits).await
-}
-
 /// An admitted request on its way to the upstream side: the rest of its path runs there, in a task of its own.
 pub(super) struct AdmittedExchange {
     pub(super) admitted: Admitted,
@@ -74,8 +57,8 @@ impl AdmittedExchange {
             rest,
         } = self;
         match admitted {
-            Admitted::Now(lease) => Box::pin(rest.run(lease)),
-            Admitted::Queued(queued) => Box::pin(rest.wait_then_run(queued, patience, watched_socket)),
+            Admitted::Now(lease) => boxed!(rest.run(lease)),
+            Admitted::Queued(queued) => boxed!(rest.wait_then_run(queued, patience, watched_socket)),
         }
     }
 }
@@ -106,7 +89,7 @@ pub(super) struct Rest {
 }
 
 /// An exchange on its way, boxed ([`AdmittedExchange::start`]).
-pub(super) type Running = Pin<Box<dyn Future<Output = ()> + Send>>;
+pub(super) type Running = crate::upstream_lane::Task;
 
 impl Rest {
     async fn wait_then_run(
@@ -169,7 +152,19 @@ impl Rest {
         if let Some(marks) = &marks {
             marks.admitted(waited);
         }
-        let answered = exchange(lease, request, watch_body, buffers, &route).await;
+        // The request sent and the response head turned into the client's, in this future itself: a future of its
+        // own would be moved, kilobytes of it, into this one's state.
+        let pool = lease.pool().clone();
+        let answered = match send(&pool, lease, request, route.request_timeout).await {
+            Ok((response, lease)) => {
+                let edits = forward::RouteEdits {
+                    edit_response: &|headers| route.edit_response(headers),
+                    body_idle_timeout: route.body_idle_timeout,
+                };
+                forward::to_client(response, lease, watch_body, &buffers, edits).await
+            }
+            Err(err) => Err(err),
+        };
         if let (Some(marks), Ok(_)) = (&marks, &answered) {
             marks.answered();
         }
@@ -211,7 +206,7 @@ impl LeaseTaker for Handover {
         };
         // On a floodgate worker thread, into that thread's lane.
         let pool = lease.pool().clone();
-        pool.spawn(rest.run(lease));
+        pool.spawn_boxed(boxed!(rest.run(lease)));
         Ok(())
     }
 }
@@ -278,7 +273,7 @@ pub(super) async fn send(
         };
         let wire = conn.wire.clone();
         let on = wire.clone();
-        let mut responded = Box::pin(async move {
+        let mut responded = boxed!(async move {
             match outgoing {
                 Outgoing::Request(request) => forward::send(&on, request).await,
                 Outgoing::Replay(head) => forward::resend(&on, head).await,

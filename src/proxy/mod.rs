@@ -371,7 +371,7 @@ impl Proxy {
                 marks,
             },
         };
-        self.lane.spawn(admitted.start());
+        self.lane.spawn_boxed(admitted.start());
         // The upstream side stopped (floodgate is exiting) with the exchange on it.
         let exchanged = answered.await.map_err(|_| ProxyError::Abandoned)?;
         record.admitted(exchanged.admitted);

@@ -76,7 +76,7 @@ where
         let head_until = Instant::now() + config.header_read_timeout;
         // Boxed: what a request needs (its head, its answer's writer, the edge stack, made for it from a few
         // handles) is held only while it is served, not by every idle connection's task.
-        match Box::pin(conn.one_request(service(), received, head_until)).await {
+        match boxed!(conn.one_request(service(), received, head_until)).await {
             // Bytes of the next request already read (pipelined behind the last one).
             Ok(After::Pipelined(next)) => {
                 received = next;
