@@ -6,21 +6,31 @@
 
 use std::time::Duration;
 
+use http::HeaderName;
+
+/// gRPC's deadline header, and the default `deadline_header`, as names made once: a name given as text is parsed
+/// (checked and lowercased) at each look-up.
+static GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
+static X_REQUEST_TIMEOUT: HeaderName = HeaderName::from_static("x-request-timeout");
+
 /// The timeout a request's client sent with it: `header` (milliseconds, digits only) and, when `grpc` is set,
 /// `grpc-timeout` (1 to 8 digits and a unit: `H`, `M`, `S`, `m`, `u`, `n`); the shorter when both are there. A
 /// value that does not parse is no deadline: shedding a request for a header it cannot read would turn a client's
 /// typo into failures.
 pub(crate) fn client_timeout(headers: &http::HeaderMap, header: &str, grpc: bool) -> Option<Duration> {
-    let millis = (!header.is_empty())
-        .then(|| headers.get(header))
-        .flatten()
+    let value = match header {
+        "" => None,
+        "x-request-timeout" => headers.get(&X_REQUEST_TIMEOUT),
+        other => headers.get(other),
+    };
+    let millis = value
         .and_then(|value| value.to_str().ok())
         .map(str::trim)
         .filter(|text| !text.is_empty() && text.len() <= 12 && text.bytes().all(|b| b.is_ascii_digit()))
         .and_then(|text| text.parse::<u64>().ok())
         .map(Duration::from_millis);
     let grpc = grpc
-        .then(|| headers.get("grpc-timeout"))
+        .then(|| headers.get(&GRPC_TIMEOUT))
         .flatten()
         .and_then(|value| value.to_str().ok())
         .and_then(grpc_timeout);

@@ -1,7 +1,7 @@
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Uri, Version};
 
-use super::head::{plain_host, valid_authority, without_root_dot, KEEP_ALIVE};
+use super::head::{plain_host, plainly_valid, valid_authority, valid_authority_in_full, without_root_dot, KEEP_ALIVE};
 use super::response::{content_length, ContentLength};
 use super::*;
 
@@ -20,6 +20,42 @@ fn a_plain_host_is_one_that_authority_parsing_accepts_too() {
     }
     for host in ["", "a:b:c", "host:", ":80", "[::1]:80", "a_b", "h\u{e9}", "a@b"] {
         assert!(!plain_host(host.as_bytes()), "{host}");
+    }
+}
+
+#[test]
+fn the_one_pass_host_check_takes_only_what_the_full_one_takes_and_every_usual_host() {
+    for host in [
+        "localhost",
+        "127.0.0.1:8080",
+        "app.example.",
+        "a-b.c:65535",
+        "x:0",
+        "x:00080",
+        "app.example.:1",
+    ] {
+        assert!(plainly_valid(host.as_bytes()), "{host}");
+    }
+    for host in ["x:65536", "x:", "a..b", ".", "", "[::1]", "a@b:1", "a:1:2", "a_b"] {
+        assert!(!plainly_valid(host.as_bytes()), "{host}");
+    }
+    // Every string of up to six bytes over the bytes that matter: where the one pass says valid, so do the rules.
+    const ALPHABET: &[u8] = b"a9.-:@[]";
+    for len in 0..=6u32 {
+        for mut n in 0..(ALPHABET.len() as u32).pow(len) {
+            let host: Vec<u8> = (0..len)
+                .map(|_| {
+                    let byte = ALPHABET[(n % ALPHABET.len() as u32) as usize];
+                    n /= ALPHABET.len() as u32;
+                    byte
+                })
+                .collect();
+            assert!(
+                !plainly_valid(&host) || valid_authority_in_full(&host),
+                "{:?}",
+                String::from_utf8_lossy(&host)
+            );
+        }
     }
 }
 

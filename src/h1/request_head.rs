@@ -95,14 +95,12 @@ pub(crate) fn take(received: &mut BytesMut, max_head_bytes: usize) -> Result<Opt
         }
     }
     let body = meaning.framing()?;
-    let mut request = Request::builder()
-        .method(method)
-        .uri(uri)
-        .version(version)
-        .body(())
-        .map_err(|_| HeadError::Malformed("invalid request line"))?;
-    *request.headers_mut() = headers;
-    let (parts, ()) = request.into_parts();
+    // Set field by field: the builder moves its whole request through a `Result` at each step.
+    let (mut parts, ()) = Request::new(()).into_parts();
+    parts.method = method;
+    parts.uri = uri;
+    parts.version = version;
+    parts.headers = headers;
     // A message framed both ways was an attempt to confuse some hop: nothing more is read after it.
     let framed_twice = meaning.coded.is_some() && meaning.length_seen;
     Ok(Some(RequestHead {
