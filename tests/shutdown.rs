@@ -118,3 +118,45 @@ async fn sigterm_waits_for_the_upstream_to_finish_an_exchange_that_timed_out_bef
     assert!(exit.success(), "exit status {exit}");
     assert_eq!(upstream.inflight(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_drain_time_readyz_fails_at_once_while_new_clients_are_still_served_until_it_ends() {
+    const DRAIN: Duration = Duration::from_secs(3);
+    let upstream = Upstream::start().await;
+    let mut proxy = Proxy::for_upstream(
+        &upstream,
+        1,
+        &["--drain-time", "3s", "--shutdown-timeout", "10s", "--threads", "1"],
+    )
+    .await;
+    let listen = proxy.listen;
+
+    let signalled = Instant::now();
+    proxy.sigterm();
+    wait_until("/readyz says 503", Duration::from_secs(5), || async {
+        match try_get(proxy.admin, "/readyz").await {
+            Ok(r) => r.status == StatusCode::SERVICE_UNAVAILABLE,
+            Err(_) => false,
+        }
+    })
+    .await;
+    // /readyz fails, and a client that has not moved away yet is still taken and served, on a new connection.
+    let late = try_get(listen, "/late")
+        .await
+        .expect("a new connection during the drain time");
+    assert_eq!(late.status, StatusCode::OK, "{}", late.text());
+    assert_eq!(upstream.recorded_with_prefix("/late").len(), 1);
+
+    let exit = proxy.wait_exit(Duration::from_secs(15)).await;
+    let exit = exit.expect("floodgate did not exit after its drain time");
+    assert!(exit.success(), "exit status {exit}");
+    assert!(
+        signalled.elapsed() >= DRAIN,
+        "exited {:?} after SIGTERM, before its drain time",
+        signalled.elapsed()
+    );
+    assert!(
+        try_get(listen, "/after").await.is_err(),
+        "the listener still answers after the exit"
+    );
+}

@@ -64,6 +64,10 @@ pub struct Config {
     pub max_concurrent_streams: u32,
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
+    /// How long, on SIGTERM/SIGINT, floodgate goes on accepting and serving with `/readyz` failing, so that load
+    /// balancers move away before the listener closes; `shutdown_timeout` runs from its end.
+    #[serde(with = "humantime_serde")]
+    pub drain_time: Duration,
     pub trusted_proxies: Vec<IpNet>,
     /// Where each request's span is exported (an OTLP/HTTP traces URL, `http://collector:4318/v1/traces`); empty:
     /// no traces, and trace headers pass through untouched.
@@ -183,6 +187,7 @@ impl Default for Config {
             max_header_bytes: 64 * 1024,
             max_concurrent_streams: 512,
             shutdown_timeout: Duration::from_secs(30),
+            drain_time: Duration::ZERO,
             trusted_proxies: Vec::new(),
             proxy_protocol: false,
             config_watch_interval: Duration::ZERO,

@@ -43,6 +43,9 @@ pub struct GlobalOverrides {
     /// Longest to let in-flight and queued requests finish on SIGTERM/SIGINT.
     #[arg(long, global = true, value_parser = humantime::parse_duration)]
     pub shutdown_timeout: Option<Duration>,
+    /// On SIGTERM/SIGINT, go on accepting this long with /readyz failing before the drain (default 0s).
+    #[arg(long, global = true, value_parser = humantime::parse_duration)]
+    pub drain_time: Option<Duration>,
     /// Runtime worker threads, 1 to 1024 (default: one per CPU).
     #[arg(long, global = true)]
     pub threads: Option<usize>,
@@ -132,6 +135,7 @@ impl Config {
             (o.header_read_timeout, &mut self.header_read_timeout),
             (o.first_byte_timeout, &mut self.first_byte_timeout),
             (o.shutdown_timeout, &mut self.shutdown_timeout),
+            (o.drain_time, &mut self.drain_time),
         ];
         for (value, slot) in globals {
             if let Some(value) = value {

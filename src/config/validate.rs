@@ -81,6 +81,7 @@ impl Config {
             ("header_read_timeout", self.header_read_timeout, false),
             ("client_idle_timeout", self.client_idle_timeout, false),
             ("shutdown_timeout", self.shutdown_timeout, true),
+            ("drain_time", self.drain_time, true),
             ("config_watch_interval", self.config_watch_interval, true),
         ] {
             problems.duration(key, value, zero_allowed);

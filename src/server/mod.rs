@@ -3,7 +3,8 @@
 //! Owns start-up (pools and routes built from the config, both listeners bound) and the lifecycle: accepting
 //! never waits on an upstream, `max_client_connections` bounds what is accepted, each new connection takes the
 //! listener settings in force when it was accepted (a reload changes them for later ones), and on shutdown
-//! `/readyz` turns 503, accepting stops, and in-flight and queued requests get `shutdown_timeout` to finish.
+//! `/readyz` turns 503, accepting goes on for `drain_time` and then stops, and in-flight and queued requests get
+//! `shutdown_timeout` to finish.
 
 mod connection;
 mod h1_conn;
@@ -192,6 +193,12 @@ impl Floodgate {
                 shutdown.await;
                 // /readyz must say so before anything else changes.
                 state.ready.store(false, Ordering::SeqCst);
+                // Load balancers that see /readyz fail move new clients away meanwhile; nothing else changes yet.
+                let drain_time = state.config.load().drain_time;
+                if !drain_time.is_zero() {
+                    tracing::info!(drain_time = ?drain_time, "stopping: /readyz fails, still accepting for drain_time");
+                    tokio::time::sleep(drain_time).await;
+                }
                 draining.cancel();
             });
         }
