@@ -1,9 +1,9 @@
-//! The admin listener: the stats page at `/`, `/metrics`, `/status`, `/healthz`, `/readyz`, and two write
-//! endpoints, `POST /reload` and `PUT /upstreams/{name}/max_connections`.
+//! The admin listener: the stats page at `/`, `/metrics`, `/status`, `/healthz`, `/readyz`, the configuration in
+//! force at `/config`, and two write endpoints, `POST /reload` and `PUT /upstreams/{name}/max_connections`.
 //!
-//! Owns the views of the proxy's state and who may change it: the write endpoints answer only when the admin
-//! listener is on a loopback address or the request carries the configured bearer token, since the listener is
-//! often opened to Prometheus on a pod address. It is never behind admission: an overloaded upstream cannot make
+//! Owns the views of the proxy's state and who may see or change what: `/config` and the write endpoints answer
+//! only when the admin listener is on a loopback address or the request carries the configured bearer token, since
+//! the listener is often opened to Prometheus on a pod address. It is never behind admission: an overloaded upstream cannot make
 //! its own metrics unreachable. The stats page is one static file that polls `/status`; rates and recent
 //! quantiles are worked out in the browser from the difference between two polls, so the proxy keeps no
 //! per-viewer state.
@@ -179,7 +179,7 @@ async fn answer(state: &State, request: Request<Incoming>) -> Response<Full<Byte
     let path = request.uri().path().to_string();
     let path = path.as_str();
     if let Some(write) = Write::of(request.method(), path) {
-        if let Err(refused) = may_write(state, request.headers()) {
+        if let Err(refused) = trusted(state, request.headers(), "writes") {
             return refused;
         }
         return match write {
@@ -201,6 +201,25 @@ async fn answer(state: &State, request: Request<Incoming>) -> Response<Full<Byte
     }
     match path {
         "/" => stats_page(),
+        // The configuration in force (the last reload's), secrets redacted: as trusted as a write, since it names
+        // every upstream, file and peer.
+        "/config" => match trusted(state, request.headers(), "/config") {
+            Err(refused) => refused,
+            Ok(()) => match state.config.load().to_redacted_toml() {
+                Ok(body) => {
+                    let mut response = owned_text(StatusCode::OK, body);
+                    response
+                        .headers_mut()
+                        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/toml"));
+                    response
+                }
+                Err(_) => text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "configuration unavailable
+",
+                ),
+            },
+        },
         "/healthz" => text(StatusCode::OK, "ok\n"),
         "/readyz" if state.ready.load(Ordering::SeqCst) => text(StatusCode::OK, "ready\n"),
         "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n"),
@@ -259,7 +278,10 @@ async fn answer(state: &State, request: Request<Incoming>) -> Response<Full<Byte
                 Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "status unavailable\n"),
             }
         }
-        _ => text(StatusCode::NOT_FOUND, "try /, /metrics, /status, /healthz or /readyz\n"),
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "try /, /metrics, /status, /config, /healthz or /readyz\n",
+        ),
     }
 }
 
@@ -289,17 +311,18 @@ fn is_write_path(path: &str) -> bool {
     path == "/reload" || upstream_of(path).is_some()
 }
 
-/// Loopback listeners are trusted; elsewhere only `Authorization: Bearer <admin_token>` is.
+/// Loopback listeners are trusted; elsewhere only `Authorization: Bearer <admin_token>` is. `what` names what is
+/// refused without one.
 #[allow(clippy::result_large_err)]
-fn may_write(state: &State, headers: &http::HeaderMap) -> Result<(), Response<Full<Bytes>>> {
+fn trusted(state: &State, headers: &http::HeaderMap, what: &str) -> Result<(), Response<Full<Bytes>>> {
     let config = state.config.load();
     if config.admin.ip().is_loopback() {
         return Ok(());
     }
     let Some(token) = &config.admin_token else {
-        return Err(text(
+        return Err(owned_text(
             StatusCode::FORBIDDEN,
-            "writes are refused: the admin listener is not on loopback and no admin_token is set\n",
+            format!("{what} refused: the admin listener is not on loopback and no admin_token is set\n"),
         ));
     };
     let presented = headers

@@ -426,6 +426,42 @@ async fn write_endpoints_off_loopback_need_the_bearer_token() {
     assert!(!guarded.output().contains(token), "the token never reaches the log");
 }
 
+#[tokio::test]
+async fn the_configuration_in_force_is_at_config_after_each_reload_secrets_redacted_and_only_for_the_trusted() {
+    let upstream = Upstream::start().await;
+    let config = TempConfig::new(&one_upstream(&upstream.url(), 2));
+    let path = config.path_str();
+    let token = "s3cret-token-of-some-length";
+
+    // On loopback, as the write endpoints: no token needed, and the token itself is never shown.
+    let local = Proxy::start_with_env(&["--config", path.as_str()], &[("FLOODGATE__ADMIN_TOKEN", token)]).await;
+    let shown = local.admin_get("/config").await;
+    assert_eq!(shown.status, StatusCode::OK, "{}", shown.text());
+    assert_eq!(shown.header("content-type"), Some("application/toml"));
+    let text = shown.text();
+    assert!(text.contains("max_connections = 2"), "{text}");
+    assert!(text.contains("admin_token = \"<redacted>\""), "{text}");
+    assert!(!text.contains(token), "{text}");
+    std::fs::write(config.path(), one_upstream(&upstream.url(), 3)).unwrap();
+    let resp = local.admin_request(Method::POST, "/reload", "", None).await;
+    assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+    let text = local.admin_get("/config").await.text();
+    assert!(
+        text.contains("max_connections = 3"),
+        "what the reload put in force: {text}"
+    );
+    drop(local);
+
+    // Off loopback: only with the bearer token.
+    let args = ["--config", path.as_str(), "--admin", "0.0.0.0:0"];
+    let guarded = Proxy::start_with_env(&args, &[("FLOODGATE__ADMIN_TOKEN", token)]).await;
+    let resp = guarded.admin_request(Method::GET, "/config", "", None).await;
+    assert_eq!(resp.status, StatusCode::UNAUTHORIZED, "{}", resp.text());
+    let resp = guarded.admin_request(Method::GET, "/config", "", Some(token)).await;
+    assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+    assert!(resp.text().contains("max_connections = 3"), "{}", resp.text());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_storm_of_cap_changes_and_reloads_under_load_loses_no_request_and_settles_at_the_last_cap() {
     let (upstream, config, proxy) = reloadable(3).await;
