@@ -85,6 +85,9 @@ enum Command {
     /// Asks the running floodgate that this configuration describes (its `admin` address) whether it is ready:
     /// exit 0 on a 200 from /readyz, 1 otherwise. For container health checks.
     Healthcheck(cli::healthcheck::HealthcheckArgs),
+    /// Has the running floodgate that this configuration describes (its `admin` address, with its `admin_token`)
+    /// read its configuration again, and prints what changed or why it was refused: exit 0 when it is in force.
+    Reload,
     /// Prints a completion script for SHELL (bash, zsh, fish, elvish, powershell).
     Completions {
         #[arg(value_enum)]
@@ -149,6 +152,12 @@ fn main() -> ExitCode {
             }
             return match cli.layers.load() {
                 Ok(config) => cli::healthcheck::run(&args, config.admin),
+                Err(code) => code,
+            };
+        }
+        Some(Command::Reload) => {
+            return match cli.layers.load() {
+                Ok(config) => cli::reload::run(&config),
                 Err(code) => code,
             };
         }

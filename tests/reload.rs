@@ -463,6 +463,53 @@ async fn the_configuration_in_force_is_at_config_after_each_reload_secrets_redac
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn floodgate_reload_puts_a_changed_file_in_force_sends_the_token_and_never_sends_a_broken_file() {
+    let upstream = Upstream::start().await;
+    let config = TempConfig::new(&one_upstream(&upstream.url(), 2));
+    let path = config.path_str();
+    let token = "s3cret-token-of-some-length";
+    // Off loopback, so the reload is refused without the configuration's token.
+    let env = [("FLOODGATE__ADMIN_TOKEN", token)];
+    let proxy = Proxy::start_with_env(&["--config", path.as_str(), "--admin", "0.0.0.0:0"], &env).await;
+    let admin = format!("127.0.0.1:{}", proxy.admin.port());
+    let reload = |env: Vec<(&'static str, &'static str)>| {
+        let (path, admin) = (path.clone(), admin.clone());
+        tokio::task::spawn_blocking(move || {
+            run_to_exit_with_env(
+                &["reload", "--config", &path, "--admin", &admin],
+                &env,
+                Duration::from_secs(30),
+            )
+        })
+    };
+
+    std::fs::write(config.path(), one_upstream(&upstream.url(), 3)).unwrap();
+    let (status, stdout, stderr) = reload(vec![("FLOODGATE__ADMIN_TOKEN", token)]).await.unwrap();
+    assert!(status.success(), "{stdout}{stderr}");
+    assert!(stdout.starts_with("reloaded"), "{stdout}");
+    assert!(stdout.contains("max_connections"), "the change is printed: {stdout}");
+    assert_eq!(proxy.upstream_field("a", "max_connections").await, 3);
+
+    // Without the token the running floodgate refuses it, and the command says so.
+    std::fs::write(config.path(), one_upstream(&upstream.url(), 4)).unwrap();
+    let (status, _, stderr) = reload(Vec::new()).await.unwrap();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("401"), "{stderr}");
+    assert_eq!(proxy.upstream_field("a", "max_connections").await, 3);
+
+    // A file with a problem is reported as check reports it, and never sent.
+    std::fs::write(config.path(), one_upstream(&upstream.url(), 0)).unwrap();
+    let (status, _, stderr) = reload(vec![("FLOODGATE__ADMIN_TOKEN", token)]).await.unwrap();
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("upstreams.a.max_connections"), "{stderr}");
+    assert!(
+        !proxy.output().contains("reload refused"),
+        "the running floodgate was never asked"
+    );
+    assert_eq!(proxy.upstream_field("a", "max_connections").await, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_storm_of_cap_changes_and_reloads_under_load_loses_no_request_and_settles_at_the_last_cap() {
     let (upstream, config, proxy) = reloadable(3).await;
     let load = Load::start(proxy.listen, 24, "/delay/3");

@@ -717,7 +717,14 @@ fn completions_and_the_manual_page_are_generated_from_the_command_line() {
         let (status, stdout, stderr) = run_to_exit(&["completions", shell], Duration::from_secs(10));
         assert!(status.success(), "{shell}: {stderr}");
         assert!(stdout.contains(marker), "{shell}: {stdout}");
-        for word in ["check", "demo", "healthcheck", "max-connections", "max-tunnels"] {
+        for word in [
+            "check",
+            "demo",
+            "healthcheck",
+            "reload",
+            "max-connections",
+            "max-tunnels",
+        ] {
             assert!(stdout.contains(word), "{shell} completion lacks {word}");
         }
     }

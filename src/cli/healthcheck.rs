@@ -19,14 +19,10 @@ pub struct HealthcheckArgs {
 
 /// Asks the admin listener at `admin` (the configuration's `admin`; an unspecified address is asked on loopback).
 pub fn run(args: &HealthcheckArgs, admin: SocketAddr) -> ExitCode {
-    let target = match admin.ip() {
-        IpAddr::V4(ip) if ip.is_unspecified() => SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), admin.port()),
-        IpAddr::V6(ip) if ip.is_unspecified() => SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), admin.port()),
-        _ => admin,
-    };
-    match ask(target, &args.path, args.timeout) {
-        Ok(200) => ExitCode::SUCCESS,
-        Ok(status) => {
+    let target = on_loopback_if_unspecified(admin);
+    match ask(target, "GET", &args.path, None, args.timeout) {
+        Ok((200, _)) => ExitCode::SUCCESS,
+        Ok((status, _)) => {
             eprintln!("floodgate healthcheck: {target}{} answered {status}", args.path);
             ExitCode::from(1)
         }
@@ -37,22 +33,48 @@ pub fn run(args: &HealthcheckArgs, admin: SocketAddr) -> ExitCode {
     }
 }
 
-fn ask(target: SocketAddr, path: &str, timeout: Duration) -> std::io::Result<u16> {
+/// Where to reach an admin listener bound to `admin`: an unspecified address (all interfaces) on loopback.
+pub fn on_loopback_if_unspecified(admin: SocketAddr) -> SocketAddr {
+    match admin.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), admin.port()),
+        IpAddr::V6(ip) if ip.is_unspecified() => SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), admin.port()),
+        _ => admin,
+    }
+}
+
+/// The most of an admin answer read: its head and a body of a few lines (a reload's changes or problems).
+const MAX_ANSWER_BYTES: u64 = 64 * 1024;
+
+/// One request to the admin listener at `target`, with the bearer `token` if there is one: the answer's status and
+/// its body as text.
+pub fn ask(
+    target: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    timeout: Duration,
+) -> std::io::Result<(u16, String)> {
     let mut stream = TcpStream::connect_timeout(&target, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
+    let authorization = token.map_or_else(String::new, |token| format!("Authorization: Bearer {token}\r\n"));
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: floodgate\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: floodgate\r\n{authorization}Content-Length: 0\r\nConnection: close\r\n\r\n"
     )?;
-    let mut head = Vec::new();
-    stream.take(1024).read_to_end(&mut head)?;
+    let mut answer = Vec::new();
+    stream.take(MAX_ANSWER_BYTES).read_to_end(&mut answer)?;
     let mut lines = [httparse::EMPTY_HEADER; 32];
     let mut response = httparse::Response::new(&mut lines);
-    match response.parse(&head) {
-        Ok(_) => response
-            .code
-            .ok_or_else(|| std::io::Error::other("no status line in the answer")),
+    match response.parse(&answer) {
+        Ok(httparse::Status::Complete(head_len)) => {
+            let status = response
+                .code
+                .ok_or_else(|| std::io::Error::other("no status line in the answer"))?;
+            let body = answer.get(head_len..).unwrap_or_default();
+            Ok((status, String::from_utf8_lossy(body).into_owned()))
+        }
+        Ok(httparse::Status::Partial) => Err(std::io::Error::other("the answer ended within its head")),
         Err(err) => Err(std::io::Error::other(format!("unreadable answer: {err}"))),
     }
 }

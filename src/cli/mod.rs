@@ -2,4 +2,5 @@
 
 pub mod demo;
 pub mod healthcheck;
+pub mod reload;
 pub mod signals;
