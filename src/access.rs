@@ -35,28 +35,44 @@ pub struct Entry {
     method: Method,
     path: String,
     query: Option<String>,
-    /// The host the client asked for (the target's authority, else `Host`).
+    /// The host the client asked for (the target's authority, else `Host`), and its port when it names one.
     host: Option<String>,
+    port: Option<u16>,
+    /// `https` for a client that reached floodgate over TLS.
+    scheme: &'static str,
     user_agent: Option<String>,
     referer: Option<String>,
     version: Version,
     arrived: Instant,
     upstream: Option<String>,
+    /// The route's label (`host/prefix`, as the traces' `http.route`).
+    route: Option<std::sync::Arc<str>>,
+    /// The request's exported span, with `otlp_endpoint`: its trace and span IDs, to join the line to the trace.
+    trace: Option<(String, String)>,
     admitted: Option<Instant>,
 }
 
 impl Entry {
     /// `None` when the access log is off: the request's path carries nothing for it.
-    pub fn start<B>(style: Option<Style>, client: SocketAddr, request: &http::Request<B>) -> Option<Box<Entry>> {
+    pub fn start<B>(
+        style: Option<Style>,
+        client: SocketAddr,
+        tls: bool,
+        request: &http::Request<B>,
+    ) -> Option<Box<Entry>> {
         let style = style?;
         let headers = request.headers();
         let text = |value: Option<&http::HeaderValue>| {
             value.map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
         };
         let uri = request.uri();
-        let host = match uri.authority() {
+        let authority = match uri.authority() {
             Some(authority) => Some(authority.as_str().to_string()),
             None => text(headers.get(header::HOST)),
+        };
+        let (host, port) = match authority.as_deref().map(host_and_port) {
+            Some((host, port)) => (Some(host.to_string()), port),
+            None => (None, None),
         };
         Some(Box::new(Entry {
             style,
@@ -66,17 +82,27 @@ impl Entry {
             path: uri.path().to_string(),
             query: uri.query().map(str::to_string),
             host,
+            port,
+            scheme: if tls { "https" } else { "http" },
             user_agent: text(headers.get(header::USER_AGENT)),
             referer: text(headers.get(header::REFERER)),
             version: request.version(),
             arrived: Instant::now(),
             upstream: None,
+            route: None,
+            trace: None,
             admitted: None,
         }))
     }
 
-    pub fn routed(&mut self, upstream: &str) {
+    pub fn routed(&mut self, upstream: &str, route: &std::sync::Arc<str>) {
         self.upstream = Some(upstream.to_string());
+        self.route = Some(route.clone());
+    }
+
+    /// The IDs of the request's exported trace and span, as W3C Trace Context writes them (hex).
+    pub fn traced(&mut self, trace_id: String, span_id: String) {
+        self.trace = Some((trace_id, span_id));
     }
 
     /// The request left the queue at `at`.
@@ -114,6 +140,9 @@ impl Entry {
             "url.path" = %self.path,
             "url.query" = self.query.as_deref(),
             "server.address" = self.host.as_deref(),
+            "server.port" = self.port,
+            "url.scheme" = self.scheme,
+            "http.route" = self.route.as_deref(),
             "user_agent.original" = self.user_agent.as_deref(),
             "network.protocol.version" = protocol_version(self.version),
             "http.response.status_code" = status,
@@ -122,7 +151,9 @@ impl Entry {
             "floodgate.outcome" = outcome,
             "floodgate.queue.duration_us" = queue_us,
             "floodgate.upstream.duration_us" = upstream_us,
-            "http.server.request.duration_us" = micros(now.duration_since(self.arrived)),
+            "floodgate.request.duration_us" = micros(now.duration_since(self.arrived)),
+            "trace_id" = self.trace.as_ref().map(|(trace_id, _)| trace_id.as_str()),
+            "span_id" = self.trace.as_ref().map(|(_, span_id)| span_id.as_str()),
             "floodgate.tunnel.bytes_to_upstream" = tunnel.map(|(to_upstream, _)| to_upstream),
             "floodgate.tunnel.closed_by" = tunnel.map(|(_, closed_by)| closed_by),
             },
@@ -155,6 +186,21 @@ impl Entry {
     }
 }
 
+/// `authority` (`host[:port]`, an IPv6 literal in brackets) as OpenTelemetry's `server.address` (the host, without
+/// brackets) and `server.port` (when it names one).
+fn host_and_port(authority: &str) -> (&str, Option<u16>) {
+    if let Some(literal) = authority.strip_prefix('[') {
+        return match literal.split_once(']') {
+            Some((host, rest)) => (host, rest.strip_prefix(':').and_then(|port| port.parse().ok())),
+            None => (authority, None),
+        };
+    }
+    match authority.rsplit_once(':') {
+        Some((host, port)) => (host, port.parse().ok()),
+        None => (authority, None),
+    }
+}
+
 /// HTTP's version as OpenTelemetry's `network.protocol.version` writes it.
 fn protocol_version(version: Version) -> &'static str {
     match version {
@@ -172,4 +218,18 @@ fn clf_time(at: std::time::SystemTime) -> String {
     time::OffsetDateTime::from(at)
         .format(format)
         .unwrap_or_else(|_| "01/Jan/1970:00:00:00 +0000".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_and_port;
+
+    #[test]
+    fn server_address_is_the_host_alone_and_server_port_the_port_it_names() {
+        assert_eq!(host_and_port("app.example"), ("app.example", None));
+        assert_eq!(host_and_port("app.example:8443"), ("app.example", Some(8443)));
+        assert_eq!(host_and_port("app.example:"), ("app.example", None));
+        assert_eq!(host_and_port("[2001:db8::1]:443"), ("2001:db8::1", Some(443)));
+        assert_eq!(host_and_port("[2001:db8::1]"), ("2001:db8::1", None));
+    }
 }

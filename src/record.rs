@@ -66,9 +66,9 @@ impl Record {
     }
 
     /// Its upstream and route are known: its outcome is counted there.
-    pub(crate) fn routed(&mut self, pool: Arc<UpstreamPool>, route: RouteMetrics) {
+    pub(crate) fn routed(&mut self, pool: Arc<UpstreamPool>, route: RouteMetrics, label: &Arc<str>) {
         if let Some(entry) = self.access.as_mut() {
-            entry.routed(&pool.name);
+            entry.routed(&pool.name, label);
         }
         self.pool = Some(pool);
         self.route = Some(route);

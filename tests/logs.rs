@@ -152,7 +152,7 @@ async fn the_access_log_has_a_line_for_a_served_and_for_a_shed_request() {
     let mut conn = H1Conn::connect(proxy.listen).await;
     let request = http::Request::get("/hello?q=a%20b&page=2")
         .header("user-agent", "access-test/1.0")
-        .header("host", "app.example")
+        .header("host", "app.example:8443")
         .body(body_empty())
         .unwrap();
     let served = collect(conn.send(request).await.unwrap()).await.unwrap();
@@ -167,7 +167,11 @@ async fn the_access_log_has_a_line_for_a_served_and_for_a_shed_request() {
     assert_eq!(line["http.request.method"], "GET", "{line}");
     assert_eq!(line["url.path"], "/hello", "{line}");
     assert_eq!(line["url.query"], "q=a%20b&page=2", "{line}");
-    assert_eq!(line["server.address"], "app.example", "{line}");
+    assert_eq!(line["server.address"], "app.example", "the host alone: {line}");
+    assert_eq!(line["server.port"], 8443, "{line}");
+    assert_eq!(line["url.scheme"], "http", "{line}");
+    assert_eq!(line["http.route"], "*", "the route's label, as the traces': {line}");
+    assert!(line.get("trace_id").is_none(), "no trace without otlp_endpoint: {line}");
     assert_eq!(line["user_agent.original"], "access-test/1.0", "{line}");
     assert_eq!(line["network.protocol.version"], "1.1", "{line}");
     assert!(
@@ -182,7 +186,7 @@ async fn the_access_log_has_a_line_for_a_served_and_for_a_shed_request() {
     assert_eq!(line["http.response.body.size"], served.body.len() as u64, "{line}");
     let micros = |key: &str| line[key].as_u64().unwrap_or_else(|| panic!("{key} missing: {line}"));
     assert!(
-        micros("http.server.request.duration_us")
+        micros("floodgate.request.duration_us")
             >= micros("floodgate.upstream.duration_us") + micros("floodgate.queue.duration_us"),
         "{line}"
     );
@@ -245,7 +249,7 @@ async fn the_human_access_log_goes_to_a_file_one_readable_line_per_request() {
             "floodgate.upstream=\"default\"",
             "floodgate.queue.duration_us=",
             "floodgate.upstream.duration_us=",
-            "http.server.request.duration_us=",
+            "floodgate.request.duration_us=",
             "http.response.body.size=",
             "floodgate.outcome=\"ok\"",
         ] {

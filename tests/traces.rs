@@ -63,10 +63,11 @@ async fn floodgates_span_is_exported_as_the_childs_of_the_clients_and_the_parent
     let upstream = Upstream::start().await;
     let endpoint = format!("http://{collector}/v1/traces");
     let proxy = Proxy::start_with_env(
-        &["--upstream", &upstream.url()],
+        &["--upstream", &upstream.url(), "--log-format", "json"],
         &[
             ("FLOODGATE__OTLP_ENDPOINT", &endpoint),
             ("FLOODGATE__OTLP_SERVICE_NAME", "gateway"),
+            ("FLOODGATE__ACCESS_LOG", "stdout"),
             // The batch goes out every 100 ms rather than every 5 s.
             ("OTEL_BSP_SCHEDULE_DELAY", "100"),
         ],
@@ -128,6 +129,11 @@ async fn floodgates_span_is_exported_as_the_childs_of_the_clients_and_the_parent
     let parent = seen.header("traceparent").expect("a traceparent upstream");
     assert_eq!(parent, format!("00-{trace}-{}-01", hex(&span.span_id)));
     assert_eq!(seen.header("tracestate"), Some("vendor=1"));
+
+    // The access line names the same trace and span, to be joined to it.
+    let lines = proxy.access_lines(1).await;
+    assert_eq!(lines[0]["trace_id"], trace, "{}", lines[0]);
+    assert_eq!(lines[0]["span_id"], hex(&span.span_id), "{}", lines[0]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

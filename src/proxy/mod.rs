@@ -256,10 +256,14 @@ impl Proxy {
             upstream,
             outcome = tracing::field::Empty,
         );
-        let access = Entry::start(self.access_log, client.peer, request);
+        let mut access = Entry::start(self.access_log, client.peer, client.tls, request);
+        if let (Some(entry), Some(exported)) = (access.as_mut(), &exported) {
+            let (trace_id, span_id) = exported.ids();
+            entry.traced(trace_id, span_id);
+        }
         record.described(access, span.clone(), exported);
         if let Ok((pool, picked)) = &routed {
-            record.routed(pool.clone(), picked.metrics.clone());
+            record.routed(pool.clone(), picked.metrics.clone(), &picked.label);
         }
         Arrival {
             routed,

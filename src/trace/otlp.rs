@@ -111,6 +111,13 @@ impl Drop for Tracing {
 pub(crate) struct RequestSpan(Context);
 
 impl RequestSpan {
+    /// Its trace ID and span ID in hex, as W3C Trace Context writes them: what an access line is joined by.
+    pub(crate) fn ids(&self) -> (String, String) {
+        let span = self.0.span();
+        let context = span.span_context();
+        (context.trace_id().to_string(), context.span_id().to_string())
+    }
+
     pub(crate) fn set_status(&self, status: http::StatusCode) {
         let span = self.0.span();
         span.set_attribute(KeyValue::new("http.response.status_code", i64::from(status.as_u16())));
