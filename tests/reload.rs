@@ -509,6 +509,46 @@ async fn floodgate_reload_puts_a_changed_file_in_force_sends_the_token_and_never
     assert_eq!(proxy.upstream_field("a", "max_connections").await, 3);
 }
 
+#[tokio::test]
+async fn the_last_reloads_result_and_the_time_of_the_last_good_one_are_gauges_from_start_up() {
+    let upstream = Upstream::start().await;
+    let config = TempConfig::new(&one_upstream(&upstream.url(), 2));
+    let path = config.path_str();
+    let proxy = Proxy::start(&["--config", path.as_str()]).await;
+    let gauges = || async {
+        let samples = parse_metrics(&proxy.metrics().await);
+        (
+            metric_sum(&samples, "floodgate_config_last_reload_successful", &[]),
+            metric_sum(&samples, "floodgate_config_last_reload_success_timestamp_seconds", &[]),
+        )
+    };
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+    };
+    let (ok, started) = gauges().await;
+    assert_eq!(ok, 1.0, "start-up's configuration is in force");
+    assert!(started > 0.0 && started <= now(), "{started}");
+
+    std::fs::write(config.path(), one_upstream(&upstream.url(), 0)).unwrap();
+    let resp = proxy.admin_request(Method::POST, "/reload", "", None).await;
+    assert_eq!(resp.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", resp.text());
+    assert_eq!(
+        gauges().await,
+        (0.0, started),
+        "refused: the last good one's time stays"
+    );
+
+    std::fs::write(config.path(), one_upstream(&upstream.url(), 3)).unwrap();
+    let resp = proxy.admin_request(Method::POST, "/reload", "", None).await;
+    assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+    let (ok, applied) = gauges().await;
+    assert_eq!(ok, 1.0);
+    assert!(applied >= started && applied <= now(), "{applied} against {started}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_storm_of_cap_changes_and_reloads_under_load_loses_no_request_and_settles_at_the_last_cap() {
     let (upstream, config, proxy) = reloadable(3).await;

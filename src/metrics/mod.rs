@@ -63,6 +63,10 @@ pub struct Metrics {
     adaptive_rtt: Family<Labels, FloatGauge>,
     adaptive_gradient: Family<Labels, FloatGauge>,
     reloads: Family<Labels, Counter>,
+    /// Whether the last configuration load (start-up's, or a reload's) was put in force, and when one last was,
+    /// as Prometheus's own `prometheus_config_last_reload_*`.
+    last_reload_successful: Gauge,
+    last_reload_success: Gauge,
     /// Per endpoint (`upstream`, `endpoint` labels), set at scrape time.
     endpoint_connections: Family<Labels, Gauge>,
     endpoint_ejected: Family<Labels, Gauge>,
@@ -306,6 +310,21 @@ impl Metrics {
             // Present at 0 from the start: an alert on `increase()` sees the first reload too.
             let _ = reloads.get_or_create(&vec![("result", result.to_string())]);
         }
+        // The configuration start-up loaded is the first one put in force.
+        let (last_reload_successful, last_reload_success) = (Gauge::default(), Gauge::default());
+        last_reload_successful.set(1);
+        last_reload_success.set(unix_seconds());
+        registry.register(
+            "floodgate_config_last_reload_successful",
+            "1 if the last configuration load (start-up or reload) was put in force, 0 if it was refused",
+            last_reload_successful.clone(),
+        );
+        registry.register_with_unit(
+            "floodgate_config_last_reload_success_timestamp",
+            "When a configuration was last put in force (start-up or reload), in seconds since the Unix epoch",
+            prometheus_client::registry::Unit::Seconds,
+            last_reload_success.clone(),
+        );
         let build = prometheus_client::metrics::info::Info::new(vec![
             ("version", env!("CARGO_PKG_VERSION")),
             ("commit", env!("FLOODGATE_COMMIT")),
@@ -336,6 +355,8 @@ impl Metrics {
             adaptive_rtt,
             adaptive_gradient,
             reloads,
+            last_reload_successful,
+            last_reload_success,
             endpoint_connections,
             endpoint_ejected,
             endpoint_ejections,
@@ -430,6 +451,10 @@ impl Metrics {
     pub fn reloaded(&self, applied: bool) {
         let result = if applied { "applied" } else { "refused" };
         self.reloads.get_or_create(&vec![("result", result.to_string())]).inc();
+        self.last_reload_successful.set(i64::from(applied));
+        if applied {
+            self.last_reload_success.set(unix_seconds());
+        }
     }
 
     /// Counts a request rejected before it reached an upstream (no `upstream` label).
@@ -488,4 +513,11 @@ fn prometheus_text(openmetrics: &str) -> String {
         out.push('\n');
     }
     out
+}
+
+/// Now, in whole seconds since the Unix epoch (0 for a clock set before it).
+fn unix_seconds() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| i64::try_from(since.as_secs()).unwrap_or(i64::MAX))
 }
