@@ -435,9 +435,21 @@ fn compose_agrees_with_its_files_and_floodgate_configuration() {
     );
     let dashboards = mounted("grafana", dashboards_at);
     let dashboard: serde_json::Value = serde_json::from_str(&read(&dashboards.join("floodgate.json"))).unwrap();
-    let uid = str_of(&datasource["uid"], "datasource uid");
+    // Every panel reads the dashboard's datasource variable, a Prometheus one, which the provisioned datasource
+    // (the default) fills: the same file works provisioned here and imported into another Grafana.
+    assert_eq!(datasource["isDefault"].as_bool(), Some(true), "{datasource:?}");
+    assert_eq!(datasource["type"], "prometheus");
+    let variables = dashboard["templating"]["list"].as_array().unwrap();
+    let variable = variables
+        .iter()
+        .find(|v| v["name"] == "datasource")
+        .expect("a datasource variable");
+    assert_eq!(
+        (&variable["type"], &variable["query"]),
+        (&"datasource".into(), &"prometheus".into())
+    );
     for panel in dashboard["panels"].as_array().unwrap() {
-        assert_eq!(panel["datasource"]["uid"], uid, "panel {}", panel["title"]);
+        assert_eq!(panel["datasource"]["uid"], "${datasource}", "panel {}", panel["title"]);
     }
 }
 
@@ -637,6 +649,10 @@ async fn dashboard_queries_only_metrics_floodgate_exports() {
                 "the dashboard queries {name}, which /metrics does not export ({query})"
             );
             for (label, value) in matchers {
+                // Prometheus adds its target's labels as it scrapes: every query is filtered by them.
+                if label == "job" || label == "instance" {
+                    continue;
+                }
                 assert!(
                     series.iter().any(|s| s.labels.contains_key(&label)),
                     "{name} has no label {label} ({query})"
@@ -656,6 +672,32 @@ async fn dashboard_queries_only_metrics_floodgate_exports() {
         }
     }
     assert!(referenced >= 6, "only {referenced} metric references in {queries:?}");
+
+    // In a shared Prometheus: each query keeps to floodgate's own targets, and each legend says which replica.
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let (expr, legend) = (
+                target["expr"].as_str().unwrap(),
+                target["legendFormat"].as_str().unwrap_or(""),
+            );
+            for (name, matchers) in metric_references(expr) {
+                let labels: Vec<&str> = matchers.iter().map(|(label, _)| label.as_str()).collect();
+                assert!(
+                    labels.contains(&"job") && labels.contains(&"instance"),
+                    "{name} unfiltered by job and instance in {expr}"
+                );
+            }
+            assert!(
+                expr.contains(r#"job=~"$job""#) && expr.contains(r#"instance=~"$instance""#),
+                "{expr}"
+            );
+            assert!(
+                legend.contains("{{instance}}"),
+                "a legend without the instance: {legend}"
+            );
+            assert!(!expr.contains("[1m]"), "a fixed window, not $__rate_interval: {expr}");
+        }
+    }
 
     // The cap line is the metric, not a constant to keep in step with the config.
     assert!(
