@@ -112,8 +112,8 @@ upstream = "api"
         let got = metric_sum(&m, requests, labels);
         assert_eq!(got, expected, "{requests}{labels:?}\n{text}");
     };
-    check(&[("upstream", "api"), ("outcome", "ok"), ("status", "2xx")], 6.0);
-    check(&[("upstream", "api"), ("outcome", "ok"), ("status", "5xx")], 2.0);
+    check(&[("upstream", "api"), ("outcome", "ok"), ("code", "2xx")], 6.0);
+    check(&[("upstream", "api"), ("outcome", "ok"), ("code", "5xx")], 2.0);
     check(&[("upstream", "api"), ("outcome", "ok")], 8.0);
     check(&[("upstream", "api"), ("outcome", "shed_queue_full")], 3.0);
     check(&[("upstream", "api"), ("outcome", "shed_queue_timeout")], 0.0);
@@ -130,7 +130,10 @@ upstream = "api"
     assert_eq!(opened, upstream.accepted() as f64, "{text}");
     let peak = metric_sum(&m, "floodgate_upstream_connections_peak", &[("upstream", "api")]);
     assert_eq!(peak, upstream.peak_connections() as f64, "{text}");
-    assert_eq!(metric_sum(&m, "floodgate_inflight", &[("upstream", "api")]), 0.0);
+    assert_eq!(
+        metric_sum(&m, "floodgate_requests_in_flight", &[("upstream", "api")]),
+        0.0
+    );
     assert_eq!(metric_sum(&m, "floodgate_queue_depth", &[("upstream", "api")]), 0.0);
     let active = metric_sum(
         &m,
@@ -343,6 +346,16 @@ async fn metrics_come_as_openmetrics_to_a_scraper_that_asks_and_as_prometheus_te
     let text = open.text();
     assert!(text.ends_with("# EOF\n"), "{text}");
     assert!(text.contains("# TYPE floodgate_reloads counter\n"), "{text}");
+    // Units where OpenMetrics has them: floodgate's families as well as process_*.
+    for unit in [
+        "# UNIT floodgate_queue_wait_seconds seconds\n",
+        "# UNIT floodgate_request_duration_seconds seconds\n",
+        "# UNIT floodgate_request_bytes bytes\n",
+        "# UNIT floodgate_buffered_bytes bytes\n",
+        "# UNIT floodgate_config_last_reload_success_timestamp_seconds seconds\n",
+    ] {
+        assert!(text.contains(unit), "no {unit:?} in {text}");
+    }
     for accept in [
         None,
         Some("text/plain"),

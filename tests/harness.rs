@@ -201,16 +201,16 @@ async fn upstream_closes_idle_connections_and_kills_reused_ones_on_request() {
 fn metrics_parser_reads_openmetrics_text() {
     let text = "# HELP floodgate_requests Requests.\n\
         # TYPE floodgate_requests counter\n\
-        floodgate_requests_total{upstream=\"api\",outcome=\"ok\",status=\"2xx\"} 6\n\
-        floodgate_requests_total{upstream=\"api\",outcome=\"ok\",status=\"5xx\"} 2\n\
-        floodgate_requests_total{outcome=\"no_route\",status=\"4xx\"} 1\n\
+        floodgate_requests_total{upstream=\"api\",outcome=\"ok\",code=\"2xx\"} 6\n\
+        floodgate_requests_total{upstream=\"api\",outcome=\"ok\",code=\"5xx\"} 2\n\
+        floodgate_requests_total{upstream=\"-\",outcome=\"no_route\",code=\"4xx\"} 1\n\
         floodgate_queue_wait_seconds_bucket{le=\"+Inf\",upstream=\"a,b\\\"c\"} 3\n\
         floodgate_client_connections 4\n\
         # EOF\n";
     let m = parse_metrics(text);
     assert_eq!(m.len(), 5);
     assert_eq!(metric_sum(&m, "floodgate_requests_total", &[("outcome", "ok")]), 8.0);
-    assert_eq!(metric_sum(&m, "floodgate_requests_total", &[("status", "4xx")]), 1.0);
+    assert_eq!(metric_sum(&m, "floodgate_requests_total", &[("code", "4xx")]), 1.0);
     assert_eq!(m[3].labels["upstream"], "a,b\"c");
     assert_eq!(m[3].labels["le"], "+Inf");
     assert_eq!(metric_sum(&m, "floodgate_client_connections", &[]), 4.0);

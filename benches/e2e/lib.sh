@@ -403,7 +403,7 @@ EOF
   forget_pids "${stopping[@]}"
 }
 
-# floodgate's requests by outcome from its /metrics (floodgate_requests_total summed over status and upstream), as
+# floodgate's requests by outcome from its /metrics (floodgate_requests_total summed over code and upstream), as
 # one JSON object ({"ok": n, "shed_deadline": n, ...}); {} when there is no admin address (not floodgate) or it
 # does not answer. Read before and after a measured load, the difference is the window's.
 floodgate_outcomes() { # ADMIN_ADDR (may be empty)

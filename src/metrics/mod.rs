@@ -13,7 +13,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Registry, Unit};
 
 use crate::error::Outcome;
 
@@ -146,7 +146,7 @@ impl Metrics {
             requests.clone(),
         );
         registry.register(
-            "floodgate_inflight",
+            "floodgate_requests_in_flight",
             "Requests holding an upstream slot",
             inflight.clone(),
         );
@@ -155,14 +155,16 @@ impl Metrics {
             "Requests waiting for an upstream slot",
             queue_depth.clone(),
         );
-        registry.register(
-            "floodgate_queue_wait_seconds",
+        registry.register_with_unit(
+            "floodgate_queue_wait",
             "Time admitted requests waited in the queue",
+            Unit::Seconds,
             queue_wait.clone(),
         );
-        registry.register(
-            "floodgate_queue_wait_by_class_seconds",
+        registry.register_with_unit(
+            "floodgate_queue_wait_by_class",
             "Time admitted requests waited in the queue, by priority class (a series appears once its class is used)",
+            Unit::Seconds,
             queue_wait_by_class.clone(),
         );
         registry.register(
@@ -180,9 +182,10 @@ impl Metrics {
             "Most upstream connections that existed at once",
             peak.clone(),
         );
-        registry.register(
-            "floodgate_upstream_response_seconds",
+        registry.register_with_unit(
+            "floodgate_upstream_response",
             "Time from dispatch to the upstream's response head",
+            Unit::Seconds,
             response.clone(),
         );
         registry.register(
@@ -208,10 +211,11 @@ impl Metrics {
             "The bound on requests in flight at the upstream in force: the adaptive limit, or the cap without one",
             limit.clone(),
         );
-        registry.register(
-            "floodgate_adaptive_rtt_seconds",
+        registry.register_with_unit(
+            "floodgate_adaptive_rtt",
             "The adaptive limit's inputs: the last window's mean response time (kind=short) and the baseline it is \
              compared with (kind=baseline); 0 while the limit is off or has seen no window",
+            Unit::Seconds,
             adaptive_rtt.clone(),
         );
         registry.register(
@@ -239,19 +243,22 @@ impl Metrics {
             "Configuration reloads by result: applied, or refused (the running configuration stayed)",
             reloads.clone(),
         );
-        registry.register(
-            "floodgate_request_duration_seconds",
+        registry.register_with_unit(
+            "floodgate_request_duration",
             "Time from a request's arrival to the end of its answer to the client, by upstream and route",
+            Unit::Seconds,
             request_duration.clone(),
         );
-        registry.register(
-            "floodgate_request_bytes",
+        registry.register_with_unit(
+            "floodgate_request",
             "Request body bytes received from clients and sent upstream, by upstream and route",
+            Unit::Bytes,
             request_bytes.clone(),
         );
-        registry.register(
-            "floodgate_response_bytes",
+        registry.register_with_unit(
+            "floodgate_response",
             "Response body bytes sent to clients, by upstream and route",
+            Unit::Bytes,
             response_bytes.clone(),
         );
         registry.register(
@@ -274,9 +281,10 @@ impl Metrics {
             "Upgrade requests refused, by reason: limit (max_tunnels reached), off (max_tunnels = 0), or upstream (it did not switch)",
             tunnels_refused.clone(),
         );
-        registry.register(
-            "floodgate_tunnel_bytes",
+        registry.register_with_unit(
+            "floodgate_tunnel",
             "Bytes relayed through tunnels, by direction: to_upstream or to_client",
+            Unit::Bytes,
             tunnel_bytes.clone(),
         );
         registry.register(
@@ -296,9 +304,10 @@ impl Metrics {
             "Open client connections",
             client_connections.clone(),
         );
-        registry.register(
-            "floodgate_buffered_bytes",
+        registry.register_with_unit(
+            "floodgate_buffered",
             "Request and response body bytes held in memory (bounded by max_buffered_bytes)",
+            Unit::Bytes,
             buffered_bytes.clone(),
         );
         registry.register(
@@ -322,7 +331,7 @@ impl Metrics {
         registry.register_with_unit(
             "floodgate_config_last_reload_success_timestamp",
             "When a configuration was last put in force (start-up or reload), in seconds since the Unix epoch",
-            prometheus_client::registry::Unit::Seconds,
+            Unit::Seconds,
             last_reload_success.clone(),
         );
         let build = prometheus_client::metrics::info::Info::new(vec![

@@ -3,7 +3,7 @@ use std::time::Duration;
 use super::*;
 
 #[test]
-fn counts_appear_with_upstream_outcome_and_status_labels() {
+fn counts_appear_with_upstream_outcome_and_code_labels_on_every_series() {
     let metrics = Metrics::new();
     let api = metrics.upstream("api");
     api.requests.record(Outcome::Ok, Some(StatusCode::OK));
@@ -11,11 +11,11 @@ fn counts_appear_with_upstream_outcome_and_status_labels() {
     metrics.client_side(Outcome::NoRoute, Some(StatusCode::NOT_FOUND));
     let text = metrics.encode();
     assert!(
-        text.contains(r#"floodgate_requests_total{upstream="api",outcome="ok",status="2xx"} 2"#),
+        text.contains(r#"floodgate_requests_total{upstream="api",outcome="ok",code="2xx"} 2"#),
         "{text}"
     );
     assert!(
-        text.contains(r#"floodgate_requests_total{outcome="no_route",status="4xx"} 1"#),
+        text.contains(r#"floodgate_requests_total{upstream="-",outcome="no_route",code="4xx"} 1"#),
         "{text}"
     );
 }
@@ -72,7 +72,7 @@ fn openmetrics_becomes_prometheus_text_with_counters_and_infos_named_by_their_sa
         # HELP process_cpu_seconds CPU.\n# TYPE process_cpu_seconds counter\n# UNIT process_cpu_seconds seconds\n\
         process_cpu_seconds_total 0.5\n\
         # HELP floodgate_build Build.\n# TYPE floodgate_build info\nfloodgate_build_info{version=\"1\"} 1\n\
-        # HELP floodgate_inflight In flight.\n# TYPE floodgate_inflight gauge\nfloodgate_inflight 2\n# EOF\n";
+        # HELP floodgate_requests_in_flight In flight.\n# TYPE floodgate_requests_in_flight gauge\nfloodgate_requests_in_flight 2\n# EOF\n";
     assert_eq!(
         prometheus_text(openmetrics),
         "# HELP floodgate_reloads_total Reloads.\n# TYPE floodgate_reloads_total counter\n\
@@ -80,6 +80,6 @@ fn openmetrics_becomes_prometheus_text_with_counters_and_infos_named_by_their_sa
          # HELP process_cpu_seconds_total CPU.\n# TYPE process_cpu_seconds_total counter\n\
          process_cpu_seconds_total 0.5\n\
          # HELP floodgate_build_info Build.\n# TYPE floodgate_build_info gauge\nfloodgate_build_info{version=\"1\"} 1\n\
-         # HELP floodgate_inflight In flight.\n# TYPE floodgate_inflight gauge\nfloodgate_inflight 2\n"
+         # HELP floodgate_requests_in_flight In flight.\n# TYPE floodgate_requests_in_flight gauge\nfloodgate_requests_in_flight 2\n"
     );
 }

@@ -54,15 +54,14 @@ impl OutcomeCounters {
         let class = status_class(status);
         let cell = self.cells.get(outcome.index() * STATUS_CLASSES.len() + class)?;
         Some(cell.get_or_init(|| {
-            let mut labels: Labels = Vec::with_capacity(3);
-            if let Some(upstream) = &self.upstream {
-                labels.push(("upstream", upstream.clone()));
-            }
-            labels.push(("outcome", outcome.as_str().to_string()));
-            labels.push((
-                "status",
-                STATUS_CLASSES.get(class).copied().unwrap_or("none").to_string(),
-            ));
+            // Every series has the same labels: a request refused before it was routed is counted under `-`, which
+            // no upstream can be named.
+            let upstream = self.upstream.clone().unwrap_or_else(|| "-".to_string());
+            let labels: Labels = vec![
+                ("upstream", upstream),
+                ("outcome", outcome.as_str().to_string()),
+                ("code", STATUS_CLASSES.get(class).copied().unwrap_or("none").to_string()),
+            ];
             self.family.get_or_create_owned(&labels)
         }))
     }
