@@ -49,6 +49,8 @@ pub struct Entry {
     route: Option<std::sync::Arc<str>>,
     /// The request's exported span, with `otlp_endpoint`: its trace and span IDs, to join the line to the trace.
     trace: Option<(String, String)>,
+    /// The request body's bytes handed upstream, counted as they go (one that had a body to read).
+    request_body: Option<prometheus_client::metrics::counter::Counter>,
     admitted: Option<Instant>,
 }
 
@@ -91,6 +93,7 @@ impl Entry {
             upstream: None,
             route: None,
             trace: None,
+            request_body: None,
             admitted: None,
         }))
     }
@@ -98,6 +101,11 @@ impl Entry {
     pub fn routed(&mut self, upstream: &str, route: &std::sync::Arc<str>) {
         self.upstream = Some(upstream.to_string());
         self.route = Some(route.clone());
+    }
+
+    /// A counter for the request body's bytes, read when the line is written.
+    pub fn request_body_counter(&mut self) -> prometheus_client::metrics::counter::Counter {
+        self.request_body.get_or_insert_with(Default::default).clone()
     }
 
     /// The IDs of the request's exported trace and span, as W3C Trace Context writes them (hex).
@@ -146,6 +154,7 @@ impl Entry {
             "user_agent.original" = self.user_agent.as_deref(),
             "network.protocol.version" = protocol_version(self.version),
             "http.response.status_code" = status,
+            "http.request.body.size" = self.request_body.as_ref().map_or(0, |counted| counted.get()),
             "http.response.body.size" = bytes,
             "floodgate.upstream" = self.upstream.as_deref().unwrap_or("-"),
             "floodgate.outcome" = outcome,

@@ -184,6 +184,7 @@ async fn the_access_log_has_a_line_for_a_served_and_for_a_shed_request() {
     assert_eq!(line["floodgate.upstream"], "default", "{line}");
     assert_eq!(line["floodgate.outcome"], "ok", "{line}");
     assert_eq!(line["http.response.body.size"], served.body.len() as u64, "{line}");
+    assert_eq!(line["http.request.body.size"], 0, "a GET without a body: {line}");
     let micros = |key: &str| line[key].as_u64().unwrap_or_else(|| panic!("{key} missing: {line}"));
     assert!(
         micros("floodgate.request.duration_us")
@@ -216,6 +217,39 @@ async fn the_access_log_has_a_line_for_a_served_and_for_a_shed_request() {
     let lines = proxy.access_lines(3).await;
     assert_eq!(lines[2]["url.path"], "/stall", "{}", lines[2]);
     assert_eq!(lines[2]["floodgate.outcome"], "ok", "{}", lines[2]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_line_counts_the_request_body_handed_upstream_buffered_or_streamed() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start_with_env(
+        &[
+            "--upstream",
+            &upstream.url(),
+            "--log-format",
+            "json",
+            "--buffer-request-bytes",
+            "1024",
+        ],
+        &[("FLOODGATE__ACCESS_LOG", "stdout")],
+    )
+    .await;
+    let mut conn = H1Conn::connect(proxy.listen).await;
+    // One read whole before admission, one larger than the buffer that streams; the upstream reads each to its end
+    // before it answers (`/echo`), so the whole body was handed on by the time the line is written.
+    for (path, len) in [("/echo/small", 300u64), ("/echo/large", 200_000u64)] {
+        let served = conn
+            .try_request(http::Method::POST, path, body_pattern(len))
+            .await
+            .unwrap();
+        assert_eq!(served.status, StatusCode::OK, "{}", served.text());
+        assert_eq!(served.text(), len.to_string(), "the upstream read it all");
+    }
+    let lines = proxy.access_lines(2).await;
+    for (line, (path, len)) in lines.iter().zip([("/echo/small", 300u64), ("/echo/large", 200_000u64)]) {
+        assert_eq!(line["url.path"], path, "{line}");
+        assert_eq!(line["http.request.body.size"], len, "{line}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -26,6 +26,8 @@ pub struct RequestBody {
     upload: Option<UploadProgress>,
     /// Where the bytes handed upstream are counted (the route's `floodgate_request_bytes_total`).
     counted: Option<prometheus_client::metrics::counter::Counter>,
+    /// And this request's own count, for its access-log line (only with the access log on).
+    counted_for_log: Option<prometheus_client::metrics::counter::Counter>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +44,7 @@ impl RequestBody {
             timer: IdleTimer::new(idle_timeout),
             upload,
             counted: None,
+            counted_for_log: None,
         }
     }
 
@@ -55,8 +58,14 @@ impl RequestBody {
         self.counted = Some(counter);
     }
 
+    /// Counts the body's bytes in `counter` too, this request's own (its access-log line's).
+    pub fn counted_for_log(&mut self, counter: prometheus_client::metrics::counter::Counter) {
+        self.counted_for_log = Some(counter);
+    }
+
     fn count(&self, frame: &Frame<Bytes>) {
-        if let (Some(counter), Some(data)) = (&self.counted, frame.data_ref()) {
+        let Some(data) = frame.data_ref() else { return };
+        for counter in [&self.counted, &self.counted_for_log].into_iter().flatten() {
             counter.inc_by(data.len() as u64);
         }
     }
@@ -69,6 +78,7 @@ impl RequestBody {
             timer: IdleTimer::new(Duration::from_secs(1)),
             upload: None,
             counted: None,
+            counted_for_log: None,
         }
     }
 

@@ -318,6 +318,11 @@ impl Proxy {
         let route = picked.settings.clone();
         let mut body_unread = !upstream_request.body().is_end_stream();
         rewrite(&mut upstream_request, body_unread, &route, &picked);
+        if body_unread {
+            if let Some(counted) = record.request_body_counter() {
+                upstream_request.body_mut().counted_for_log(counted);
+            }
+        }
         let bounds = self.bounds(&pool, &picked, &route, &upstream_request, client, received);
         if body_unread && !awaits_continue {
             // Read before admission, so a client that uploads slowly waits without holding a slot. Over HTTP/2 a
