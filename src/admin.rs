@@ -205,19 +205,15 @@ async fn answer(state: &State, request: Request<Incoming>) -> Response<Full<Byte
         // every upstream, file and peer.
         "/config" => match trusted(state, request.headers(), "/config") {
             Err(refused) => refused,
-            Ok(()) => match state.config.load().to_redacted_toml() {
-                Ok(body) => {
+            Ok(()) => match shown_config(&state.config.load()) {
+                Some(body) => {
                     let mut response = owned_text(StatusCode::OK, body);
                     response
                         .headers_mut()
                         .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/toml"));
                     response
                 }
-                Err(_) => text(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "configuration unavailable
-",
-                ),
+                None => text(StatusCode::INTERNAL_SERVER_ERROR, "configuration unavailable\n"),
             },
         },
         "/healthz" => text(StatusCode::OK, "ok\n"),
@@ -282,6 +278,50 @@ async fn answer(state: &State, request: Request<Incoming>) -> Response<Full<Byte
             StatusCode::NOT_FOUND,
             "try /, /metrics, /status, /config, /healthz or /readyz\n",
         ),
+    }
+}
+
+/// What `/config` shows: the configuration as `floodgate check` prints it (every `Secret` redacted), and without
+/// what plain configuration may hold that is a credential all the same: the header values routes set (an
+/// upstream's `Authorization`), `fair_weights`' keys (clients' API keys, with `fair_key = "header:X-Api-Key"`;
+/// numbered instead) and an `otlp_endpoint`'s user information.
+fn shown_config(config: &crate::config::Config) -> Option<String> {
+    let mut table: toml::Table = toml::from_str(&config.to_redacted_toml().ok()?).ok()?;
+    redact_credentials(&mut table);
+    toml::to_string(&table).ok()
+}
+
+fn redact_credentials(table: &mut toml::Table) {
+    let redacted = || toml::Value::String(crate::config::REDACTED.to_string());
+    for (key, value) in table.iter_mut() {
+        match (key.as_str(), value) {
+            ("set_request_headers" | "set_response_headers", toml::Value::Table(headers)) => {
+                headers.iter_mut().for_each(|(_, value)| *value = redacted());
+            }
+            ("fair_weights", toml::Value::Table(weights)) => {
+                let numbered = std::mem::take(weights)
+                    .into_iter()
+                    .enumerate()
+                    .map(|(n, (_, weight))| (format!("{} {}", crate::config::REDACTED, n + 1), weight));
+                weights.extend(numbered);
+            }
+            ("otlp_endpoint", toml::Value::String(url)) => {
+                if let Some((scheme, rest)) = url.split_once("://") {
+                    let authority_end = rest.find('/').unwrap_or(rest.len());
+                    if let Some(at) = rest.get(..authority_end).and_then(|authority| authority.rfind('@')) {
+                        let host = rest.get(at + 1..).unwrap_or_default();
+                        *url = format!("{scheme}://{}@{host}", crate::config::REDACTED);
+                    }
+                }
+            }
+            (_, toml::Value::Table(inner)) => redact_credentials(inner),
+            (_, toml::Value::Array(items)) => items.iter_mut().for_each(|item| {
+                if let toml::Value::Table(inner) = item {
+                    redact_credentials(inner);
+                }
+            }),
+            _ => {}
+        }
     }
 }
 
@@ -473,4 +513,31 @@ fn prefers_openmetrics(headers: &http::HeaderMap) -> bool {
         }
     }
     openmetrics > 0.0 && openmetrics >= plain
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_credentials;
+
+    #[test]
+    fn header_values_fair_keys_and_url_user_information_are_redacted_wherever_they_are() {
+        let mut table: toml::Table = toml::from_str(
+            r#"
+otlp_endpoint = "https://user:pass@collector:4318/v1/traces"
+[upstreams.a]
+fair_weights = { "key-1" = 3, "key-2" = 5 }
+[[routes]]
+set_request_headers = { authorization = "Bearer x" }
+set_response_headers = { "x-served-by" = "node-7" }
+"#,
+        )
+        .unwrap();
+        redact_credentials(&mut table);
+        let text = toml::to_string(&table).unwrap();
+        for gone in ["user:pass", "key-1", "key-2", "Bearer x", "node-7"] {
+            assert!(!text.contains(gone), "{gone} in {text}");
+        }
+        assert!(text.contains("https://<redacted>@collector:4318/v1/traces"), "{text}");
+        assert!(text.contains("authorization = \"<redacted>\""), "{text}");
+    }
 }

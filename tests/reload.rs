@@ -429,7 +429,19 @@ async fn write_endpoints_off_loopback_need_the_bearer_token() {
 #[tokio::test]
 async fn the_configuration_in_force_is_at_config_after_each_reload_secrets_redacted_and_only_for_the_trusted() {
     let upstream = Upstream::start().await;
-    let config = TempConfig::new(&one_upstream(&upstream.url(), 2));
+    // Plain configuration that holds credentials all the same: a header the route sets upstream, a client's key.
+    let with_credentials = |cap: usize| {
+        one_upstream(&upstream.url(), cap)
+            .replace(
+                "queue_timeout = \"30s\"\n",
+                "queue_timeout = \"30s\"\nfair_key = \"header:x-api-key\"\nfair_weights = { \"key-of-a-client\" = 3 }\n",
+            )
+            .replace(
+                "upstream = \"a\"\n",
+                "upstream = \"a\"\nset_request_headers = { authorization = \"Bearer upstream-credential\" }\n",
+            )
+    };
+    let config = TempConfig::new(&with_credentials(2));
     let path = config.path_str();
     let token = "s3cret-token-of-some-length";
 
@@ -442,7 +454,18 @@ async fn the_configuration_in_force_is_at_config_after_each_reload_secrets_redac
     assert!(text.contains("max_connections = 2"), "{text}");
     assert!(text.contains("admin_token = \"<redacted>\""), "{text}");
     assert!(!text.contains(token), "{text}");
-    std::fs::write(config.path(), one_upstream(&upstream.url(), 3)).unwrap();
+    for credential in ["upstream-credential", "key-of-a-client"] {
+        assert!(!text.contains(credential), "{credential} shown: {text}");
+    }
+    assert!(
+        text.contains("authorization = \"<redacted>\""),
+        "the header's name stays: {text}"
+    );
+    assert!(
+        text.contains("\"<redacted> 1\" = 3"),
+        "the weight stays, its key numbered: {text}"
+    );
+    std::fs::write(config.path(), with_credentials(3)).unwrap();
     let resp = local.admin_request(Method::POST, "/reload", "", None).await;
     assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
     let text = local.admin_get("/config").await.text();

@@ -92,7 +92,14 @@ fn take_one(
         let status = StatusCode::from_u16(code).map_err(|_| HeadError::Malformed("invalid status code"))?;
         let at = fields::Offsets::of(received);
         let lines: fields::Lines = response.headers.iter().map(|line| at.line(line)).collect();
-        let reason = (status.canonical_reason() != Some(reason)).then(|| at.range(reason.as_bytes()));
+        // A status line without a reason gives a static "", not a slice of the bytes read: no range of them.
+        let reason = (status.canonical_reason() != Some(reason)).then(|| {
+            if reason.is_empty() {
+                0..0
+            } else {
+                at.range(reason.as_bytes())
+            }
+        });
         (head_len, status, minor, reason, lines)
     };
     let head = received.split_to(head_len).freeze();
@@ -114,7 +121,7 @@ fn take_one(
     Ok(Some(Some(ResponseHead {
         keep_alive: keeps_alive(version, &parts.headers) && !upgrade,
         parts,
-        reason: reason.map(|reason| head.slice(reason)),
+        reason: reason.and_then(|reason| head.get(reason.clone()).map(|_| head.slice(reason))),
         body,
         upgrade,
     })))
@@ -191,6 +198,14 @@ mod tests {
         assert_eq!(old.body, Framing::UntilClose);
         assert!(!old.keep_alive);
         assert_eq!(old.reason.as_deref(), Some(&b"Fine"[..]));
+    }
+
+    #[test]
+    fn a_status_line_without_a_reason_phrase_has_an_empty_one() {
+        for text in ["HTTP/1.1 200\r\nContent-Length: 0\r\n\r\n", "HTTP/1.1 299 \r\n\r\n"] {
+            let (read, _) = head(text, &Method::GET);
+            assert_eq!(read.reason.as_deref(), Some(&b""[..]), "{text:?}");
+        }
     }
 
     #[test]
