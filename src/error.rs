@@ -127,7 +127,7 @@ impl Outcome {
         Outcome::Internal,
     ];
 
-    /// Whether a request refused before routing (or a panic) can end so: the counters without an `upstream` label
+    /// Whether a request refused before routing (or a panic) can end so: the counters under `upstream="-"` that
     /// `/metrics` shows at 0 from the start.
     pub fn of_client_side(self) -> bool {
         matches!(

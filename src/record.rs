@@ -86,12 +86,12 @@ impl Record {
         }
     }
 
-    /// The answer's status, as the client gets it.
     /// With the access log on, a counter the request body's bytes are counted in for the line.
     pub(crate) fn request_body_counter(&mut self) -> Option<prometheus_client::metrics::counter::Counter> {
         self.access.as_mut().map(|entry| entry.request_body_counter())
     }
 
+    /// The answer's status, as the client gets it.
     pub(crate) fn answered(&mut self, status: StatusCode) {
         self.status = Some(status);
     }

@@ -466,7 +466,7 @@ impl Metrics {
         }
     }
 
-    /// Counts a request rejected before it reached an upstream (no `upstream` label).
+    /// Counts a request rejected before it reached an upstream (under `upstream="-"`).
     pub fn client_side(&self, outcome: Outcome, status: Option<StatusCode>) {
         self.client_side.record(outcome, status);
     }

@@ -160,12 +160,12 @@ impl Wire {
         !state.uploading && self.watch_while_idle(&mut state)
     }
 
-    /// An exchange takes the connection: what its socket says is the exchange's from here.
     /// The head of the bodiless GET or HEAD last sent, if its answer's head has not come.
     pub(crate) fn take_sent_head(&self) -> Option<SentHead> {
         self.lock().sent_head.take()
     }
 
+    /// An exchange takes the connection: what its socket says is the exchange's from here.
     pub(crate) fn take_for_exchange(&self) {
         self.lock().idle = false;
     }
