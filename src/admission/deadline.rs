@@ -8,22 +8,17 @@ use std::time::Duration;
 
 use http::HeaderName;
 
-/// gRPC's deadline header, and the default `deadline_header`, as names made once: a name given as text is parsed
-/// (checked and lowercased) at each look-up.
+/// gRPC's deadline header, as a name made once: a name given as text is parsed (checked and lowercased) at each
+/// look-up.
 static GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
-static X_REQUEST_TIMEOUT: HeaderName = HeaderName::from_static("x-request-timeout");
 
 /// The timeout a request's client sent with it: `header` (milliseconds, digits only) and, when `grpc` is set,
 /// `grpc-timeout` (1 to 8 digits and a unit: `H`, `M`, `S`, `m`, `u`, `n`); the shorter when both are there. A
 /// value that does not parse is no deadline: shedding a request for a header it cannot read would turn a client's
 /// typo into failures.
-pub(crate) fn client_timeout(headers: &http::HeaderMap, header: &str, grpc: bool) -> Option<Duration> {
-    let value = match header {
-        "" => None,
-        "x-request-timeout" => headers.get(&X_REQUEST_TIMEOUT),
-        other => headers.get(other),
-    };
-    let millis = value
+pub(crate) fn client_timeout(headers: &http::HeaderMap, header: Option<&HeaderName>, grpc: bool) -> Option<Duration> {
+    let millis = header
+        .and_then(|header| headers.get(header))
         .and_then(|value| value.to_str().ok())
         .map(str::trim)
         .filter(|text| !text.is_empty() && text.len() <= 12 && text.bytes().all(|b| b.is_ascii_digit()))

@@ -163,7 +163,9 @@ fn client_timeouts_are_read_from_the_configured_header_and_grpc_timeout_and_the_
         }
         map
     };
-    let read = |pairs: &[(&'static str, &'static str)]| client_timeout(&headers(pairs), "x-request-timeout", true);
+    let named = |name: &'static str| http::HeaderName::from_static(name);
+    let default = named("x-request-timeout");
+    let read = |pairs: &[(&'static str, &'static str)]| client_timeout(&headers(pairs), Some(&default), true);
     assert_eq!(read(&[("x-request-timeout", "250")]), Some(ms(250)));
     assert_eq!(read(&[("grpc-timeout", "2S")]), Some(Duration::from_secs(2)));
     assert_eq!(read(&[("grpc-timeout", "1500u")]), Some(Duration::from_micros(1500)));
@@ -180,8 +182,8 @@ fn client_timeouts_are_read_from_the_configured_header_and_grpc_timeout_and_the_
     }
     // Turned off: neither is read.
     let off = headers(&[("x-request-timeout", "10"), ("grpc-timeout", "1m")]);
-    assert_eq!(client_timeout(&off, "", false), None);
-    assert_eq!(client_timeout(&off, "x-deadline-ms", true), Some(ms(1)));
+    assert_eq!(client_timeout(&off, None, false), None);
+    assert_eq!(client_timeout(&off, Some(&named("x-deadline-ms")), true), Some(ms(1)));
 }
 
 #[test]

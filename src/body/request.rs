@@ -53,14 +53,15 @@ impl RequestBody {
         self.timer = IdleTimer::new(timeout);
     }
 
-    /// Counts the body's bytes in `counter` as they are handed upstream.
-    pub fn counted_in(&mut self, counter: prometheus_client::metrics::counter::Counter) {
+    /// Counts the body's bytes as they are handed upstream in `counter` (its route's), and in `for_log` (this
+    /// request's own, for its access-log line) when there is one.
+    pub fn counted_in(
+        &mut self,
+        counter: prometheus_client::metrics::counter::Counter,
+        for_log: Option<prometheus_client::metrics::counter::Counter>,
+    ) {
         self.counted = Some(counter);
-    }
-
-    /// Counts the body's bytes in `counter` too, this request's own (its access-log line's).
-    pub fn counted_for_log(&mut self, counter: prometheus_client::metrics::counter::Counter) {
-        self.counted_for_log = Some(counter);
+        self.counted_for_log = for_log;
     }
 
     fn count(&self, frame: &Frame<Bytes>) {

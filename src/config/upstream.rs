@@ -70,8 +70,9 @@ pub struct UpstreamConfig {
     #[serde(with = "humantime_serde")]
     pub codel_interval: Duration,
     /// A request header carrying the client's timeout in milliseconds (`X-Request-Timeout: 250`); a request that
-    /// cannot start within it is shed. Empty: no such header is read.
-    pub deadline_header: String,
+    /// cannot start within it is shed. Empty: no such header is read. Parsed once, with the configuration.
+    #[serde(with = "header_name_text")]
+    pub deadline_header: Option<http::HeaderName>,
     /// Whether gRPC's `grpc-timeout` header (`250m`, `2S`…) is read as a deadline too.
     pub grpc_timeout: bool,
     /// The status of an answer shed for capacity (queue full, queue timeout, CoDel overload). A request shed for
@@ -92,8 +93,9 @@ pub struct UpstreamConfig {
     #[serde(deserialize_with = "integer::deserialize")]
     pub quota_status: u16,
     /// A request header whose value (0-9) is the request's priority class, higher served first; empty: none,
-    /// every request has its route's class.
-    pub priority_header: String,
+    /// every request has its route's class. Parsed once, with the configuration.
+    #[serde(with = "header_name_text")]
+    pub priority_header: Option<http::HeaderName>,
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
     #[serde(with = "humantime_serde")]
@@ -232,14 +234,14 @@ impl Default for UpstreamConfig {
             queue_discipline: Discipline::Fifo,
             codel_target: Duration::from_millis(5),
             codel_interval: Duration::from_millis(100),
-            deadline_header: "x-request-timeout".to_string(),
+            deadline_header: Some(http::HeaderName::from_static("x-request-timeout")),
             grpc_timeout: true,
             shed_status: 503,
             fair_key: None,
             fair_weights: BTreeMap::new(),
             fair_max_queue: 0,
             quota_status: 429,
-            priority_header: String::new(),
+            priority_header: None,
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(30),
@@ -419,6 +421,27 @@ pub(super) mod fair_key_text {
     pub(crate) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<FairKey>, D::Error> {
         let text = String::deserialize(deserializer)?;
         FairKey::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A header name key as the file writes it (`""` for none), checked when the configuration is read rather than at
+/// every request, which then looks it up by the name made here.
+pub(super) mod header_name_text {
+    use http::HeaderName;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(crate) fn serialize<S: Serializer>(name: &Option<HeaderName>, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(name.as_ref().map_or("", HeaderName::as_str))
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<HeaderName>, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        if text.is_empty() {
+            return Ok(None);
+        }
+        HeaderName::from_bytes(text.as_bytes())
+            .map(Some)
+            .map_err(|_| serde::de::Error::custom("not a header name (or \"\" for none)"))
     }
 }
 

@@ -190,16 +190,6 @@ impl Config {
                     problems.push(key(&format!("fair_weights.{client}")), "must be from 1 to 1000");
                 }
             }
-            if !upstream.priority_header.is_empty()
-                && http::HeaderName::from_bytes(upstream.priority_header.as_bytes()).is_err()
-            {
-                problems.push(key("priority_header"), "not a header name (or \"\" for none)");
-            }
-            if !upstream.deadline_header.is_empty()
-                && http::HeaderName::from_bytes(upstream.deadline_header.as_bytes()).is_err()
-            {
-                problems.push(key("deadline_header"), "not a header name (or \"\" for none)");
-            }
         }
         for (index, route) in self.routes.iter().enumerate() {
             if route.priority > MAX_PRIORITY {

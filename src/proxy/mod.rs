@@ -317,12 +317,7 @@ impl Proxy {
         let mut upstream_request = forward::to_upstream(request, client, &pool)?;
         let route = picked.settings.clone();
         let mut body_unread = !upstream_request.body().is_end_stream();
-        rewrite(&mut upstream_request, body_unread, &route, &picked);
-        if body_unread {
-            if let Some(counted) = record.request_body_counter() {
-                upstream_request.body_mut().counted_for_log(counted);
-            }
-        }
+        rewrite(&mut upstream_request, body_unread, &route, &picked, record);
         let bounds = self.bounds(&pool, &picked, &route, &upstream_request, client, received);
         if body_unread && !awaits_continue {
             // Read before admission, so a client that uploads slowly waits without holding a slot. Over HTTP/2 a
@@ -407,7 +402,7 @@ impl Proxy {
             buffer_limit: limits.buffer_request_bytes,
             request_timeout: route.request_timeout.unwrap_or(limits.request_timeout),
             queue_timeout: limits.queue_timeout,
-            client_deadline: admission::client_timeout(headers, &limits.deadline_header, limits.grpc_timeout)
+            client_deadline: admission::client_timeout(headers, limits.deadline_header.as_ref(), limits.grpc_timeout)
                 .map(|timeout| received + timeout),
             place: place(&limits, picked, headers, client, &self.trusted_proxies.load()),
         }
@@ -492,11 +487,20 @@ impl Proxy {
 }
 
 /// The route's own edits to the head (the names that alias `X-Forwarded-*` with `_` dropped first), and its
-/// request body (`body_unread`: one is still to come) counted in its metrics and bounded by its
-/// `body_idle_timeout`.
-fn rewrite(request: &mut Request<forward::RequestBody>, body_unread: bool, route: &RouteSettings, picked: &Picked) {
+/// request body (`body_unread`: one is still to come) counted in its metrics (and for the request's access-log
+/// line, when there is one) and bounded by its `body_idle_timeout`.
+fn rewrite(
+    request: &mut Request<forward::RequestBody>,
+    body_unread: bool,
+    route: &RouteSettings,
+    picked: &Picked,
+    record: &mut Record,
+) {
     if body_unread {
-        request.body_mut().counted_in(picked.metrics.request_bytes.clone());
+        let route_bytes = picked.metrics.request_bytes.clone();
+        request
+            .body_mut()
+            .counted_in(route_bytes, record.request_body_counter());
     }
     if !route.edits_nothing() {
         forward::drop_underscore_aliases(request.headers_mut(), &route.guarded_request);
@@ -519,9 +523,10 @@ fn place(
     client: &ClientInfo,
     trusted: &[ipnet::IpNet],
 ) -> Place {
-    let from_header = (!limits.priority_header.is_empty())
-        .then(|| headers.get(limits.priority_header.as_str()))
-        .flatten()
+    let from_header = limits
+        .priority_header
+        .as_ref()
+        .and_then(|header| headers.get(header))
         .and_then(|value| value.to_str().ok())
         .and_then(|text| text.trim().parse::<u8>().ok())
         .filter(|class| *class <= MAX_PRIORITY);
