@@ -105,18 +105,17 @@ pub(crate) async fn send(
         sending.finish(&mut tail).map_err(|err| fail(wire, err))?;
     }
     let written = wire::write_all(wire, &[&out, &large, &tail]).await;
-    if bodiless && size == BodySize::Empty {
-        wire.lock().sent_head = Some(SentHead {
-            bytes: out,
-            method: parts.method.clone(),
-        });
-    } else {
-        drop(out);
-    }
-    written.map_err(|err| fail(wire, ProxyError::Upstream(err.into())))?;
     drop((large, tail));
+    // What a replay would send, should the upstream fail this exchange before it answers: moved, not copied.
+    let sent = (bodiless && size == BodySize::Empty).then(|| SentHead {
+        bytes: out,
+        method: parts.method.clone(),
+    });
+    if let Err(err) = written {
+        return Err(fail_replayable(wire, ProxyError::Upstream(err.into()), sent));
+    }
     let method = parts.method;
-    let head = read_head(wire, &method);
+    let head = read_head(wire, &method, sent);
     if first_done {
         return Ok((head.await?, None));
     }
@@ -147,9 +146,10 @@ pub(crate) async fn send(
     Ok((response, Some(Box::pin(upload))))
 }
 
-/// A bodiless GET or HEAD's head as it was written, kept on its wire until the answer's head comes
-/// ([`Wire::take_sent_head`]): sent again as it is ([`resend`]) when the upstream closed a reused connection just as
-/// the request went out, without the copy of the request's head that keeping it in advance would cost.
+/// A bodiless GET or HEAD's head as it was written, left on its wire when the exchange fails before the answer's
+/// head comes ([`Wire::take_sent_head`]): sent again as it is ([`resend`]) when the upstream closed a reused
+/// connection just as the request went out, without the copy of the request's head that keeping it in advance
+/// would cost.
 pub(crate) struct SentHead {
     bytes: BytesMut,
     method: Method,
@@ -164,12 +164,17 @@ pub(crate) async fn resend(
     wire::write_all(wire, &[&head.bytes])
         .await
         .map_err(|err| fail(wire, ProxyError::Upstream(err.into())))?;
-    Ok((read_head(wire, &head.method).await?, None))
+    Ok((read_head(wire, &head.method, None).await?, None))
 }
 
 /// The answer's head, past any interim `1xx`: each is taken off the buffer as soon as it is read (never parsed
 /// again with the next read), and they are bounded in number and bytes.
-async fn read_head(wire: &Arc<Wire>, method: &Method) -> Result<Response<UpstreamIncoming>, ProxyError> {
+/// `sent`: the head to leave on the wire for a replay if no answer's head comes.
+async fn read_head(
+    wire: &Arc<Wire>,
+    method: &Method,
+    sent: Option<SentHead>,
+) -> Result<Response<UpstreamIncoming>, ProxyError> {
     let (mut interim, mut interim_bytes) = (0usize, 0usize);
     let head = std::future::poll_fn(|cx| {
         let mut state = wire.lock();
@@ -177,11 +182,7 @@ async fn read_head(wire: &Arc<Wire>, method: &Method) -> Result<Response<Upstrea
             if !state.received.is_empty() {
                 let before = state.received.len();
                 match response_head::next(&mut state.received, method, MAX_RESPONSE_HEAD_BYTES) {
-                    Ok(Some(Some(head))) => {
-                        // Answered: the request will not be sent again.
-                        state.sent_head = None;
-                        return Poll::Ready(Ok(head));
-                    }
+                    Ok(Some(Some(head))) => return Poll::Ready(Ok(head)),
                     Ok(Some(None)) => {
                         let len = before - state.received.len();
                         interim += 1;
@@ -203,7 +204,7 @@ async fn read_head(wire: &Arc<Wire>, method: &Method) -> Result<Response<Upstrea
         }
     })
     .await
-    .map_err(|err| fail(wire, ProxyError::Upstream(err)))?;
+    .map_err(|err| fail_replayable(wire, ProxyError::Upstream(err), sent))?;
     let mut parts = head.parts;
     if let Some(reason) = head
         .reason
@@ -232,7 +233,14 @@ async fn read_head(wire: &Arc<Wire>, method: &Method) -> Result<Response<Upstrea
 }
 
 fn fail(wire: &Wire, err: ProxyError) -> ProxyError {
-    wire.lock().spent = true;
+    fail_replayable(wire, err, None)
+}
+
+/// [`fail`], leaving `sent` on the wire for a replay.
+fn fail_replayable(wire: &Wire, err: ProxyError, sent: Option<SentHead>) -> ProxyError {
+    let mut state = wire.lock();
+    state.spent = true;
+    state.sent_head = sent;
     err
 }
 

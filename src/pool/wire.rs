@@ -78,8 +78,8 @@ pub(crate) struct WireState {
     pub(crate) idle: bool,
     /// The connection was let go of: a stir on it is no one's concern.
     gone: bool,
-    /// A bodiless GET or HEAD's head as it went out, until its answer's head comes: what a replay sends again on a
-    /// fresh connection when this one fails first (kept by moving it here, not copied).
+    /// A bodiless GET or HEAD's head as it went out, left here when its exchange failed before the answer's head
+    /// came: what a replay sends again on a fresh connection (moved here, not copied).
     pub(crate) sent_head: Option<SentHead>,
     /// The connection's right to exist, given back by whoever closes the socket first: the connection when it is
     /// let go of, or its watch when the upstream closes it first.
@@ -160,7 +160,7 @@ impl Wire {
         !state.uploading && self.watch_while_idle(&mut state)
     }
 
-    /// The head of the bodiless GET or HEAD last sent, if its answer's head has not come.
+    /// The head of the bodiless GET or HEAD whose exchange failed here before its answer's head came.
     pub(crate) fn take_sent_head(&self) -> Option<SentHead> {
         self.lock().sent_head.take()
     }
