@@ -198,16 +198,13 @@ impl Entry {
 /// `authority` (`host[:port]`, an IPv6 literal in brackets) as OpenTelemetry's `server.address` (the host, without
 /// brackets) and `server.port` (when it names one).
 fn host_and_port(authority: &str) -> (&str, Option<u16>) {
-    if let Some(literal) = authority.strip_prefix('[') {
-        return match literal.split_once(']') {
-            Some((host, rest)) => (host, rest.strip_prefix(':').and_then(|port| port.parse().ok())),
-            None => (authority, None),
-        };
-    }
-    match authority.rsplit_once(':') {
-        Some((host, port)) => (host, port.parse().ok()),
-        None => (authority, None),
-    }
+    let (name, port) = crate::h1::split_port(authority.as_bytes());
+    let name = authority.get(..name.len()).unwrap_or(authority);
+    let host = name
+        .strip_prefix('[')
+        .and_then(|literal| literal.strip_suffix(']'))
+        .unwrap_or(name);
+    (host, port.and_then(|port| std::str::from_utf8(port).ok()?.parse().ok()))
 }
 
 /// HTTP's version as OpenTelemetry's `network.protocol.version` writes it.

@@ -286,7 +286,7 @@ async fn answer(state: &State, request: Request<Incoming>) -> Response<Full<Byte
 /// upstream's `Authorization`), `fair_weights`' keys (clients' API keys, with `fair_key = "header:X-Api-Key"`;
 /// numbered instead) and an `otlp_endpoint`'s user information.
 fn shown_config(config: &crate::config::Config) -> Option<String> {
-    let mut table: toml::Table = toml::from_str(&config.to_redacted_toml().ok()?).ok()?;
+    let mut table = toml::Table::try_from(config).ok()?;
     redact_credentials(&mut table);
     toml::to_string(&table).ok()
 }

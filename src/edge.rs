@@ -138,7 +138,7 @@ impl Service<Request<ClientBody>> for ProxyService {
             }
             Ok(answered)
         }
-        .instrument(span),)
+        .instrument(span))
     }
 }
 

@@ -362,7 +362,7 @@ pub(super) fn plainly_valid(bytes: &[u8]) -> bool {
 
 /// [`valid_authority`], every rule checked on its own.
 pub(super) fn valid_authority_in_full(bytes: &[u8]) -> bool {
-    let (name, port) = split_port(bytes);
+    let (name, port) = crate::h1::split_port(bytes);
     // RFC 3986 §3.2.3 lets the port be empty (`host:`): it means the default.
     let port_ok = port.is_none_or(|port| {
         port.is_empty()
@@ -379,24 +379,10 @@ pub(super) fn valid_authority_in_full(bytes: &[u8]) -> bool {
     port_ok && name_ok && !bytes.contains(&b'@') && (plain_host(bytes) || http::uri::Authority::try_from(bytes).is_ok())
 }
 
-/// `host[:port]` split at the port's colon, the first one after an IPv6 literal's `]`.
-pub(super) fn split_port(authority: &[u8]) -> (&[u8], Option<&[u8]>) {
-    let literal_end = authority.iter().rposition(|&b| b == b']').map_or(0, |end| end + 1);
-    let colon = authority
-        .iter()
-        .skip(literal_end)
-        .position(|&b| b == b':')
-        .map(|at| literal_end + at);
-    match colon.and_then(|colon| Some((authority.get(..colon)?, authority.get(colon + 1..)?))) {
-        Some((name, port)) => (name, Some(port)),
-        None => (authority, None),
-    }
-}
-
 /// `host[:port]` less the name's trailing dot, the DNS root's empty label (RFC 1034 §3.1): `a.example.:80` names
 /// what `a.example:80` does. `None` when there is none to drop, or nothing of the name would be left.
 pub(super) fn without_root_dot(authority: &[u8]) -> Option<Vec<u8>> {
-    let (name, port) = split_port(authority);
+    let (name, port) = crate::h1::split_port(authority);
     let bare = name.strip_suffix(b".").filter(|bare| !bare.is_empty())?;
     let mut host = bare.to_vec();
     if let Some(port) = port {

@@ -66,7 +66,7 @@ pub struct Metrics {
     /// Whether the last configuration load (start-up's, or a reload's) was put in force, and when one last was,
     /// as Prometheus's own `prometheus_config_last_reload_*`.
     last_reload_successful: Gauge,
-    last_reload_success: Gauge,
+    last_reload_success: FloatGauge,
     /// Per endpoint (`upstream`, `endpoint` labels), set at scrape time.
     endpoint_connections: Family<Labels, Gauge>,
     endpoint_ejected: Family<Labels, Gauge>,
@@ -320,9 +320,9 @@ impl Metrics {
             let _ = reloads.get_or_create(&vec![("result", result.to_string())]);
         }
         // The configuration start-up loaded is the first one put in force.
-        let (last_reload_successful, last_reload_success) = (Gauge::default(), Gauge::default());
+        let (last_reload_successful, last_reload_success) = (Gauge::default(), FloatGauge::default());
         last_reload_successful.set(1);
-        last_reload_success.set(unix_seconds());
+        last_reload_success.set(unix_time());
         registry.register(
             "floodgate_config_last_reload_successful",
             "1 if the last configuration load (start-up or reload) was put in force, 0 if it was refused",
@@ -462,7 +462,7 @@ impl Metrics {
         self.reloads.get_or_create(&vec![("result", result.to_string())]).inc();
         self.last_reload_successful.set(i64::from(applied));
         if applied {
-            self.last_reload_success.set(unix_seconds());
+            self.last_reload_success.set(unix_time());
         }
     }
 
@@ -524,9 +524,9 @@ fn prometheus_text(openmetrics: &str) -> String {
     out
 }
 
-/// Now, in whole seconds since the Unix epoch (0 for a clock set before it).
-fn unix_seconds() -> i64 {
+/// Now, in seconds since the Unix epoch (0 for a clock set before it), as the `*_timestamp_seconds` gauges say it.
+fn unix_time() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |since| i64::try_from(since.as_secs()).unwrap_or(i64::MAX))
+        .map_or(0.0, |since| since.as_secs_f64())
 }

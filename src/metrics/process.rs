@@ -2,8 +2,6 @@
 //! descriptors, CPU seconds, start time), read from `/proc/self` at each scrape, as the Go and Java clients do.
 //! Off Linux, or when `/proc` cannot be read, the families that could not be read are left out of that scrape.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use procfs_core::process::{LimitValue, Limits, Stat, Status};
 use procfs_core::FromRead;
 use prometheus_client::collector::Collector;
@@ -24,10 +22,9 @@ pub(super) struct ProcessCollector {
 
 impl ProcessCollector {
     pub(super) fn new() -> Self {
-        let start_time = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0.0, |since| since.as_secs_f64());
-        ProcessCollector { start_time }
+        ProcessCollector {
+            start_time: super::unix_time(),
+        }
     }
 }
 
