@@ -30,6 +30,13 @@ fn stderr_lines(output: &str) -> Vec<&str> {
         .collect()
 }
 
+/// floodgate with `args`, its log in JSON and its access log on stdout.
+async fn with_json_access_log(args: &[&str]) -> Proxy {
+    let mut args = args.to_vec();
+    args.extend(["--log-format", "json"]);
+    Proxy::start_with_env(&args, &[("FLOODGATE__ACCESS_LOG", "stdout")]).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_log_format_writes_one_parseable_object_per_line() {
     let upstream = Upstream::start().await;
@@ -134,20 +141,7 @@ fn a_bad_log_level_or_format_stops_start_up_with_one_line_naming_the_key() {
 async fn the_access_log_has_a_line_for_a_served_and_for_a_shed_request() {
     let upstream = Upstream::start().await;
     let url = upstream.url();
-    let proxy = Proxy::start_with_env(
-        &[
-            "--upstream",
-            &url,
-            "--max-connections",
-            "1",
-            "--max-queue",
-            "0",
-            "--log-format",
-            "json",
-        ],
-        &[("FLOODGATE__ACCESS_LOG", "stdout")],
-    )
-    .await;
+    let proxy = with_json_access_log(&["--upstream", &url, "--max-connections", "1", "--max-queue", "0"]).await;
 
     let mut conn = H1Conn::connect(proxy.listen).await;
     let request = http::Request::get("/hello?q=a%20b&page=2")
@@ -222,18 +216,7 @@ async fn the_access_log_has_a_line_for_a_served_and_for_a_shed_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_access_line_counts_the_request_body_handed_upstream_buffered_or_streamed() {
     let upstream = Upstream::start().await;
-    let proxy = Proxy::start_with_env(
-        &[
-            "--upstream",
-            &upstream.url(),
-            "--log-format",
-            "json",
-            "--buffer-request-bytes",
-            "1024",
-        ],
-        &[("FLOODGATE__ACCESS_LOG", "stdout")],
-    )
-    .await;
+    let proxy = with_json_access_log(&["--upstream", &upstream.url(), "--buffer-request-bytes", "1024"]).await;
     let mut conn = H1Conn::connect(proxy.listen).await;
     // One read whole before admission, one larger than the buffer that streams; the upstream reads each to its end
     // before it answers (`/echo`), so the whole body was handed on by the time the line is written.
@@ -382,20 +365,7 @@ async fn every_request_ends_in_one_line_and_one_count_served_refused_or_left_by_
     use tokio::io::AsyncWriteExt;
     let upstream = Upstream::start().await;
     let url = upstream.url();
-    let proxy = Proxy::start_with_env(
-        &[
-            "--upstream",
-            &url,
-            "--max-connections",
-            "1",
-            "--max-queue",
-            "4",
-            "--log-format",
-            "json",
-        ],
-        &[("FLOODGATE__ACCESS_LOG", "stdout")],
-    )
-    .await;
+    let proxy = with_json_access_log(&["--upstream", &url, "--max-connections", "1", "--max-queue", "4"]).await;
     let send = |head: &'static str| async move {
         let mut client = tokio::net::TcpStream::connect(proxy.listen).await.unwrap();
         client.write_all(head.as_bytes()).await.unwrap();

@@ -729,10 +729,7 @@ async fn healthcheck_exits_0_while_ready_and_1_while_draining_or_gone() {
     })
     .await;
     proxy.sigterm();
-    wait_until("readyz 503", Duration::from_secs(5), || async {
-        proxy.admin_get("/readyz").await.status == StatusCode::SERVICE_UNAVAILABLE
-    })
-    .await;
+    proxy.wait_not_ready(Duration::from_secs(5)).await;
     let (status, _, stderr) = check("/readyz").await.unwrap();
     assert_eq!(status.code(), Some(1), "draining: {stderr}");
     assert!(stderr.contains("503"), "{stderr}");

@@ -28,13 +28,7 @@ async fn sigterm_finishes_in_flight_and_queued_requests_then_exits_zero() {
     proxy.sigterm();
     // /readyz turns 503 at once (before the drain ends: the in-flight request is still held), while the admin
     // listener still answers. The 5 s budget covers forking kill(1) on a loaded machine.
-    wait_until("/readyz says 503", Duration::from_secs(5), || async {
-        match try_get(proxy.admin, "/readyz").await {
-            Ok(r) => r.status == StatusCode::SERVICE_UNAVAILABLE,
-            Err(_) => false,
-        }
-    })
-    .await;
+    proxy.wait_not_ready(Duration::from_secs(5)).await;
 
     // No new requests are taken.
     let late = tokio::time::timeout(Duration::from_secs(2), try_get(listen, "/late")).await;
@@ -133,13 +127,7 @@ async fn with_a_drain_time_readyz_fails_at_once_while_new_clients_are_still_serv
 
     let signalled = Instant::now();
     proxy.sigterm();
-    wait_until("/readyz says 503", Duration::from_secs(5), || async {
-        match try_get(proxy.admin, "/readyz").await {
-            Ok(r) => r.status == StatusCode::SERVICE_UNAVAILABLE,
-            Err(_) => false,
-        }
-    })
-    .await;
+    proxy.wait_not_ready(Duration::from_secs(5)).await;
     // /readyz fails, and a client that has not moved away yet is still taken and served, on a new connection.
     let late = try_get(listen, "/late")
         .await

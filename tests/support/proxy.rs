@@ -316,6 +316,16 @@ impl Proxy {
         get(self.admin, path).await
     }
 
+    /// Waits, within `timeout`, until `/readyz` says `503`: a drain has begun, and the admin listener still answers.
+    pub async fn wait_not_ready(&self, timeout: Duration) {
+        wait_until("/readyz says 503", timeout, || async {
+            try_get(self.admin, "/readyz")
+                .await
+                .is_ok_and(|r| r.status == StatusCode::SERVICE_UNAVAILABLE)
+        })
+        .await;
+    }
+
     pub async fn status(&self) -> serde_json::Value {
         let resp = self.admin_get("/status").await;
         assert_eq!(resp.status, StatusCode::OK, "GET /status: {}", resp.text());
