@@ -204,6 +204,11 @@ impl ProxyError {
     }
 
     /// The short plain-text body; names the reason without leaking upstream internals.
+    /// [`ProxyError::reason`] as one line, for gRPC's `grpc-message`.
+    pub fn reason_for_grpc(&self) -> &'static str {
+        self.reason().trim_end()
+    }
+
     pub fn reason(&self) -> &'static str {
         match self {
             ProxyError::Shed(Shed::QueueFull) => "queue full\n",
@@ -313,4 +318,6 @@ pub struct ShedAdvice {
     pub status: StatusCode,
     pub quota_status: StatusCode,
     pub retry_after_secs: u64,
+    /// The same wait in milliseconds, for gRPC's `grpc-retry-pushback-ms`.
+    pub retry_after_ms: u64,
 }

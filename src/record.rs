@@ -38,6 +38,8 @@ pub(crate) struct Record {
     /// The request's mark on its client connection (hyper's HTTP/2 server), ended with the record.
     in_flight: Option<InFlight>,
     finished: bool,
+    /// A gRPC call (`content-type: application/grpc…`): floodgate's own answers to it are gRPC's.
+    grpc: bool,
 }
 
 impl Record {
@@ -54,7 +56,17 @@ impl Record {
             exported: None,
             in_flight,
             finished: false,
+            grpc: false,
         }
+    }
+
+    /// The request is a gRPC call: a shed is answered in gRPC's terms.
+    pub(crate) fn is_grpc_call(&mut self) {
+        self.grpc = true;
+    }
+
+    pub(crate) fn grpc(&self) -> bool {
+        self.grpc
     }
 
     /// The access-log entry (made once the target is resolved, so the line shows the path that went upstream),

@@ -332,8 +332,12 @@ pub fn upstream_client(
             .map_err(|err| vec![key_mismatch(&cert_key, &key_key, path, err)])?,
         _ => builder.with_no_client_auth(),
     };
-    // The pool speaks HTTP/1.1 upstream, whatever the client spoke.
-    client.alpn_protocols = vec![ALPN_HTTP1.to_vec()];
+    // The pool speaks the upstream's configured protocol, whatever the client spoke; a dial checks what the
+    // upstream chose.
+    client.alpn_protocols = match upstream.protocol {
+        crate::config::UpstreamProtocol::Http1 => vec![ALPN_HTTP1.to_vec()],
+        crate::config::UpstreamProtocol::Http2 => vec![ALPN_H2.to_vec()],
+    };
     Ok(Some(UpstreamTls {
         connector: TlsConnector::from(Arc::new(client)),
         server_name,

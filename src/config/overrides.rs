@@ -64,6 +64,13 @@ pub struct UpstreamOverrides {
     /// Most TCP connections to each upstream.
     #[arg(long, global = true)]
     pub max_connections: Option<usize>,
+    /// What floodgate speaks to each upstream: http1, or http2 (prior knowledge, or ALPN h2 over TLS).
+    #[arg(long = "upstream-protocol", global = true, value_enum)]
+    #[serde(rename = "protocol")]
+    pub upstream_protocol: Option<super::UpstreamProtocol>,
+    /// HTTP/2 upstreams: most requests at once on one connection.
+    #[arg(long, global = true)]
+    pub max_streams_per_connection: Option<usize>,
     /// Most requests waiting per upstream; 0 sheds at once when all connections are busy.
     #[arg(long, global = true)]
     pub max_queue: Option<usize>,
@@ -108,6 +115,10 @@ impl Overrides {
         };
         let (set, name) = match key.strip_prefix("upstreams.").and_then(|rest| rest.split_once('.')) {
             Some((_, "url")) => (given(serde_json::to_value(&self.upstream), "url"), "upstream"),
+            Some((_, "protocol")) => (
+                given(serde_json::to_value(&self.upstream), "protocol"),
+                "upstream_protocol",
+            ),
             Some((_, field)) => (given(serde_json::to_value(&self.upstream), field), field),
             None => (given(serde_json::to_value(&self.global), key), key),
         };
@@ -164,6 +175,12 @@ impl Config {
         for upstream in self.upstreams.values_mut() {
             if let Some(n) = o.max_connections {
                 upstream.max_connections = n;
+            }
+            if let Some(protocol) = o.upstream_protocol {
+                upstream.protocol = protocol;
+            }
+            if let Some(n) = o.max_streams_per_connection {
+                upstream.max_streams_per_connection = n;
             }
             if let Some(n) = o.max_queue {
                 upstream.max_queue = n;

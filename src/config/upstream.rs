@@ -19,6 +19,18 @@ pub enum AdaptiveLimit {
     Gradient,
 }
 
+/// What floodgate speaks to an upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1: one request at a time on each connection.
+    #[default]
+    Http1,
+    /// HTTP/2 (cleartext with prior knowledge for `http://`, ALPN `h2` for `https://`): up to
+    /// `max_streams_per_connection` requests at once on each connection.
+    Http2,
+}
+
 /// One instance of an upstream's service (an `endpoints` entry): where it is dialled and its own cap.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -57,6 +69,12 @@ pub struct UpstreamConfig {
     pub health_check_interval: Duration,
     #[serde(deserialize_with = "integer::deserialize")]
     pub max_connections: usize,
+    /// `http1` or `http2`.
+    pub protocol: UpstreamProtocol,
+    /// HTTP/2 only: most requests at once on one connection, and never more than the upstream's own
+    /// `SETTINGS_MAX_CONCURRENT_STREAMS` at that moment. So at most `max_connections` times this are at work.
+    #[serde(deserialize_with = "integer::deserialize")]
+    pub max_streams_per_connection: usize,
     #[serde(deserialize_with = "integer::deserialize")]
     pub max_queue: usize,
     #[serde(with = "humantime_serde")]
@@ -229,6 +247,9 @@ impl Default for UpstreamConfig {
             health_check_path: String::new(),
             health_check_interval: Duration::from_secs(5),
             max_connections: 8,
+            protocol: UpstreamProtocol::Http1,
+            // One: the requests at work stay `max_connections`, as for HTTP/1, unless more are asked for.
+            max_streams_per_connection: 1,
             max_queue: 1024,
             queue_timeout: Duration::from_secs(5),
             queue_discipline: Discipline::Fifo,

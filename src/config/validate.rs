@@ -127,7 +127,23 @@ impl Config {
             }
             problems.count(&key("max_connections"), upstream.max_connections as u128, false);
             problems.count(&key("max_queue"), upstream.max_queue as u128, true);
+            // HTTP/2 stream ids are 31 bits, and a client opens odd ones only.
+            if upstream.max_streams_per_connection > (1 << 30) {
+                problems.push(key("max_streams_per_connection"), "must be at most 1073741824");
+            } else {
+                problems.count(
+                    &key("max_streams_per_connection"),
+                    upstream.max_streams_per_connection as u128,
+                    false,
+                );
+            }
             problems.count(&key("max_tunnels"), upstream.max_tunnels as u128, true);
+            if upstream.max_tunnels > 0 && upstream.protocol == super::UpstreamProtocol::Http2 {
+                problems.push(
+                    key("max_tunnels"),
+                    "tunnels (WebSocket upgrades) need protocol = \"http1\"; this upstream speaks http2",
+                );
+            }
             problems.count(
                 &key("max_requests_per_connection"),
                 u128::from(upstream.max_requests_per_connection),

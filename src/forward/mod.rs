@@ -23,11 +23,12 @@ pub use crate::h1::keeps_alive;
 pub use crate::h1::UpstreamError;
 pub use crate::pool::client::{client_body_error, Upload, UpstreamIncoming};
 pub(crate) use crate::pool::client::{resend, send, SentHead};
+pub(crate) use crate::pool::client_h2::send as send_h2;
 pub use head::{
     check_host, check_target, check_transfer_coding, drop_underscore_aliases, strip_hop_by_hop, target_host,
     to_upstream, upstream_head, ClientInfo,
 };
 pub use path::resolve_dot_segments;
 pub use relay::UpstreamBody;
-pub use response::{local_response, ResponseBody, SHED_REASON};
+pub use response::{grpc_shed_response, is_grpc, local_response, ResponseBody, SHED_REASON};
 pub(crate) use response::{to_client, RouteEdits};

@@ -13,6 +13,7 @@ use http::{Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 
+use crate::admission::Shed;
 use crate::buffer::{self, BufferBudget, ReadError};
 use crate::error::{Outcome, ProxyError, ShedAdvice};
 use crate::pool::Lease;
@@ -116,6 +117,50 @@ pub fn local_response(error: &ProxyError, advice: Option<&ShedAdvice>) -> Respon
     }
     response
 }
+
+/// Whether a request is a gRPC call over HTTP/2 framing (`application/grpc`, `application/grpc+proto`, …; not
+/// gRPC-Web, whose status travels in its body).
+pub fn is_grpc(headers: &HeaderMap) -> bool {
+    headers.get(header::CONTENT_TYPE).is_some_and(|value| {
+        let value = value.as_bytes();
+        value
+            .get(..16)
+            .is_some_and(|start| start.eq_ignore_ascii_case(b"application/grpc"))
+            && matches!(value.get(16), None | Some(b'+' | b';'))
+    })
+}
+
+/// A shed gRPC call's answer as gRPC clients read one: `200` with the status in its head and no body (a
+/// trailers-only answer). `UNAVAILABLE` (14) for capacity, the code gRPC's retry policies retry and its clients
+/// take as transient; `RESOURCE_EXHAUSTED` (8) for a client's own quota (`fair_max_queue`); `DEADLINE_EXCEEDED` (4)
+/// for its own deadline. `grpc-message` names the reason, and `grpc-retry-pushback-ms` (gRFC A6) the queue's drain
+/// pace where `Retry-After` would be sent.
+pub fn grpc_shed_response(error: &ProxyError, advice: Option<&ShedAdvice>) -> Response<ResponseBody> {
+    let mut response = Response::new(ResponseBody::local(""));
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    let code = match error.shed() {
+        Some(Shed::Deadline) => "4",
+        Some(Shed::Quota) => "8",
+        _ => "14",
+    };
+    headers.insert(GRPC_STATUS, HeaderValue::from_static(code));
+    if let Ok(message) = HeaderValue::from_str(error.reason_for_grpc()) {
+        headers.insert(GRPC_MESSAGE, message);
+    }
+    if error.asks_for_retry() {
+        let pushback = advice.map_or(1000, |advice| advice.retry_after_ms.max(1));
+        headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(pushback));
+    }
+    if let Some(reason) = error.shed_reason() {
+        headers.insert(SHED_REASON, HeaderValue::from_static(reason));
+    }
+    response
+}
+
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 
 /// How long a streamed response's first chunk is waited for before its head goes out: long enough for one that
 /// arrived with the head, short enough not to hold back a stream whose first event comes later.

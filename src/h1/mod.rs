@@ -57,6 +57,13 @@ pub enum UpstreamError {
     BodyCutShort,
     #[error("invalid chunked answer body: {0}")]
     Chunked(&'static str),
+    /// An HTTP/2 stream or session failed (a reset, a protocol error, the connection lost).
+    #[error("HTTP/2: {0}")]
+    H2(h2::Error),
+    /// An HTTP/2 stream the upstream did not process: refused (`REFUSED_STREAM`) or above the last stream id of
+    /// its GOAWAY. Safe to send again, whatever the method.
+    #[error("HTTP/2 stream not processed by the upstream: {0}")]
+    NotProcessed(h2::Error),
     #[error("more than {MAX_INTERIM_HEADS} interim (1xx) answers, or {MAX_RESPONSE_HEAD_BYTES} bytes of them, before the final one")]
     TooManyInterim,
 }

@@ -221,7 +221,7 @@ async fn read_head(
         wire.lock().spent = true;
     }
     let upgrade = head.upgrade;
-    let body = UpstreamIncoming {
+    let body = H1Incoming {
         wire: wire.clone(),
         framing,
     };
@@ -229,7 +229,7 @@ async fn read_head(
     if !upgrade {
         body.ended_if_over();
     }
-    Ok(Response::from_parts(parts, body))
+    Ok(Response::from_parts(parts, UpstreamIncoming::H1(body)))
 }
 
 fn fail(wire: &Wire, err: ProxyError) -> ProxyError {
@@ -378,13 +378,45 @@ fn upstream_io(err: io::Error) -> ProxyError {
     ProxyError::Upstream(UpstreamError::Io(err))
 }
 
-/// An answer's body, read off the upstream connection as it is taken.
-pub struct UpstreamIncoming {
+/// An answer's body, read off the upstream connection (or its HTTP/2 stream) as it is taken.
+pub enum UpstreamIncoming {
+    H1(H1Incoming),
+    H2(super::client_h2::H2Incoming),
+}
+
+impl Body for UpstreamIncoming {
+    type Data = Bytes;
+    type Error = UpstreamError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, UpstreamError>>> {
+        match self.get_mut() {
+            UpstreamIncoming::H1(body) => Pin::new(body).poll_frame(cx),
+            UpstreamIncoming::H2(body) => Pin::new(body).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            UpstreamIncoming::H1(body) => body.is_end_stream(),
+            UpstreamIncoming::H2(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            UpstreamIncoming::H1(body) => body.size_hint(),
+            UpstreamIncoming::H2(body) => body.size_hint(),
+        }
+    }
+}
+
+/// An HTTP/1 answer's body, read off the upstream connection as it is taken.
+pub struct H1Incoming {
     wire: Arc<Wire>,
     framing: Delimited,
 }
 
-impl UpstreamIncoming {
+impl H1Incoming {
     fn is_over(&self) -> bool {
         self.framing.is_over()
     }
@@ -412,7 +444,7 @@ impl UpstreamIncoming {
     }
 }
 
-impl Body for UpstreamIncoming {
+impl Body for H1Incoming {
     type Data = Bytes;
     type Error = UpstreamError;
 
@@ -466,7 +498,7 @@ impl Body for UpstreamIncoming {
     }
 }
 
-impl Drop for UpstreamIncoming {
+impl Drop for H1Incoming {
     fn drop(&mut self) {
         // A body left before its end leaves the rest of it on the connection.
         if !self.is_over() {

@@ -12,18 +12,22 @@ use std::sync::Arc;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use tokio::sync::oneshot;
+
+use super::session::{self, Session};
 use super::slots::ClosingMark;
 use super::wire::Wire;
 use super::{Slot, UpstreamPool};
-use crate::config::{Origin, UpstreamConfig};
+use crate::config::{Origin, UpstreamConfig, UpstreamProtocol};
 use crate::error::ProxyError;
 use crate::net::{self, SharedStream};
 
-/// A live HTTP/1.1 connection to the upstream, as a request sees it. Dropping it closes it.
+/// A live connection to the upstream as a request sees it: an HTTP/1.1 connection, or one stream's permit on an
+/// HTTP/2 session. Dropping it closes it (an HTTP/2 session closes with its last permit).
 pub struct Conn {
-    /// Its bytes, and the socket under them, closed completely (our FIN, then the upstream's) before the slot goes.
-    pub(crate) wire: Arc<Wire>,
-    /// Whether the pool counts this connection as closing; see [`super::slots::Slots::start_closing`].
+    pub(crate) link: Link,
+    /// Whether the pool counts this connection as closing; see [`super::slots::Slots::start_closing`]. An HTTP/2
+    /// session's permits share one.
     pub(super) closing: ClosingMark,
     /// An exchange was given up mid-way: the upstream may still be working on it, so the socket (and the slot)
     /// is held until the upstream closes its side, however long that takes.
@@ -34,9 +38,161 @@ pub struct Conn {
     pub(super) endpoint: usize,
 }
 
+/// What a [`Conn`] moves its bytes through.
+pub(crate) enum Link {
+    /// Its bytes, and the socket under them, closed completely (our FIN, then the upstream's) before the slot goes.
+    H1(Arc<Wire>),
+    /// One stream's permit on an HTTP/2 session.
+    H2(StreamPermit),
+}
+
+/// The right to run one stream on an HTTP/2 session, counted among its streams at work while it is out of the
+/// idle list.
+pub(crate) struct StreamPermit {
+    pub(crate) session: Arc<Session>,
+    /// In the idle list: not counted among the streams at work.
+    idle: bool,
+    /// The stream it runs now: resolves once every handle on it (the answer's body, the upload) is gone, so h2 has
+    /// reset it or it ended.
+    ended: Option<oneshot::Receiver<()>>,
+}
+
+impl StreamPermit {
+    fn new(session: Arc<Session>) -> StreamPermit {
+        session.stream_out();
+        StreamPermit {
+            session,
+            idle: false,
+            ended: None,
+        }
+    }
+}
+
+impl Drop for StreamPermit {
+    fn drop(&mut self) {
+        if !self.idle {
+            self.session.stream_back(false);
+        }
+    }
+}
+
 impl Conn {
     pub fn is_closed(&self) -> bool {
-        self.wire.is_spent()
+        match &self.link {
+            Link::H1(wire) => wire.is_spent(),
+            Link::H2(permit) => permit.session.is_gone(),
+        }
+    }
+
+    /// The HTTP/1 connection's wire; `None` for an HTTP/2 stream.
+    pub(crate) fn wire(&self) -> Option<&Arc<Wire>> {
+        match &self.link {
+            Link::H1(wire) => Some(wire),
+            Link::H2(_) => None,
+        }
+    }
+
+    /// The HTTP/2 session this permit is a stream of; `None` for HTTP/1.
+    pub(crate) fn session(&self) -> Option<&Arc<Session>> {
+        match &self.link {
+            Link::H1(_) => None,
+            Link::H2(permit) => Some(&permit.session),
+        }
+    }
+
+    /// The stream this permit runs from now on, for [`crate::pool::client_h2::send`]: what it hands the stream's
+    /// handles so the permit knows when they are gone.
+    pub(crate) fn open_stream(&mut self) -> Option<(Arc<Session>, StreamLive)> {
+        let Link::H2(permit) = &mut self.link else {
+            return None;
+        };
+        let (live, ended) = oneshot::channel();
+        permit.ended = Some(ended);
+        Some((permit.session.clone(), StreamLive(Arc::new(live))))
+    }
+
+    /// An HTTP/2 stream whose handles are not all gone yet: its permit is held until they are.
+    pub(super) fn stream_still_live(&mut self) -> bool {
+        match &mut self.link {
+            Link::H2(StreamPermit { ended: Some(ended), .. }) => {
+                matches!(ended.try_recv(), Err(oneshot::error::TryRecvError::Empty))
+            }
+            _ => false,
+        }
+    }
+
+    /// Waits until every handle on this permit's stream is gone.
+    pub(super) async fn stream_over(&mut self) {
+        if let Link::H2(StreamPermit { ended: Some(ended), .. }) = &mut self.link {
+            let _ = ended.await;
+        }
+        if let Link::H2(permit) = &mut self.link {
+            permit.ended = None;
+        }
+    }
+
+    /// Another permit on the same HTTP/2 session, counted at work.
+    pub(super) fn sibling(&self) -> Option<Conn> {
+        let session = self.session()?.clone();
+        Some(Conn {
+            link: Link::H2(StreamPermit::new(session)),
+            closing: self.closing.clone(),
+            upstream_working: false,
+            born: self.born,
+            served: 0,
+            endpoint: self.endpoint,
+        })
+    }
+
+    /// Whether `other` is a stream of the same HTTP/2 session.
+    pub(super) fn same_session(&self, other: &Conn) -> bool {
+        match (self.session(), other.session()) {
+            (Some(one), Some(two)) => Arc::ptr_eq(one, two),
+            _ => false,
+        }
+    }
+
+    /// The connection enters the idle list: an HTTP/1 one's watch starts, an HTTP/2 stream stops counting.
+    pub(super) fn set_idle(&mut self) {
+        match &mut self.link {
+            Link::H1(wire) => wire.set_idle(),
+            Link::H2(permit) => {
+                if !permit.idle {
+                    permit.idle = true;
+                    permit.session.stream_back(true);
+                }
+            }
+        }
+    }
+
+    /// The connection leaves the idle list to carry a request.
+    pub(super) fn set_busy(&mut self) {
+        if let Link::H2(permit) = &mut self.link {
+            if permit.idle {
+                permit.idle = false;
+                permit.session.stream_out();
+            }
+        }
+    }
+
+    /// An idle HTTP/2 stream that may not start now: its session has its limit's worth at work (the upstream
+    /// lowered it, or its other permits are out).
+    pub(super) fn lacks_room(&self) -> bool {
+        self.session().is_some_and(|session| !session.has_room())
+    }
+
+    /// An HTTP/2 stream coming back that may not be handed on: its session has more at work than it now allows.
+    pub(super) fn over_stream_limit(&self) -> bool {
+        self.session().is_some_and(|session| session.over_limit())
+    }
+
+    /// When this idle connection's idleness began, as its expiry reads it: an HTTP/2 session's permits expire
+    /// together, from when its last stream came back, and never while one is at work.
+    pub(super) fn idle_since(&self, listed: Instant) -> Option<Instant> {
+        match self.session() {
+            None => Some(listed),
+            Some(session) => session.idle_since(),
+        }
     }
 
     /// An exchange was given up mid-way: the slot is held until the upstream has closed its side, which a
@@ -45,32 +201,52 @@ impl Conn {
         self.upstream_working = true;
     }
 
+    /// One more request served on it (on its session, for HTTP/2).
+    pub(super) fn count_served(&mut self) {
+        self.served += 1;
+        if let Some(session) = self.session() {
+            session.served.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
     /// Whether the connection may carry another request under the configured limits.
     pub(super) fn is_usable(&self, limits: &UpstreamConfig) -> bool {
-        let too_old =
-            !limits.max_connection_lifetime.is_zero() && self.born.elapsed() >= limits.max_connection_lifetime;
-        let worn_out = limits.max_requests_per_connection > 0 && self.served >= limits.max_requests_per_connection;
+        let (born, served) = match self.session() {
+            Some(session) => (session.born, session.served.load(std::sync::atomic::Ordering::Relaxed)),
+            None => (self.born, self.served),
+        };
+        let too_old = !limits.max_connection_lifetime.is_zero() && born.elapsed() >= limits.max_connection_lifetime;
+        let worn_out = limits.max_requests_per_connection > 0 && served >= limits.max_requests_per_connection;
         !(self.is_closed() || too_old || worn_out)
     }
 
     /// [`Conn::is_usable`], and the upstream has not closed it or spoken on it while it sat idle (looked at
     /// without waiting; see [`Wire::is_quiet`]).
     pub(super) fn is_usable_idle(&self, limits: &UpstreamConfig) -> bool {
-        self.is_usable(limits) && self.wire.is_quiet()
+        self.is_usable(limits) && self.wire().is_none_or(|wire| wire.is_quiet())
     }
 }
 
+/// Held by every handle on one HTTP/2 stream (the answer's body, the upload): the last one dropped tells the
+/// stream's permit.
+#[derive(Clone)]
+pub(crate) struct StreamLive(#[allow(dead_code)] Arc<oneshot::Sender<()>>);
+
 impl Drop for Conn {
     fn drop(&mut self) {
+        let Link::H1(wire) = &self.link else {
+            // An HTTP/2 session closes with its last permit; its driver gives the slot back.
+            return;
+        };
         // Whoever still holds the wire (an answer's body, a request body going out) finds it spent.
-        let Some(slot) = self.wire.let_go() else {
+        let Some(slot) = wire.let_go() else {
             // The closing task took it already, when the upstream closed it.
             return;
         };
         let pool = slot.pool().clone();
         let limit = (!self.upstream_working).then(|| pool.limits().close_timeout);
         pool.close_later(Closing {
-            stream: self.wire.socket.clone(),
+            stream: wire.socket.clone(),
             slot,
             limit,
         });
@@ -187,7 +363,13 @@ impl UpstreamPool {
         // Requests are small and latency-bound; Nagle would add a round trip to every exchange.
         let _ = stream.set_nodelay(true);
         let stream = Arc::new(stream);
+        let http2 = self.limits().protocol == UpstreamProtocol::Http2;
         let Some(tls) = self.tls.load_full() else {
+            if http2 {
+                return self
+                    .start_session(SharedStream::new(stream.clone()), stream, slot, endpoint, deadline)
+                    .await;
+            }
             let wire = Wire::plain(stream.clone(), self.stirs.downgrade());
             return Ok(self.start(wire, slot, endpoint));
         };
@@ -196,8 +378,17 @@ impl UpstreamPool {
         let io = SharedStream::new(stream.clone());
         let failure = match tokio::time::timeout_at(deadline, tls.connect(io)).await {
             Ok(Ok(tls_stream)) => {
-                let wire = Wire::tls(tls_stream, stream.clone(), self.stirs.downgrade());
-                return Ok(self.start(wire, slot, endpoint));
+                let chosen = tls_stream.get_ref().1.alpn_protocol() == Some(crate::tls::ALPN_H2);
+                match (http2, chosen) {
+                    (true, true) => return self.start_session(tls_stream, stream, slot, endpoint, deadline).await,
+                    (false, _) => {
+                        let wire = Wire::tls(tls_stream, stream.clone(), self.stirs.downgrade());
+                        return Ok(self.start(wire, slot, endpoint));
+                    }
+                    (true, false) => {
+                        ProxyError::Connect("the upstream did not choose HTTP/2 (ALPN h2) in its TLS handshake".into())
+                    }
+                }
             }
             Ok(Err(err)) => {
                 tls.handshake_failed(&self.name, &err);
@@ -220,13 +411,61 @@ impl UpstreamPool {
         slot.connected(closing.clone());
         wire.hold(slot);
         Conn {
-            wire,
+            link: Link::H1(wire),
             closing,
             upstream_working: false,
             born: Instant::now(),
             served: 0,
             endpoint,
         }
+    }
+
+    /// An HTTP/2 session over `io` (the socket, or TLS over it): its driver holds `slot` and `socket` until the
+    /// connection has ended. The first stream's permit is the caller's; the others the upstream allows go to
+    /// waiters, or to the idle list.
+    async fn start_session<T>(
+        self: &Arc<Self>,
+        io: T,
+        socket: Arc<TcpStream>,
+        mut slot: Slot,
+        endpoint: usize,
+        deadline: Instant,
+    ) -> Result<Conn, ProxyError>
+    where
+        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let closing = ClosingMark::default();
+        slot.connected(closing.clone());
+        let (max_streams, close_timeout) = {
+            let limits = self.limits();
+            (limits.max_streams_per_connection, limits.close_timeout)
+        };
+        let spawner = self.clone();
+        let spawn = move |task| spawner.spawn_boxed(task);
+        let started = session::start(io, socket, slot, max_streams, close_timeout, deadline, spawn).await;
+        let started = match started {
+            Ok(started) => started,
+            Err(session::Failed::With(socket, slot, why)) => {
+                self.close_then_free(socket, slot);
+                return Err(ProxyError::Connect(why));
+            }
+            Err(session::Failed::Later(why)) => return Err(ProxyError::Connect(why)),
+        };
+        self.metrics.opened.inc();
+        let first = Conn {
+            link: Link::H2(StreamPermit::new(started.session)),
+            closing,
+            upstream_working: false,
+            born: Instant::now(),
+            served: 0,
+            endpoint,
+        };
+        for _ in 1..started.streams {
+            if let Some(more) = first.sibling() {
+                self.hand_on(super::Grant::Idle(more), false);
+            }
+        }
+        Ok(first)
     }
 
     /// A connection that never became usable: closed like any other, by the closing task (our FIN, then the

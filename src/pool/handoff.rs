@@ -106,7 +106,8 @@ impl UpstreamPool {
             let waiter = {
                 let mut state = self.lock();
                 let over_cap = match &grant {
-                    Grant::Idle(_) => state.slots.live_over_cap(),
+                    // An HTTP/2 stream is not handed on while its session has more at work than it now allows.
+                    Grant::Idle(conn) => state.slots.live_over_cap() || conn.over_stream_limit(),
                     // The slot's connection is gone: handing it on would make one more.
                     Grant::Dial(_) => state.slots.over_cap(),
                 };

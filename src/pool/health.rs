@@ -73,7 +73,12 @@ async fn exchange(
     let answered = match request {
         Ok(request) => {
             let sent = async {
-                let (response, rest) = super::client::send(&conn.wire, request).await.ok()?;
+                let scheme = pool.origin.scheme.as_str();
+                let (response, rest) = match (conn.open_stream(), conn.wire()) {
+                    (Some((session, live)), _) => super::client_h2::send(&session, live, scheme, request).await.ok()?,
+                    (None, Some(wire)) => super::client::send(wire, request).await.ok()?,
+                    (None, None) => return None,
+                };
                 // A GET without a body has nothing left to send.
                 drop(rest);
                 Some(response)
@@ -82,7 +87,7 @@ async fn exchange(
         }
         Err(_) => None,
     };
-    conn.served += 1;
+    conn.count_served();
     let Some(response) = answered else {
         pool.came_back(Back::CheckFailed(conn));
         return (!reused).then_some(false);

@@ -15,21 +15,24 @@ pub(super) struct IdleConn {
 
 impl IdleConn {
     /// `conn` entering the idle list, idle since `since`: its watch starts looking for the upstream closing it.
-    pub(super) fn new(conn: Conn, since: Instant) -> IdleConn {
-        conn.wire.set_idle();
+    pub(super) fn new(mut conn: Conn, since: Instant) -> IdleConn {
+        conn.set_idle();
         IdleConn { conn, since }
     }
 
     /// The connection leaving the idle list to carry a request (its watch gives way at the exchange's first read).
     pub(super) fn into_conn(self) -> Conn {
-        self.conn
+        let mut conn = self.conn;
+        conn.set_busy();
+        conn
     }
 }
 
 impl UpstreamPool {
     /// The most recent idle connection that is still usable; the unusable ones met on the way are closed. With
     /// several endpoints, the most recent one to the endpoint with the fewest requests in flight (not ejected
-    /// first), all idle connections looked at.
+    /// first), all idle connections looked at. An HTTP/2 stream whose session has its limit's worth at work stays
+    /// idle, passed over.
     pub(super) fn take_idle(&self, state: &mut PoolState) -> Option<Conn> {
         let limits = self.limits();
         if state.endpoints.len() > 1 {
@@ -52,18 +55,30 @@ impl UpstreamPool {
                 .iter()
                 .enumerate()
                 .rev()
+                .filter(|(_, idle)| !idle.conn.lacks_room())
                 .min_by_key(|(_, idle)| rank(idle.conn.endpoint))
                 .map(|(at, _)| at)?;
             return state.idle.remove(best).map(IdleConn::into_conn);
         }
+        let mut passed_over = Vec::new();
+        let mut taken = None;
         while let Some(idle) = state.idle.pop_back() {
-            if idle.conn.is_usable_idle(&limits) {
-                return Some(idle.into_conn());
+            if !idle.conn.is_usable_idle(&limits) {
+                // Dropped (with the idle entry), the connection goes to the pool's closing task, which frees its
+                // slot.
+                state.start_closing(&idle.conn);
+            } else if idle.conn.lacks_room() {
+                passed_over.push(idle);
+            } else {
+                taken = Some(idle.into_conn());
+                break;
             }
-            // Dropped (with the idle entry), the connection goes to the pool's closing task, which frees its slot.
-            state.start_closing(&idle.conn);
         }
-        None
+        // Back where they were, in their order.
+        while let Some(idle) = passed_over.pop() {
+            state.idle.push_back(idle);
+        }
+        taken
     }
 
     /// Closes every idle connection (shutdown): their tasks free the slots once the upstream has closed too.
@@ -126,7 +141,11 @@ pub(super) async fn expire_idle(pool: Weak<UpstreamPool>) {
             // Dropping a connection under the lock is cheap and never calls back into the pool: the pool's
             // closing task closes the socket and frees the slot.
             for idle in std::mem::take(&mut state.idle) {
-                if idle.since + idle_timeout > now && idle.conn.is_usable_idle(&limits) {
+                let fresh = idle
+                    .conn
+                    .idle_since(idle.since)
+                    .is_none_or(|since| since + idle_timeout > now);
+                if fresh && idle.conn.is_usable_idle(&limits) {
                     state.idle.push_back(idle);
                 } else {
                     state.start_closing(&idle.conn);

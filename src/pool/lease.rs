@@ -80,9 +80,9 @@ impl Lease {
                 // A pooled connection is normally ready at once; one whose last request body is still going out
                 // (the upstream answered before it had all of it) is waited for within request_timeout, and is
                 // treated like a stale one past that.
-                if conn.wire.lock().uploading {
+                if let Some(wire) = conn.wire().filter(|wire| wire.lock().uploading) {
                     let limit = self.pool.limits().request_timeout;
-                    if tokio::time::timeout(limit, conn.wire.upload_done()).await.is_err() {
+                    if tokio::time::timeout(limit, wire.upload_done()).await.is_err() {
                         return Err(ProxyError::UpstreamTimeout(limit));
                     }
                 }
@@ -123,11 +123,44 @@ impl Lease {
     }
 }
 
+impl UpstreamPool {
+    /// An HTTP/2 stream's permit at its exchange's end: to the next waiter, or idle, while its session may carry
+    /// more; else its session is closed once its other streams are over.
+    fn stream_came_back(self: &Arc<Self>, conn: Conn) {
+        if conn.is_usable(&self.limits()) {
+            self.came_back(Back::Reusable(conn));
+        } else {
+            self.came_back(Back::Released(Some((conn, false))));
+        }
+    }
+}
+
 impl Drop for Lease {
     fn drop(&mut self) {
         match std::mem::replace(&mut self.held, Held::Nothing) {
+            // An HTTP/2 stream: a failed exchange leaves its session whole (a failure that is the session's marks
+            // it gone). Its permit comes back once every handle on the stream is gone, and, for one given up
+            // mid-way, once the upstream has read its reset: until then it counts among the streams at work.
+            Held::Conn(mut conn) if conn.session().is_some() => {
+                conn.count_served();
+                if self.abandoned || conn.stream_still_live() {
+                    let pool = self.pool.clone();
+                    let abandoned = self.abandoned;
+                    self.pool.spawn(async move {
+                        conn.stream_over().await;
+                        if abandoned {
+                            if let Some(session) = conn.session() {
+                                session.acknowledged().await;
+                            }
+                        }
+                        pool.stream_came_back(conn);
+                    });
+                } else {
+                    self.pool.stream_came_back(conn);
+                }
+            }
             Held::Conn(mut conn) => {
-                conn.served += 1;
+                conn.count_served();
                 let sent = self.upload.as_ref().is_none_or(UploadProgress::is_sent);
                 if self.reusable && sent && conn.is_usable(&self.pool.limits()) {
                     self.pool.came_back(Back::Reusable(conn));

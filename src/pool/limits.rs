@@ -88,6 +88,7 @@ impl UpstreamPool {
         let hold = Duration::from_micros(self.hold_us.load(Ordering::Relaxed));
         let drain = hold.mul_f64((queued + 1) as f64 / cap as f64);
         let retry_after_secs = drain.as_secs_f64().ceil().clamp(1.0, 60.0) as u64;
+        let retry_after_ms = (drain.as_millis() as u64).clamp(1, 60_000);
         let limits = self.limits();
         let status = http::StatusCode::from_u16(limits.shed_status).unwrap_or(http::StatusCode::SERVICE_UNAVAILABLE);
         let quota_status =
@@ -96,6 +97,7 @@ impl UpstreamPool {
             status,
             quota_status,
             retry_after_secs,
+            retry_after_ms,
         }
     }
 

@@ -10,6 +10,7 @@
 mod adaptive;
 mod admit;
 pub(crate) mod client;
+pub(crate) mod client_h2;
 mod connection;
 mod endpoints;
 mod handoff;
@@ -19,6 +20,7 @@ mod lease;
 mod limits;
 mod lineage;
 mod replicas;
+mod session;
 mod slot;
 mod slots;
 mod snapshot;
@@ -38,6 +40,7 @@ use http::HeaderValue;
 pub use crate::status::{AdaptiveSnapshot, EndpointSnapshot, PoolSnapshot};
 pub use admit::{Admitted, LeaseTaker, Queued};
 pub use connection::Conn;
+pub(crate) use connection::StreamLive;
 pub use lease::Lease;
 pub use slot::Slot;
 
@@ -295,5 +298,11 @@ impl PoolState {
     /// its way out would pass for a live one, and a lowered cap would close connections it should keep.
     fn start_closing(&mut self, conn: &Conn) {
         self.slots.start_closing(&conn.closing);
+        // An HTTP/2 session goes as a whole: no new stream on it, and its idle permits leave the list (dropped
+        // here; a permit's drop never calls back into the pool), so it closes once its streams at work are over.
+        if let Some(session) = conn.session() {
+            session.give_up();
+            self.idle.retain(|idle| !idle.conn.same_session(conn));
+        }
     }
 }

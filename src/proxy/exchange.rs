@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 use crate::admission::{Patience, Shed};
 use crate::body::UploadProgress;
 use crate::buffer::BufferBudget;
-use crate::error::ProxyError;
+use crate::error::{ProxyError, UpstreamError};
 use crate::forward::{self, RequestBody, ResponseBody, UpstreamIncoming};
 use crate::net;
 use crate::pool::{Admitted, Lease, LeaseTaker, Refused, UpstreamPool};
@@ -271,12 +271,26 @@ pub(super) async fn send(
             Outgoing::Request(request) => request.body().upload(),
             Outgoing::Replay(_) => None,
         };
-        let wire = conn.wire.clone();
+        let wire = conn.wire().cloned();
         let on = wire.clone();
+        let stream = conn.open_stream();
+        // An HTTP/2 stream the upstream may refuse unprocessed (REFUSED_STREAM, a GOAWAY): a request without a body
+        // is kept to be sent again then, whatever its method.
+        let mut again = match (&stream, &outgoing) {
+            (Some(_), Outgoing::Request(request)) if http_body::Body::is_end_stream(request.body()) => {
+                Some(copy_head(request))
+            }
+            _ => None,
+        };
+        let scheme = pool.origin.scheme.as_str();
         let mut responded = boxed!(async move {
-            match outgoing {
-                Outgoing::Request(request) => forward::send(&on, request).await,
-                Outgoing::Replay(head) => forward::resend(&on, head).await,
+            match (outgoing, stream, on) {
+                (Outgoing::Request(request), Some((session, live)), _) => {
+                    forward::send_h2(&session, live, scheme, request).await
+                }
+                (Outgoing::Request(request), None, Some(on)) => forward::send(&on, request).await,
+                (Outgoing::Replay(head), None, Some(on)) => forward::resend(&on, head).await,
+                _ => Err(ProxyError::Connect("no connection to send on".into())),
             }
         });
         let answered = tokio::select! {
@@ -308,10 +322,18 @@ pub(super) async fn send(
             Ok(Err(failed)) => {
                 lease.forbid_reuse();
                 drop(lease);
+                if let (ProxyError::Upstream(UpstreamError::NotProcessed(_)), true) = (&failed, attempts_left > 0) {
+                    if let Some(request) = again.take() {
+                        pool.metrics.retried_unsent.inc();
+                        outgoing = Outgoing::Request(request);
+                        lease = Box::pin(readmit(pool, false)).await?;
+                        continue;
+                    }
+                }
                 // A reused connection the upstream closed just as the request went out: a GET or HEAD without a
                 // body is sent again on a fresh one, its head as it went out the first time.
                 if reused && !replayed && matches!(failed, ProxyError::Upstream(_)) {
-                    if let Some(head) = wire.take_sent_head() {
+                    if let Some(head) = wire.as_ref().and_then(|wire| wire.take_sent_head()) {
                         tracing::debug!(upstream = %pool.name, "retrying an idempotent request on a fresh connection");
                         pool.metrics.replayed.inc();
                         replayed = true;
@@ -378,6 +400,16 @@ async fn finish_upload(pool: Arc<UpstreamPool>, rest: forward::Upload) {
         *said = Some(Instant::now());
         tracing::warn!(upstream = %pool.name, error = %err, "a request body answered early went without its end; its connection is closed");
     }
+}
+
+/// A bodiless request's head, to send again if an HTTP/2 upstream refuses its stream unprocessed.
+fn copy_head(request: &Request<RequestBody>) -> Request<RequestBody> {
+    let mut copy = Request::new(RequestBody::empty());
+    *copy.method_mut() = request.method().clone();
+    *copy.uri_mut() = request.uri().clone();
+    *copy.version_mut() = request.version();
+    *copy.headers_mut() = request.headers().clone();
+    copy
 }
 
 /// A retry goes to the front of the queue: it was admitted once already. `fresh` keeps it off long-idle

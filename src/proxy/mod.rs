@@ -232,6 +232,9 @@ impl Proxy {
         id: Option<&HeaderValue>,
     ) -> Arrival {
         let mut record = Record::open(self.metrics.clone(), in_flight);
+        if forward::is_grpc(request.headers()) {
+            record.is_grpc_call();
+        }
         let upgrade = crate::tunnel::asked(request);
         if upgrade.is_some() {
             // A tunnel's request is at work for as long as the tunnel: its task keeps the mark, not the answer.
@@ -456,10 +459,15 @@ impl Proxy {
             }
             (_, None) => None,
         };
-        let response = forward::local_response(&err, advice.as_ref());
+        let response = match err.shed() {
+            Some(_) if record.grpc() => forward::grpc_shed_response(&err, advice.as_ref()),
+            _ => {
+                // The body of a local answer is the reason's text.
+                record.relayed(err.reason().len());
+                forward::local_response(&err, advice.as_ref())
+            }
+        };
         record.answered(response.status());
-        // The body of a local answer is the reason's text.
-        record.relayed(err.reason().len());
         record.finish(err.outcome());
         response
     }

@@ -33,7 +33,10 @@ async fn open(
 ) {
     let answered = async {
         let conn = pool.dial(slot).await?;
-        match tokio::time::timeout(limit, forward::send(&conn.wire, request)).await {
+        let Some(wire) = conn.wire().cloned() else {
+            return Err(ProxyError::TunnelsOff);
+        };
+        match tokio::time::timeout(limit, forward::send(&wire, request)).await {
             // The socket (and its slot) goes to the closing task, which waits for the upstream's side.
             Err(_) => Err(ProxyError::UpstreamTimeout(limit)),
             Ok(Err(err)) => Err(err),

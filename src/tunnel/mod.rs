@@ -176,13 +176,20 @@ impl Tunnel {
     where
         C: AsyncRead + AsyncWrite + Unpin,
     {
-        let relayed = relay::relay(client, early, &self.conn.wire, self.bounds()).await;
+        // Tunnels go to HTTP/1 upstreams only (`open` refuses others): an HTTP/2 stream has no wire to relay.
+        let Some(wire) = self.conn.wire().cloned() else {
+            return self.not_switched();
+        };
+        let relayed = relay::relay(client, early, &wire, self.bounds()).await;
         self.ended(relayed);
     }
 
     /// [`Tunnel::run`] for a client of floodgate's own HTTP/1 server, on its connection.
     pub(crate) async fn run_on_wire(self, client: Arc<ClientWire>, early: Bytes) {
-        let relayed = relay::relay_on_wire(client, early, &self.conn.wire, self.bounds()).await;
+        let Some(wire) = self.conn.wire().cloned() else {
+            return self.not_switched();
+        };
+        let relayed = relay::relay_on_wire(client, early, &wire, self.bounds()).await;
         self.ended(relayed);
     }
 

@@ -1045,9 +1045,12 @@ mod connection_level {
     /// One request on the lease's connection (dialled first if need be); the number of the connection it used.
     async fn exchange(lease: &mut Lease) -> Result<usize, ()> {
         let conn = lease.connection().await.map_err(drop)?;
-        let (response, _) = crate::pool::client::send(&conn.wire, http::Request::new(RequestBody::empty()))
-            .await
-            .map_err(drop)?;
+        let (response, _) = crate::pool::client::send(
+            conn.wire().expect("an HTTP/1 test connection"),
+            http::Request::new(RequestBody::empty()),
+        )
+        .await
+        .map_err(drop)?;
         let body = response.into_body().collect().await.map_err(drop)?.to_bytes();
         std::str::from_utf8(&body).ok().and_then(|n| n.parse().ok()).ok_or(())
     }

@@ -1,0 +1,224 @@
+//! floodgate's HTTP/2 client, on one stream of a pool session: the request's head sent as HTTP/2 (its
+//! connection-specific fields dropped, its Host as the authority), its body and trailers streamed at the
+//! upstream's flow-control pace beside the answer, and the answer's body and trailers read off the stream as they
+//! are taken, its window given back as they are.
+//!
+//! It never decides whether a stream's permit is reused and never counts anything (the permit and its session
+//! do).
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Request, Response, Uri, Version};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+
+use super::client::{client_body_error, Upload, UpstreamIncoming};
+use super::session::Session;
+use super::StreamLive;
+use crate::body::RequestBody;
+use crate::error::{ProxyError, UpstreamError};
+
+/// Headers that mean something only on one HTTP/1 connection (RFC 9113 §8.2.2): an HTTP/2 request carrying one is
+/// malformed.
+const CONNECTION_SPECIFIC: [header::HeaderName; 4] = [
+    header::CONNECTION,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::HeaderName::from_static("keep-alive"),
+];
+
+/// Sends `request` on a new stream of `session` (`scheme`: the upstream's, for the `:scheme` field) and waits for
+/// the answer's head while its body goes out; what is left of the body then goes on beside the answer (the
+/// returned [`Upload`]). `live` is held by every handle on the stream, so its permit knows when they are gone.
+pub(crate) async fn send(
+    session: &Arc<Session>,
+    live: StreamLive,
+    scheme: &'static str,
+    request: Request<RequestBody>,
+) -> Result<(Response<UpstreamIncoming>, Option<Upload>), ProxyError> {
+    let (mut parts, body) = request.into_parts();
+    let authority = parts
+        .headers
+        .remove(header::HOST)
+        .and_then(|host| host.to_str().ok().map(str::to_owned))
+        .or_else(|| parts.uri.authority().map(|authority| authority.as_str().to_owned()))
+        .unwrap_or_default();
+    let path = parts.uri.path_and_query().map_or("/", |path| path.as_str()).to_owned();
+    parts.uri = Uri::builder()
+        .scheme(scheme)
+        .authority(authority)
+        .path_and_query(path)
+        .build()
+        .map_err(|err| ProxyError::Connect(format!("no HTTP/2 request could be made of this one: {err}")))?;
+    parts.version = Version::HTTP_2;
+    for name in CONNECTION_SPECIFIC {
+        parts.headers.remove(name);
+    }
+    parts.headers.remove("proxy-connection");
+    // TE may say only "trailers" in HTTP/2 (RFC 9113 §8.2.2): what gRPC clients send.
+    let wants_trailers = parts
+        .headers
+        .get_all(header::TE)
+        .iter()
+        .any(|value| value.as_bytes().eq_ignore_ascii_case(b"trailers"));
+    parts.headers.remove(header::TE);
+    if wants_trailers {
+        parts.headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+    let ended = body.is_end_stream();
+    let sender = session.sender().ready().await.map_err(|err| failed(session, err))?;
+    let mut sender = sender;
+    let (answer, stream) = sender
+        .send_request(Request::from_parts(parts, ()), ended)
+        .map_err(|err| failed(session, err))?;
+    drop(sender);
+    let mut upload: Option<Upload> = (!ended).then(|| -> Upload { Box::pin(pump(body, stream, live.clone())) });
+    let mut answer = std::pin::pin!(answer);
+    let head = loop {
+        let Some(going) = upload.as_mut() else {
+            break answer.as_mut().await;
+        };
+        tokio::select! {
+            biased;
+            head = answer.as_mut() => break head,
+            sent = going => {
+                upload = None;
+                // The client's body failed: the stream is reset as its handles go, and the answer is not waited for.
+                if let Err(err) = sent {
+                    if !matches!(err, ProxyError::Upstream(_)) {
+                        return Err(err);
+                    }
+                }
+            }
+        }
+    };
+    let response = head.map_err(|err| failed(session, err))?;
+    let (parts, recv) = response.into_parts();
+    let length = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    let body = H2Incoming {
+        recv,
+        trailers_done: false,
+        length,
+        _live: live,
+    };
+    Ok((Response::from_parts(parts, UpstreamIncoming::H2(body)), upload))
+}
+
+/// The error a failed stream is answered with; one that is the connection's leaves the session to no new stream.
+fn failed(session: &Session, err: h2::Error) -> ProxyError {
+    if err.is_go_away() || err.is_io() {
+        session.give_up();
+    }
+    let not_processed = (err.is_go_away() && err.is_remote()) || err.reason() == Some(h2::Reason::REFUSED_STREAM);
+    if not_processed {
+        ProxyError::Upstream(UpstreamError::NotProcessed(err))
+    } else {
+        ProxyError::Upstream(UpstreamError::H2(err))
+    }
+}
+
+/// Streams the request body out as the upstream's window allows, its trailers last.
+async fn pump(mut body: RequestBody, mut stream: h2::SendStream<Bytes>, _live: StreamLive) -> Result<(), ProxyError> {
+    let upstream = |err: h2::Error| ProxyError::Upstream(UpstreamError::H2(err));
+    loop {
+        match body.frame().await {
+            None => {
+                stream.send_data(Bytes::new(), true).map_err(upstream)?;
+                return Ok(());
+            }
+            Some(Err(err)) => {
+                stream.send_reset(h2::Reason::CANCEL);
+                return Err(client_body_error(err));
+            }
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(mut data) => {
+                    let last = body.is_end_stream();
+                    while !data.is_empty() {
+                        stream.reserve_capacity(data.len());
+                        let room = std::future::poll_fn(|cx| stream.poll_capacity(cx)).await;
+                        let room = match room {
+                            Some(Ok(room)) => room,
+                            Some(Err(err)) => return Err(upstream(err)),
+                            None => {
+                                return Err(ProxyError::Upstream(UpstreamError::BodyCutShort));
+                            }
+                        };
+                        let piece = data.split_to(room.min(data.len()));
+                        stream.send_data(piece, last && data.is_empty()).map_err(upstream)?;
+                    }
+                    if last {
+                        return Ok(());
+                    }
+                }
+                Err(frame) => {
+                    if let Ok(trailers) = frame.into_trailers() {
+                        stream.send_trailers(trailers).map_err(upstream)?;
+                        return Ok(());
+                    }
+                }
+            },
+        }
+    }
+}
+
+/// An HTTP/2 answer's body: its data, then its trailers (gRPC's status is in them).
+pub struct H2Incoming {
+    recv: h2::RecvStream,
+    trailers_done: bool,
+    length: Option<u64>,
+    _live: StreamLive,
+}
+
+impl Body for H2Incoming {
+    type Data = Bytes;
+    type Error = UpstreamError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, UpstreamError>>> {
+        let this = &mut *self;
+        if this.trailers_done {
+            return Poll::Ready(None);
+        }
+        if !this.recv.is_end_stream() {
+            match std::task::ready!(this.recv.poll_data(cx)) {
+                Some(Ok(data)) => {
+                    // The window is given back as the bytes are taken: the client's pace is the upstream's.
+                    let _ = this.recv.flow_control().release_capacity(data.len());
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Some(Err(err)) => {
+                    this.trailers_done = true;
+                    return Poll::Ready(Some(Err(UpstreamError::H2(err))));
+                }
+                None => {}
+            }
+        }
+        let trailers: Option<HeaderMap> = match std::task::ready!(this.recv.poll_trailers(cx)) {
+            Ok(trailers) => trailers,
+            Err(err) => {
+                this.trailers_done = true;
+                return Poll::Ready(Some(Err(UpstreamError::H2(err))));
+            }
+        };
+        this.trailers_done = true;
+        Poll::Ready(trailers.map(|trailers| Ok(Frame::trailers(trailers))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.trailers_done
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.length {
+            Some(length) => SizeHint::with_exact(length),
+            None => SizeHint::default(),
+        }
+    }
+}
