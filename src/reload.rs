@@ -2,7 +2,7 @@
 //!
 //! Owns what a new configuration changes and in which order: everything is read and checked first, and a
 //! configuration with any problem changes nothing. Then pools whose upstream kept its address (every endpoint's
-//! address and own cap) take the new limits in place (the pool itself enforces a changed cap), new upstreams get
+//! address and own cap) and protocol take the new limits in place (the pool itself enforces a changed cap), new upstreams get
 //! pools, the new routes go in force in one swap, and pools whose upstream was removed or moved are retired to
 //! drain. Listener settings apply to connections accepted from then on; the keys that need new sockets or a new
 //! process are reported, not applied. It never binds a socket and never counts connections.
@@ -67,9 +67,11 @@ impl Plan {
             // A changed endpoint list (an address, an endpoint's own cap, one added or removed) is a new pool: the
             // old one drains, as when an address changes, its sockets counted against the new one's cap until they
             // close. The same endpoints in another order are no change at all.
+            // So is a changed protocol: an HTTP/1 connection cannot carry an HTTP/2 stream, nor the reverse.
             let kept = running
                 .and_then(|router| router.pools().get(name))
-                .filter(|pool| same_endpoints(pool.endpoints(), &endpoints));
+                .filter(|pool| same_endpoints(pool.endpoints(), &endpoints))
+                .filter(|pool| pool.limits().protocol == upstream.protocol);
             let pool = match kept {
                 Some(pool) => {
                     reconfigure.push((pool.clone(), upstream.clone(), tls));

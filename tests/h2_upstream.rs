@@ -8,6 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
+use support::h2_scripted::H2Scripted;
 use support::h2_upstream::H2Upstream;
 use support::*;
 
@@ -201,4 +202,174 @@ async fn a_shed_grpc_call_is_answered_in_grpc_terms_with_a_pushback_and_its_dead
         metric_sum(&samples, "floodgate_requests_total", &[("outcome", "shed_deadline")]),
         1.0
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_lowers_its_stream_limit_mid_connection_is_obeyed_once_it_is_read() {
+    // One connection of up to 4 streams; once it has had 4, the upstream lowers its limit to 1.
+    let upstream = H2Scripted::start(4, Duration::from_millis(30)).await;
+    upstream.lower_limit_after(4, 1);
+    let proxy = Proxy::start(&[
+        "--upstream",
+        &upstream.url(),
+        "--max-connections",
+        "1",
+        "--upstream-protocol",
+        "http2",
+        "--max-streams-per-connection",
+        "4",
+    ])
+    .await;
+    let answers = clients_at_once(&proxy, 24, "/").await;
+    assert!(
+        answers.iter().all(|(status, _)| *status == StatusCode::OK),
+        "{answers:?}"
+    );
+    assert_eq!(upstream.peak_connections(), 1);
+    assert_eq!(
+        upstream.peak_open(),
+        4,
+        "four streams at once before the limit was lowered"
+    );
+    assert_eq!(
+        upstream.over_limit(),
+        0,
+        "no stream began while the lowered limit's worth were open, once floodgate had acknowledged it"
+    );
+    assert_eq!(upstream.answered(), 24);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_above_a_goaways_last_id_are_sent_again_on_a_new_connection_within_the_cap() {
+    // Once a connection has had 2 streams, the upstream says GOAWAY naming the second: the others floodgate had
+    // sent were not processed, and go again on a new connection, dialled only once the first has closed.
+    let upstream = H2Scripted::start(8, Duration::from_millis(50)).await;
+    upstream.goaway_after(2);
+    let proxy = Proxy::start(&[
+        "--upstream",
+        &upstream.url(),
+        "--max-connections",
+        "1",
+        "--upstream-protocol",
+        "http2",
+        "--max-streams-per-connection",
+        "8",
+    ])
+    .await;
+    let answers = clients_at_once(&proxy, 6, "/").await;
+    assert!(
+        answers.iter().all(|(status, _)| *status == StatusCode::OK),
+        "{answers:?}"
+    );
+    assert!(
+        upstream.unprocessed() >= 1,
+        "some streams were above the GOAWAY's last id"
+    );
+    assert_eq!(upstream.accepted(), 2, "one connection after the first");
+    assert_eq!(upstream.peak_connections(), 1, "never two at once: the cap is 1");
+    assert_eq!(upstream.answered(), 6, "each request processed once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_given_up_on_holds_its_place_until_the_upstream_has_read_its_reset() {
+    // One stream in all. The first request never gets its answer in time (504); the one queued behind it may
+    // start only once the upstream has let the first go, which it does when it reads floodgate's reset.
+    let upstream = H2Upstream::start(100).await;
+    let args = [
+        "--upstream",
+        &upstream.url(),
+        "--max-connections",
+        "1",
+        "--upstream-protocol",
+        "http2",
+        "--max-streams-per-connection",
+        "1",
+        "--request-timeout",
+        "200ms",
+    ];
+    let proxy = Proxy::start_with_env(&args, &[("FLOODGATE__UPSTREAMS__DEFAULT__ABORT_DRAIN_TIMEOUT", "50ms")]).await;
+    for round in 0..5 {
+        let listen = proxy.listen;
+        let given_up = tokio::spawn(async move { try_get(listen, "/hold").await });
+        wait_until_sync("the held request at work", Duration::from_secs(5), || {
+            upstream.at_work() == 1
+        })
+        .await;
+        let queued = tokio::spawn(async move { try_get(listen, "/sleep/0").await });
+        let given_up = given_up.await.unwrap().expect("an answer");
+        assert_eq!(given_up.status, StatusCode::GATEWAY_TIMEOUT, "round {round}");
+        let queued = queued.await.unwrap().expect("an answer");
+        assert_eq!(queued.status, StatusCode::OK, "round {round}");
+        assert_eq!(upstream.resets(), round + 1, "the held request's stream was reset");
+    }
+    assert_eq!(
+        upstream.peak_at_work(),
+        1,
+        "never two requests at work in the upstream at once"
+    );
+}
+
+/// One HTTP/2 upstream `a` of one connection with `streams` streams, taking every request.
+fn one_h2_upstream(url: &str, streams: usize) -> String {
+    format!(
+        r#"
+[upstreams.a]
+url = "{url}"
+max_connections = 1
+protocol = "http2"
+max_streams_per_connection = {streams}
+
+[[routes]]
+upstream = "a"
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_raises_and_lowers_the_streams_of_a_live_http2_connection_in_place() {
+    let upstream = H2Upstream::start(100).await;
+    let config = TempConfig::new(&one_h2_upstream(&upstream.url(), 1));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let mut peaks = Vec::new();
+    for streams in [1, 4, 2] {
+        std::fs::write(config.path(), one_h2_upstream(&upstream.url(), streams)).unwrap();
+        let reloaded = proxy.admin_request(http::Method::POST, "/reload", "", None).await;
+        assert_eq!(reloaded.status, StatusCode::OK, "{}", reloaded.text());
+        upstream.reset_peak_at_work();
+        let answers = clients_at_once(&proxy, 40, "/sleep/20").await;
+        assert!(
+            answers.iter().all(|(status, _)| *status == StatusCode::OK),
+            "{answers:?}"
+        );
+        peaks.push(upstream.peak_at_work());
+    }
+    assert_eq!(peaks, [1, 4, 2], "the streams at work follow the limit in force");
+    assert_eq!(upstream.accepted(), 1, "on the one connection, never dialled again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_stops_answering_keep_alive_pings_is_closed_and_replaced() {
+    // The dial's own PING and two keep-alive ones are answered; then the upstream falls silent.
+    let upstream = H2Scripted::start(8, Duration::from_millis(1)).await;
+    upstream.answer_pings_up_to(3);
+    let args = [
+        "--upstream",
+        &upstream.url(),
+        "--max-connections",
+        "1",
+        "--upstream-protocol",
+        "http2",
+    ];
+    let proxy = Proxy::start_with_env(&args, &[("FLOODGATE__UPSTREAMS__DEFAULT__PING_INTERVAL", "100ms")]).await;
+    assert_eq!(get(proxy.listen, "/").await.status, StatusCode::OK);
+    wait_until_sync("the silent connection closed", Duration::from_secs(5), || {
+        upstream.accepted() == 1 && upstream.connections() == 0
+    })
+    .await;
+    assert_eq!(
+        get(proxy.listen, "/").await.status,
+        StatusCode::OK,
+        "served on a new connection"
+    );
+    assert_eq!(upstream.accepted(), 2);
 }

@@ -75,6 +75,10 @@ pub struct UpstreamConfig {
     /// `SETTINGS_MAX_CONCURRENT_STREAMS` at that moment. So at most `max_connections` times this are at work.
     #[serde(deserialize_with = "integer::deserialize")]
     pub max_streams_per_connection: usize,
+    /// HTTP/2 only: a PING this often on each connection, which is closed when one goes unanswered until the
+    /// next; zero: none (gRPC servers take PINGs on an idle connection as abuse by default).
+    #[serde(with = "humantime_serde")]
+    pub ping_interval: Duration,
     #[serde(deserialize_with = "integer::deserialize")]
     pub max_queue: usize,
     #[serde(with = "humantime_serde")]
@@ -250,6 +254,7 @@ impl Default for UpstreamConfig {
             protocol: UpstreamProtocol::Http1,
             // One: the requests at work stay `max_connections`, as for HTTP/1, unless more are asked for.
             max_streams_per_connection: 1,
+            ping_interval: Duration::ZERO,
             max_queue: 1024,
             queue_timeout: Duration::from_secs(5),
             queue_discipline: Discipline::Fifo,
@@ -367,7 +372,7 @@ impl UpstreamConfig {
 
     /// Every duration key with its value and whether 0 is allowed (it means "none" there); validation and the
     /// config fuzz target both walk this one list.
-    pub fn durations(&self) -> [(&'static str, Duration, bool); 16] {
+    pub fn durations(&self) -> [(&'static str, Duration, bool); 17] {
         [
             ("health_check_interval", self.health_check_interval, false),
             ("eject_backoff", self.eject_backoff, false),
@@ -381,6 +386,7 @@ impl UpstreamConfig {
             ("close_timeout", self.close_timeout, false),
             ("body_idle_timeout", self.body_idle_timeout, false),
             ("max_connection_lifetime", self.max_connection_lifetime, true),
+            ("ping_interval", self.ping_interval, true),
             ("abort_drain_timeout", self.abort_drain_timeout, false),
             ("adaptive_window", self.adaptive_window, false),
             ("adaptive_probe_interval", self.adaptive_probe_interval, false),

@@ -59,6 +59,7 @@ pub(crate) struct StreamPermit {
 
 impl StreamPermit {
     fn new(session: Arc<Session>) -> StreamPermit {
+        session.permit_made();
         session.stream_out();
         StreamPermit {
             session,
@@ -73,6 +74,7 @@ impl Drop for StreamPermit {
         if !self.idle {
             self.session.stream_back(false);
         }
+        self.session.permit_gone();
     }
 }
 
@@ -177,13 +179,24 @@ impl Conn {
 
     /// An idle HTTP/2 stream that may not start now: its session has its limit's worth at work (the upstream
     /// lowered it, or its other permits are out).
-    pub(super) fn lacks_room(&self) -> bool {
-        self.session().is_some_and(|session| !session.has_room())
+    pub(super) fn lacks_room(&self, limits: &UpstreamConfig) -> bool {
+        self.session()
+            .is_some_and(|session| !session.has_room(limits.max_streams_per_connection))
     }
 
     /// An HTTP/2 stream coming back that may not be handed on: its session has more at work than it now allows.
-    pub(super) fn over_stream_limit(&self) -> bool {
-        self.session().is_some_and(|session| session.over_limit())
+    pub(super) fn over_stream_limit(&self, limits: &UpstreamConfig) -> bool {
+        self.session()
+            .is_some_and(|session| session.over_limit(limits.max_streams_per_connection))
+    }
+
+    /// Permits its HTTP/2 session's limit allows beyond those that exist (it was raised since they were made),
+    /// made now and counted at work: for the caller to hand on.
+    pub(super) fn more_permits(&self, limits: &UpstreamConfig) -> Vec<Conn> {
+        let missing = self
+            .session()
+            .map_or(0, |session| session.permits_missing(limits.max_streams_per_connection));
+        (0..missing).filter_map(|_| self.sibling()).collect()
     }
 
     /// When this idle connection's idleness began, as its expiry reads it: an HTTP/2 session's permits expire
@@ -436,13 +449,17 @@ impl UpstreamPool {
     {
         let closing = ClosingMark::default();
         slot.connected(closing.clone());
-        let (max_streams, close_timeout) = {
+        let terms = {
             let limits = self.limits();
-            (limits.max_streams_per_connection, limits.close_timeout)
+            session::Terms {
+                max_streams: limits.max_streams_per_connection,
+                close_timeout: limits.close_timeout,
+                ping_interval: limits.ping_interval,
+            }
         };
         let spawner = self.clone();
         let spawn = move |task| spawner.spawn_boxed(task);
-        let started = session::start(io, socket, slot, max_streams, close_timeout, deadline, spawn).await;
+        let started = session::start(io, socket, slot, terms, deadline, spawn).await;
         let started = match started {
             Ok(started) => started,
             Err(session::Failed::With(socket, slot, why)) => {

@@ -102,12 +102,13 @@ impl UpstreamPool {
     /// leases; handed on, the waiter takes its place, kept, it leaves the count. An uncounted grant handed on joins
     /// the count.
     pub(super) fn hand_on(self: &Arc<Self>, mut grant: Grant, mut counted: bool) {
+        let limits = self.limits();
         loop {
             let waiter = {
                 let mut state = self.lock();
                 let over_cap = match &grant {
                     // An HTTP/2 stream is not handed on while its session has more at work than it now allows.
-                    Grant::Idle(conn) => state.slots.live_over_cap() || conn.over_stream_limit(),
+                    Grant::Idle(conn) => state.slots.live_over_cap() || conn.over_stream_limit(&limits),
                     // The slot's connection is gone: handing it on would make one more.
                     Grant::Dial(_) => state.slots.over_cap(),
                 };

@@ -55,7 +55,7 @@ impl UpstreamPool {
                 .iter()
                 .enumerate()
                 .rev()
-                .filter(|(_, idle)| !idle.conn.lacks_room())
+                .filter(|(_, idle)| !idle.conn.lacks_room(&limits))
                 .min_by_key(|(_, idle)| rank(idle.conn.endpoint))
                 .map(|(at, _)| at)?;
             return state.idle.remove(best).map(IdleConn::into_conn);
@@ -67,7 +67,7 @@ impl UpstreamPool {
                 // Dropped (with the idle entry), the connection goes to the pool's closing task, which frees its
                 // slot.
                 state.start_closing(&idle.conn);
-            } else if idle.conn.lacks_room() {
+            } else if idle.conn.lacks_room(&limits) {
                 passed_over.push(idle);
             } else {
                 taken = Some(idle.into_conn());

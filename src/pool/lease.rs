@@ -127,8 +127,14 @@ impl UpstreamPool {
     /// An HTTP/2 stream's permit at its exchange's end: to the next waiter, or idle, while its session may carry
     /// more; else its session is closed once its other streams are over.
     fn stream_came_back(self: &Arc<Self>, conn: Conn) {
-        if conn.is_usable(&self.limits()) {
+        let limits = self.limits();
+        if conn.is_usable(&limits) {
+            // A limit raised since the session's permits were made (a reload, the upstream's SETTINGS) makes more.
+            let more = conn.more_permits(&limits);
             self.came_back(Back::Reusable(conn));
+            for more in more {
+                self.hand_on(Grant::Idle(more), false);
+            }
         } else {
             self.came_back(Back::Released(Some((conn, false))));
         }

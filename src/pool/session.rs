@@ -26,8 +26,8 @@ pub(crate) struct Session {
     out: AtomicUsize,
     /// The connection ended or is ending (closed, failed, GOAWAY): no new stream goes on it.
     gone: Arc<AtomicBool>,
-    /// The most streams floodgate opens on it (`max_streams_per_connection`), whatever the upstream allows.
-    max_streams: usize,
+    /// Permits in existence (at work or idle): fewer than the limit allows, and more are made as one comes back.
+    minted: AtomicUsize,
     /// Asks the driver for a PING round trip; answered (or dropped, the connection gone) once it is done.
     pings: mpsc::UnboundedSender<oneshot::Sender<()>>,
     pub(super) born: Instant,
@@ -37,26 +37,44 @@ pub(crate) struct Session {
 }
 
 impl Session {
-    /// The streams it may have at work now: the configured most, and never more than the upstream's
-    /// `SETTINGS_MAX_CONCURRENT_STREAMS` as last received (h2 applies a lowered one as it reads it).
-    pub(super) fn stream_limit(&self) -> usize {
+    /// The streams it may have at work now: `configured` (`max_streams_per_connection` in force, which a reload
+    /// or the admin API may change), and never more than the upstream's `SETTINGS_MAX_CONCURRENT_STREAMS` as last
+    /// received (h2 applies a lowered one as it reads it).
+    pub(super) fn stream_limit(&self, configured: usize) -> usize {
         let allowed = self
             .send
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .current_max_send_streams();
-        self.max_streams.min(allowed)
+        configured.min(allowed)
     }
 
     /// One more stream may start on it now.
-    pub(super) fn has_room(&self) -> bool {
-        !self.is_gone() && self.out.load(Ordering::Acquire) < self.stream_limit()
+    pub(super) fn has_room(&self, configured: usize) -> bool {
+        !self.is_gone() && self.out.load(Ordering::Acquire) < self.stream_limit(configured)
     }
 
-    /// More streams are at work than the limit now allows (the upstream lowered it): a stream coming back is not
-    /// handed on.
-    pub(super) fn over_limit(&self) -> bool {
-        self.out.load(Ordering::Acquire) > self.stream_limit()
+    /// More streams are at work than the limit now allows (lowered by the upstream or a reload): a stream coming
+    /// back is not handed on.
+    pub(super) fn over_limit(&self, configured: usize) -> bool {
+        self.out.load(Ordering::Acquire) > self.stream_limit(configured)
+    }
+
+    /// How many more permits the limit allows than exist (it was raised since they were made).
+    pub(super) fn permits_missing(&self, configured: usize) -> usize {
+        if self.is_gone() {
+            return 0;
+        }
+        self.stream_limit(configured)
+            .saturating_sub(self.minted.load(Ordering::Acquire))
+    }
+
+    pub(super) fn permit_made(&self) {
+        self.minted.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(super) fn permit_gone(&self) {
+        self.minted.fetch_sub(1, Ordering::AcqRel);
     }
 
     pub(crate) fn is_gone(&self) -> bool {
@@ -116,6 +134,13 @@ impl Session {
     }
 }
 
+/// The upstream's settings a session starts with (a later change of the stream limit applies as it is read).
+pub(super) struct Terms {
+    pub(super) max_streams: usize,
+    pub(super) close_timeout: Duration,
+    pub(super) ping_interval: Duration,
+}
+
 /// What a dial of an HTTP/2 upstream made: the session, and how many streams it may carry at first.
 pub(super) struct Started {
     pub(super) session: Arc<Session>,
@@ -130,14 +155,18 @@ pub(super) async fn start<T>(
     io: T,
     socket: Arc<TcpStream>,
     slot: Slot,
-    max_streams: usize,
-    close_timeout: Duration,
+    terms: Terms,
     deadline: Instant,
     spawn: impl FnOnce(std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>),
 ) -> Result<Started, Failed>
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let Terms {
+        max_streams,
+        close_timeout,
+        ping_interval,
+    } = terms;
     let mut builder = h2::client::Builder::new();
     builder
         .enable_push(false)
@@ -158,28 +187,29 @@ where
         send: Mutex::new(send),
         out: AtomicUsize::new(0),
         gone: gone.clone(),
-        max_streams,
+        minted: AtomicUsize::new(0),
         pings,
         born: Instant::now(),
         served: AtomicU64::new(0),
         idle_since_us: AtomicU64::new(0),
     });
-    spawn(Box::pin(drive(
-        connection,
+    let driver = Driver {
         ping_pong,
         asked,
         gone,
         socket,
         slot,
         close_timeout,
-    )));
+        ping_interval,
+    };
+    spawn(Box::pin(driver.drive(connection)));
     if tokio::time::timeout_at(deadline, session.first_round()).await != Ok(true) {
         session.give_up();
         return Err(Failed::Later(
             "no answer to the first PING (is it an HTTP/2 server?)".into(),
         ));
     }
-    let streams = session.stream_limit();
+    let streams = session.stream_limit(max_streams);
     if streams == 0 {
         session.give_up();
         return Err(Failed::Later(
@@ -210,63 +240,92 @@ impl Failed {
     }
 }
 
-/// Drives the connection until it ends (every handle gone and every stream over, the upstream's close or
-/// GOAWAY, a failure), answering PING round trips asked for on the way; then closes the socket completely and
-/// only then gives the slot back.
-async fn drive<T>(
-    mut connection: h2::client::Connection<T, Bytes>,
-    mut ping_pong: Option<h2::PingPong>,
-    mut asked: mpsc::UnboundedReceiver<oneshot::Sender<()>>,
+/// What drives one session's connection, beside the connection itself.
+struct Driver {
+    ping_pong: Option<h2::PingPong>,
+    asked: mpsc::UnboundedReceiver<oneshot::Sender<()>>,
     gone: Arc<AtomicBool>,
     socket: Arc<TcpStream>,
     slot: Slot,
     close_timeout: Duration,
-) where
-    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    // Asked for since the PING in flight left, and the ones it answers.
-    let mut waiting: Vec<oneshot::Sender<()>> = Vec::new();
-    let mut answering: Option<Vec<oneshot::Sender<()>>> = None;
-    let mut asking = true;
-    loop {
-        if answering.is_none() && !waiting.is_empty() {
-            match ping_pong.as_mut().map(|pp| pp.send_ping(h2::Ping::opaque())) {
-                Some(Ok(())) => answering = Some(std::mem::take(&mut waiting)),
-                // No PING can go: whoever waits is told by its sender's drop, as when the connection is gone.
-                _ => waiting.clear(),
-            }
-        }
-        let pong = async {
-            match (ping_pong.as_mut(), answering.is_some()) {
-                (Some(pp), true) => std::future::poll_fn(|cx| pp.poll_pong(cx)).await.is_ok(),
-                _ => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            ended = &mut connection => {
-                if let Err(err) = ended {
-                    tracing::debug!(error = %err, "an HTTP/2 upstream connection ended");
+    /// A PING this often, and the connection is taken for dead when one is not answered by the next (zero: none).
+    ping_interval: Duration,
+}
+
+impl Driver {
+    /// Drives the connection until it ends (every handle gone and every stream over, the upstream's close or
+    /// GOAWAY, a failure, a keep-alive PING unanswered), answering PING round trips asked for on the way; then
+    /// closes the socket completely and only then gives the slot back.
+    async fn drive<T>(mut self, mut connection: h2::client::Connection<T, Bytes>)
+    where
+        T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        // Asked for since the PING in flight left, and the ones it answers.
+        let mut waiting: Vec<oneshot::Sender<()>> = Vec::new();
+        let mut answering: Option<Vec<oneshot::Sender<()>>> = None;
+        let mut asking = true;
+        let keepalive = !self.ping_interval.is_zero();
+        let mut ticks = tokio::time::interval_at(
+            Instant::now() + self.ping_interval,
+            self.ping_interval.max(Duration::from_millis(1)),
+        );
+        let mut unanswered: Option<oneshot::Receiver<()>> = None;
+        loop {
+            if answering.is_none() && !waiting.is_empty() {
+                match self.ping_pong.as_mut().map(|pp| pp.send_ping(h2::Ping::opaque())) {
+                    Some(Ok(())) => answering = Some(std::mem::take(&mut waiting)),
+                    // No PING can go: whoever waits is told by its sender's drop, as when the connection is gone.
+                    _ => waiting.clear(),
                 }
-                break;
             }
-            told = asked.recv(), if asking => match told {
-                Some(told) => waiting.push(told),
-                None => asking = false,
-            },
-            answered = pong => {
-                let answered_ones = answering.take().unwrap_or_default();
-                if !answered {
+            let awaiting = answering.is_some();
+            let ping_pong = &mut self.ping_pong;
+            let pong = async move {
+                match (ping_pong.as_mut(), awaiting) {
+                    (Some(pp), true) => std::future::poll_fn(|cx| pp.poll_pong(cx)).await.is_ok(),
+                    _ => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                ended = &mut connection => {
+                    if let Err(err) = ended {
+                        tracing::debug!(error = %err, "an HTTP/2 upstream connection ended");
+                    }
                     break;
                 }
-                for told in answered_ones {
-                    let _ = told.send(());
+                told = self.asked.recv(), if asking => match told {
+                    Some(told) => waiting.push(told),
+                    None => asking = false,
+                },
+                answered = pong => {
+                    let answered_ones = answering.take().unwrap_or_default();
+                    if !answered {
+                        break;
+                    }
+                    for told in answered_ones {
+                        let _ = told.send(());
+                    }
+                }
+                _ = ticks.tick(), if keepalive => {
+                    let dead = unanswered
+                        .as_mut()
+                        .is_some_and(|heard| matches!(heard.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
+                    if dead {
+                        tracing::debug!("an HTTP/2 upstream connection did not answer its keep-alive PING; closed");
+                        break;
+                    }
+                    let (told, heard) = oneshot::channel();
+                    waiting.push(told);
+                    unanswered = Some(heard);
                 }
             }
         }
+        self.gone.store(true, Ordering::Release);
+        drop((waiting, answering, self.ping_pong.take(), connection));
+        net::close_and_wait_for_peer(&self.socket, Some(self.close_timeout)).await;
+        // Order matters: the socket is closed before the slot is given back.
+        let Driver { socket, slot, .. } = self;
+        drop(socket);
+        drop(slot);
     }
-    gone.store(true, Ordering::Release);
-    drop((waiting, answering, ping_pong, connection));
-    net::close_and_wait_for_peer(&socket, Some(close_timeout)).await;
-    drop(socket);
-    drop(slot);
 }

@@ -113,6 +113,11 @@ impl H2Upstream {
         self.counts.at_work_peak.load(Ordering::SeqCst)
     }
 
+    /// Starts the peak of requests at work again from those at work now.
+    pub fn reset_peak_at_work(&self) {
+        self.counts.at_work_peak.store(self.at_work(), Ordering::SeqCst);
+    }
+
     pub fn requests(&self) -> usize {
         self.counts.requests.load(Ordering::SeqCst)
     }

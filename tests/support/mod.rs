@@ -18,6 +18,7 @@ pub mod chaos;
 pub mod early;
 pub mod flood;
 pub mod h2_raw;
+pub mod h2_scripted;
 pub mod h2_upstream;
 pub mod pki;
 pub mod scripted;
