@@ -373,3 +373,35 @@ async fn a_connection_that_stops_answering_keep_alive_pings_is_closed_and_replac
     );
     assert_eq!(upstream.accepted(), 2);
 }
+
+/// The raw HTTP/1.1 answer to a GET of `path` with `extra` header lines, read until floodgate closes.
+async fn raw_http1_get(proxy: &Proxy, path: &str, extra: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(proxy.listen).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: app\r\n{extra}Connection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(CLIENT_TIMEOUT, stream.read_to_end(&mut answer))
+        .await
+        .expect("the answer in time")
+        .unwrap();
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http1_client_that_takes_trailers_gets_them_in_the_last_chunk_and_others_do_not() {
+    let upstream = H2Upstream::start(100).await;
+    let proxy = proxy_for(&upstream, 1, 4, &[]).await;
+    let asked = raw_http1_get(&proxy, "/trailers", "TE: trailers\r\n").await;
+    assert!(asked.starts_with("HTTP/1.1 200"), "{asked}");
+    assert!(
+        asked.to_ascii_lowercase().contains("transfer-encoding: chunked"),
+        "{asked}"
+    );
+    assert!(
+        asked.ends_with("7\r\npayload\r\n0\r\ngrpc-status: 0\r\n\r\n"),
+        "{asked:?}"
+    );
+    let not_asked = raw_http1_get(&proxy, "/trailers", "").await;
+    assert!(not_asked.ends_with("7\r\npayload\r\n0\r\n\r\n"), "{not_asked:?}");
+}

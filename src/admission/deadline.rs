@@ -52,3 +52,15 @@ fn grpc_timeout(text: &str) -> Option<Duration> {
         _ => return None,
     })
 }
+
+/// Whether a request is a gRPC call over HTTP/2 framing (`application/grpc`, `application/grpc+proto`, …; not
+/// gRPC-Web, whose status travels in its body).
+pub fn is_grpc(headers: &http::HeaderMap) -> bool {
+    headers.get(http::header::CONTENT_TYPE).is_some_and(|value| {
+        let value = value.as_bytes();
+        value
+            .get(..16)
+            .is_some_and(|start| start.eq_ignore_ascii_case(b"application/grpc"))
+            && matches!(value.get(16), None | Some(b'+' | b';'))
+    })
+}

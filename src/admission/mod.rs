@@ -25,6 +25,7 @@ pub(crate) use crate::config::Discipline;
 use crate::config::UpstreamConfig;
 
 pub(crate) use deadline::client_timeout;
+pub use deadline::is_grpc;
 
 /// Why a request was not admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -16,6 +16,7 @@ mod response;
 #[cfg(test)]
 mod tests;
 
+pub use crate::admission::is_grpc;
 use crate::body::IdleTimer;
 pub use crate::body::{BodyStalled, BoxError, CutOff, RequestBody};
 pub(crate) use crate::h1::connection_options;
@@ -30,5 +31,5 @@ pub use head::{
 };
 pub use path::resolve_dot_segments;
 pub use relay::UpstreamBody;
-pub use response::{grpc_shed_response, is_grpc, local_response, ResponseBody, SHED_REASON};
+pub use response::{grpc_shed_response, local_response, ResponseBody, SHED_REASON};
 pub(crate) use response::{to_client, RouteEdits};

@@ -118,18 +118,6 @@ pub fn local_response(error: &ProxyError, advice: Option<&ShedAdvice>) -> Respon
     response
 }
 
-/// Whether a request is a gRPC call over HTTP/2 framing (`application/grpc`, `application/grpc+proto`, …; not
-/// gRPC-Web, whose status travels in its body).
-pub fn is_grpc(headers: &HeaderMap) -> bool {
-    headers.get(header::CONTENT_TYPE).is_some_and(|value| {
-        let value = value.as_bytes();
-        value
-            .get(..16)
-            .is_some_and(|start| start.eq_ignore_ascii_case(b"application/grpc"))
-            && matches!(value.get(16), None | Some(b'+' | b';'))
-    })
-}
-
 /// A shed gRPC call's answer as gRPC clients read one: `200` with the status in its head and no body (a
 /// trailers-only answer). `UNAVAILABLE` (14) for capacity, the code gRPC's retry policies retry and its clients
 /// take as transient; `RESOURCE_EXHAUSTED` (8) for a client's own quota (`fair_max_queue`); `DEADLINE_EXCEEDED` (4)

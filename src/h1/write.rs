@@ -252,9 +252,46 @@ pub(crate) fn put_chunk_size(dst: &mut BytesMut, len: usize) {
     let _ = write!(dst, "{len:X}\r\n");
 }
 
-/// What ends a chunked body without trailers (floodgate sends none to HTTP/1 clients: no `Trailer` line announces
-/// them).
+/// What ends a chunked body without trailers. An answer's trailers go only to a client whose request said
+/// `TE: trailers` (no `Trailer` line announces them, and a client that did not ask may not expect any).
 pub(crate) const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
+
+/// Whether a request's `TE` names `trailers`.
+pub(crate) fn accepts_trailers(headers: &HeaderMap) -> bool {
+    headers.get_all(http::header::TE).iter().any(|value| {
+        value
+            .as_bytes()
+            .split(|byte| *byte == b',')
+            .any(|option| option.trim_ascii().eq_ignore_ascii_case(b"trailers"))
+    })
+}
+
+/// The last chunk with `trailers` in it. Fields that frame, route or describe the message (RFC 9110 §6.5.1) are
+/// left out: a recipient may not take them from a trailer.
+pub(crate) fn put_last_chunk_with(dst: &mut BytesMut, trailers: &HeaderMap) {
+    const NEVER: [&str; 9] = [
+        "content-length",
+        "transfer-encoding",
+        "trailer",
+        "host",
+        "connection",
+        "keep-alive",
+        "upgrade",
+        "te",
+        "proxy-connection",
+    ];
+    dst.put_slice(b"0\r\n");
+    for (name, value) in trailers {
+        if NEVER.contains(&name.as_str()) {
+            continue;
+        }
+        dst.put_slice(name.as_str().as_bytes());
+        dst.put_slice(b": ");
+        dst.put_slice(value.as_bytes());
+        dst.put_slice(b"\r\n");
+    }
+    dst.put_slice(b"\r\n");
+}
 
 /// The `Date` value of this second, formatted once a second per thread.
 fn put_date(dst: &mut BytesMut) {

@@ -59,14 +59,10 @@ pub(crate) async fn send(
         parts.headers.remove(name);
     }
     parts.headers.remove("proxy-connection");
-    // TE may say only "trailers" in HTTP/2 (RFC 9113 §8.2.2): what gRPC clients send.
-    let wants_trailers = parts
-        .headers
-        .get_all(header::TE)
-        .iter()
-        .any(|value| value.as_bytes().eq_ignore_ascii_case(b"trailers"));
+    // TE may say only "trailers" in HTTP/2 (RFC 9113 §8.2.2), and a gRPC server expects it: floodgate relays
+    // trailers, so a gRPC call says it does (the client's own TE is hop-by-hop and went with the client's hop).
     parts.headers.remove(header::TE);
-    if wants_trailers {
+    if crate::admission::is_grpc(&parts.headers) {
         parts.headers.insert(header::TE, HeaderValue::from_static("trailers"));
     }
     let ended = body.is_end_stream();

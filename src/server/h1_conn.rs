@@ -166,6 +166,8 @@ impl Conn<'_> {
         };
         let method = head.parts.method.clone();
         let version = head.parts.version;
+        // A client that says it takes trailers (gRPC's status travels in them) is sent an answer's trailers.
+        let trailers = write::accepts_trailers(&head.parts.headers) && version == Version::HTTP_11;
         let framing = match head.body {
             BodyFraming::Length(length) => Delimited::Length(length),
             BodyFraming::Chunked => Delimited::Chunked(ChunkedDecoder::for_request(config.max_header_bytes)),
@@ -208,7 +210,7 @@ impl Conn<'_> {
             .and_then(|handoff| handoff.take())
         {
             // The 101 says the connection switches: no `connection: close` with it.
-            if let Err(err) = write_answer(wire, response, &method, version, true, write_stall_limit).await {
+            if let Err(err) = write_answer(wire, response, (&method, version, false), true, write_stall_limit).await {
                 tunnel.not_switched();
                 return Err(Ended::Error(err));
             }
@@ -217,9 +219,15 @@ impl Conn<'_> {
             return Ok(After::Tunnel(Box::new((tunnel, early))));
         }
         let keep_alive = head.keep_alive && !head.wants_upgrade && !shutdown.is_cancelled();
-        let closes = write_answer(wire, response, &method, version, keep_alive, write_stall_limit)
-            .await
-            .map_err(Ended::Error)?;
+        let closes = write_answer(
+            wire,
+            response,
+            (&method, version, trailers),
+            keep_alive,
+            write_stall_limit,
+        )
+        .await
+        .map_err(Ended::Error)?;
         // The body's remainder, if the answer came before all of it: a remainder already here is dropped; one
         // still on its way closes the connection (reading it could take as long as the client likes).
         let next = {
@@ -285,14 +293,15 @@ async fn answer_bare(wire: &ClientWire, status: StatusCode, version: Version, st
 }
 
 /// Writes the answer, head and body; `Ok(true)` when the connection must close after it.
+/// `asked`: the request's method, version and whether it takes trailers.
 async fn write_answer(
     wire: &ClientWire,
     response: Response<ResponseBody>,
-    method: &Method,
-    version: Version,
+    asked: (&Method, Version, bool),
     keep_alive: bool,
     stall: Duration,
 ) -> io::Result<bool> {
+    let (method, version, takes_trailers) = asked;
     let (parts, mut body) = response.into_parts();
     let size = if body.is_end_stream() {
         BodySize::Empty
@@ -322,6 +331,7 @@ async fn write_answer(
     };
     let sends_body = !matches!(written.encoding, Framing::Length(0));
     let mut sent: u64 = 0;
+    let mut trailers = None;
     // A body that is here already goes out with the head in one write.
     let mut first = if sends_body { body.frame().now_or_never() } else { None };
     loop {
@@ -341,9 +351,16 @@ async fn write_answer(
         match frame {
             None => break,
             Some(Ok(frame)) => {
-                let Ok(data) = frame.into_data() else {
-                    // Trailers: no `Trailer` line announced them (see `h1::write`).
-                    continue;
+                let data = match frame.into_data() {
+                    Ok(data) => data,
+                    // Trailers go out in the last chunk to a client that takes them, and nowhere else (see
+                    // `h1::write`).
+                    Err(frame) => {
+                        if takes_trailers && written.encoding == Framing::Chunked {
+                            trailers = frame.into_trailers().ok();
+                        }
+                        continue;
+                    }
                 };
                 sent = sent.saturating_add(data.len() as u64);
                 put_data(wire, &mut out, data, written.encoding, stall).await?;
@@ -353,7 +370,10 @@ async fn write_answer(
         }
     }
     if written.encoding == Framing::Chunked {
-        out.extend_from_slice(LAST_CHUNK);
+        match &trailers {
+            Some(trailers) => write::put_last_chunk_with(&mut out, trailers),
+            None => out.extend_from_slice(LAST_CHUNK),
+        }
     }
     if !out.is_empty() {
         wire.write_all(&out, stall).await?;
