@@ -208,9 +208,16 @@ async fn accept_loop(listener: TcpListener, acceptor: TlsAcceptor, counts: Arc<C
                     Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::from(body))))
                 }
             });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(tls), service)
-                .await;
+            // HTTP/2 when the client chose it by ALPN.
+            if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
+                let _ = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), service)
+                    .await;
+            } else {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tls), service)
+                    .await;
+            }
         });
     }
 }
