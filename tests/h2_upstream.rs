@@ -125,6 +125,13 @@ async fn an_idle_http2_upstream_connection_is_reused_rather_than_dialled_again()
         assert_eq!(get(proxy.listen, "/").await.status, StatusCode::OK);
     }
     assert_eq!(upstream.accepted(), 1, "one connection carried every request in turn");
+    // /status counts connections, not streams: one open and idle, though four of its streams are free.
+    wait_until("the request's lease over", Duration::from_secs(5), || async {
+        proxy.upstream_field("default", "in_use").await == 0
+    })
+    .await;
+    assert_eq!(proxy.upstream_field("default", "connections_open").await, 1);
+    assert_eq!(proxy.upstream_field("default", "connections_idle").await, 1);
 }
 
 /// A gRPC call's request (the body is not read by the shed answers under test).

@@ -122,7 +122,20 @@ fn failed(session: &Session, err: h2::Error) -> ProxyError {
 }
 
 /// Streams the request body out as the upstream's window allows, its trailers last.
-async fn pump(mut body: RequestBody, mut stream: h2::SendStream<Bytes>, _live: StreamLive) -> Result<(), ProxyError> {
+async fn pump(body: RequestBody, stream: h2::SendStream<Bytes>, live: StreamLive) -> Result<(), ProxyError> {
+    match pump_all(body, stream, live).await {
+        // The upstream ended the stream with its answer and told us to stop sending (RFC 9113 §8.1): the call is
+        // over, not cut short.
+        Err(ProxyError::Upstream(UpstreamError::H2(err))) if err.reason() == Some(h2::Reason::NO_ERROR) => Ok(()),
+        pumped => pumped,
+    }
+}
+
+async fn pump_all(
+    mut body: RequestBody,
+    mut stream: h2::SendStream<Bytes>,
+    _live: StreamLive,
+) -> Result<(), ProxyError> {
     let upstream = |err: h2::Error| ProxyError::Upstream(UpstreamError::H2(err));
     loop {
         match body.frame().await {

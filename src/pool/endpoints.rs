@@ -167,12 +167,29 @@ impl PoolState {
     /// Per endpoint, its connections that are not idle: the requests in flight there (and dials, closes).
     pub(super) fn busy(&self) -> Vec<usize> {
         let mut busy: Vec<usize> = self.slots.per_endpoint().map(|(_, open)| open).collect();
-        for idle in &self.idle {
-            if let Some(count) = busy.get_mut(idle.conn.endpoint) {
+        for (endpoint, _) in self.idle_connections() {
+            if let Some(count) = busy.get_mut(endpoint) {
                 *count = count.saturating_sub(1);
             }
         }
         busy
+    }
+
+    /// The connections nothing is at work on, with their endpoints: each HTTP/1 connection in the idle list, and
+    /// each HTTP/2 session with no stream at work (its permits are listed one by one, and it is counted once).
+    pub(super) fn idle_connections(&self) -> Vec<(usize, &super::Conn)> {
+        let mut found: Vec<(usize, &super::Conn)> = Vec::new();
+        for idle in &self.idle {
+            let conn = &idle.conn;
+            let counted = match conn.session() {
+                None => true,
+                Some(session) => session.streams_out() == 0 && !found.iter().any(|(_, other)| other.same_session(conn)),
+            };
+            if counted {
+                found.push((conn.endpoint, conn));
+            }
+        }
+        found
     }
 }
 

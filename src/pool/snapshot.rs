@@ -10,7 +10,11 @@ impl UpstreamPool {
         let adaptive = self.adaptive.snapshot();
         let (open, peak, idle, queue_depth, max_connections, limit, in_use, draining, endpoints, tunnels) = {
             let state = self.lock();
-            let idle = state.idle.iter().filter(|i| !i.conn.is_closed()).count();
+            let idle = state
+                .idle_connections()
+                .iter()
+                .filter(|(_, conn)| !conn.is_closed())
+                .count();
             let busy = state.busy();
             let endpoints = self
                 .endpoints
