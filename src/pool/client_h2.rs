@@ -150,6 +150,12 @@ async fn pump_all(
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(mut data) => {
                     let last = body.is_end_stream();
+                    // A body's end may come as an empty frame of its own (hyper's and tonic's clients end a
+                    // stream so): the end goes on, or the upstream waits for it forever.
+                    if data.is_empty() && last {
+                        stream.send_data(Bytes::new(), true).map_err(upstream)?;
+                        return Ok(());
+                    }
                     while !data.is_empty() {
                         stream.reserve_capacity(data.len());
                         let room = std::future::poll_fn(|cx| stream.poll_capacity(cx)).await;
