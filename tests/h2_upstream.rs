@@ -412,3 +412,29 @@ async fn an_http1_client_that_takes_trailers_gets_them_in_the_last_chunk_and_oth
     let not_asked = raw_http1_get(&proxy, "/trailers", "").await;
     assert!(not_asked.ends_with("7\r\npayload\r\n0\r\n\r\n"), "{not_asked:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lowered_cap_closes_an_http2_connection_once_its_streams_are_over_and_holds_under_load() {
+    let upstream = H2Upstream::start(100).await;
+    let proxy = proxy_for(&upstream, 2, 2, &[]).await;
+    let answers = clients_at_once(&proxy, 40, "/sleep/20").await;
+    assert!(answers.iter().all(|(status, _)| *status == StatusCode::OK));
+    assert_eq!(upstream.peak_connections(), 2);
+    let lowered = proxy
+        .admin_request(http::Method::PUT, "/upstreams/default/max_connections", "1", None)
+        .await;
+    assert_eq!(lowered.status, StatusCode::OK, "{}", lowered.text());
+    wait_until_sync("one connection left", Duration::from_secs(5), || {
+        upstream.connections() == 1
+    })
+    .await;
+    upstream.reset_peak_at_work();
+    let answers = clients_at_once(&proxy, 40, "/sleep/20").await;
+    assert!(
+        answers.iter().all(|(status, _)| *status == StatusCode::OK),
+        "{answers:?}"
+    );
+    assert_eq!(upstream.connections(), 1, "no second connection under a cap of 1");
+    assert_eq!(upstream.peak_at_work(), 2, "its two streams at work");
+    assert_eq!(upstream.accepted(), 2, "nothing dialled again");
+}
