@@ -438,3 +438,25 @@ async fn a_lowered_cap_closes_an_http2_connection_once_its_streams_are_over_and_
     assert_eq!(upstream.peak_at_work(), 2, "its two streams at work");
     assert_eq!(upstream.accepted(), 2, "nothing dialled again");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_connection_is_retired_after_max_requests_per_connection_streams() {
+    let upstream = H2Upstream::start(100).await;
+    let args = [
+        "--upstream",
+        &upstream.url(),
+        "--max-connections",
+        "1",
+        "--upstream-protocol",
+        "http2",
+        "--max-streams-per-connection",
+        "4",
+    ];
+    let env = [("FLOODGATE__UPSTREAMS__DEFAULT__MAX_REQUESTS_PER_CONNECTION", "5")];
+    let proxy = Proxy::start_with_env(&args, &env).await;
+    for _ in 0..20 {
+        assert_eq!(get(proxy.listen, "/").await.status, StatusCode::OK);
+    }
+    assert_eq!(upstream.accepted(), 4, "a new connection every 5 requests");
+    assert_eq!(upstream.peak_connections(), 1, "each one only once the last had closed");
+}
