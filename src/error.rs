@@ -96,6 +96,7 @@ pub enum Outcome {
     ShedDeadline,
     ShedQuota,
     ShedTunnelLimit,
+    ShedStalled,
     UpstreamError,
     UpstreamTimeout,
     ClientAbort,
@@ -108,7 +109,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 16] = [
+    pub const ALL: [Outcome; 17] = [
         Outcome::Ok,
         Outcome::ShedQueueFull,
         Outcome::ShedQueueTimeout,
@@ -116,6 +117,7 @@ impl Outcome {
         Outcome::ShedDeadline,
         Outcome::ShedQuota,
         Outcome::ShedTunnelLimit,
+        Outcome::ShedStalled,
         Outcome::UpstreamError,
         Outcome::UpstreamTimeout,
         Outcome::ClientAbort,
@@ -156,9 +158,11 @@ impl Outcome {
             // The client has given up by now; 504 is what a gateway says when time ran out.
             Outcome::ShedDeadline | Outcome::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             Outcome::ShedQuota => StatusCode::TOO_MANY_REQUESTS,
-            Outcome::ShedQueueFull | Outcome::ShedQueueTimeout | Outcome::ShedOverload | Outcome::ShedTunnelLimit => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Outcome::ShedQueueFull
+            | Outcome::ShedQueueTimeout
+            | Outcome::ShedOverload
+            | Outcome::ShedTunnelLimit
+            | Outcome::ShedStalled => StatusCode::SERVICE_UNAVAILABLE,
             Outcome::NoRoute => StatusCode::NOT_FOUND,
             Outcome::NotImplemented => StatusCode::NOT_IMPLEMENTED,
             // A client that left reads nothing; a status is still needed for the log line.
@@ -180,6 +184,7 @@ impl Outcome {
             Outcome::ShedDeadline => "shed_deadline",
             Outcome::ShedQuota => "shed_quota",
             Outcome::ShedTunnelLimit => "shed_tunnel_limit",
+            Outcome::ShedStalled => "shed_upstream_stalled",
             Outcome::UpstreamError => "upstream_error",
             Outcome::UpstreamTimeout => "upstream_timeout",
             Outcome::ClientAbort => "client_abort",
@@ -216,6 +221,7 @@ impl ProxyError {
             ProxyError::Shed(Shed::Overload) => "overloaded: queue wait above target\n",
             ProxyError::Shed(Shed::Deadline) => "request deadline passed before it could start\n",
             ProxyError::Shed(Shed::Quota) => "too many requests from this client waiting\n",
+            ProxyError::Shed(Shed::Stalled) => "upstream stalled: no exchange finished within stall_timeout\n",
             ProxyError::NoRoute => "no route\n",
             ProxyError::ConnectRefused => "CONNECT (forward-proxy tunnelling) is not supported\n",
             ProxyError::TunnelsOff => "tunnels (WebSocket, Upgrade) are off for this upstream: max_tunnels = 0\n",
@@ -251,6 +257,7 @@ impl ProxyError {
             ProxyError::Shed(Shed::Overload) => Outcome::ShedOverload,
             ProxyError::Shed(Shed::Deadline) => Outcome::ShedDeadline,
             ProxyError::Shed(Shed::Quota) => Outcome::ShedQuota,
+            ProxyError::Shed(Shed::Stalled) => Outcome::ShedStalled,
             ProxyError::NoRoute => Outcome::NoRoute,
             ProxyError::ConnectRefused | ProxyError::TunnelsOff => Outcome::NotImplemented,
             ProxyError::TunnelLimit => Outcome::ShedTunnelLimit,

@@ -42,6 +42,8 @@ pub struct PoolSnapshot {
     pub replicas: Option<usize>,
     /// Removed or replaced by a reload, finishing what it had admitted.
     pub draining: bool,
+    /// The stall guard holds: every slot busy and no exchange finished within `stall_timeout`.
+    pub stalled: bool,
     pub endpoints: Vec<EndpointSnapshot>,
 }
 

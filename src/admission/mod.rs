@@ -44,6 +44,9 @@ pub enum Shed {
     /// capacity.
     #[error("client quota")]
     Quota,
+    /// `stall_timeout`: every slot busy and no exchange finished for that long; the upstream is taken for stuck.
+    #[error("upstream stalled")]
+    Stalled,
 }
 
 impl Shed {
@@ -55,6 +58,7 @@ impl Shed {
             Shed::Overload => "overload",
             Shed::Deadline => "deadline",
             Shed::Quota => "quota",
+            Shed::Stalled => "upstream_stalled",
         }
     }
 }
@@ -370,6 +374,17 @@ impl<G> WaitQueue<G> {
         }
         let since = *self.above_target_since.get_or_insert(now);
         now.saturating_duration_since(since) >= self.policy.interval && waited > self.policy.target * 2
+    }
+
+    /// Sheds every waiter, retries too, with `reason`; how many there were.
+    pub(crate) fn shed_all(&mut self, reason: Shed) -> usize {
+        let mut shed = 0;
+        while let Some(waiter) = self.retries.pop_front().or_else(|| self.pop_waiting(false)) {
+            waiter.shed(reason);
+            shed += 1;
+        }
+        self.busy_since = None;
+        shed
     }
 
     /// Removes a waiter that gave up (timeout, client gone); false if it was already taken by [`Self::next`].

@@ -97,6 +97,10 @@ pub struct UpstreamConfig {
     pub deadline_header: Option<http::HeaderName>,
     /// Whether gRPC's `grpc-timeout` header (`250m`, `2S`…) is read as a deadline too.
     pub grpc_timeout: bool,
+    /// Every slot busy and no exchange finished for this long: the upstream is taken for stalled, new requests
+    /// are shed at once (`upstream_stalled`) and the queue with them, until an exchange finishes. Zero: off.
+    #[serde(with = "humantime_serde")]
+    pub stall_timeout: Duration,
     /// The status of an answer shed for capacity (queue full, queue timeout, CoDel overload). A request shed for
     /// its own deadline gets 504.
     #[serde(deserialize_with = "integer::deserialize")]
@@ -262,6 +266,7 @@ impl Default for UpstreamConfig {
             codel_interval: Duration::from_millis(100),
             deadline_header: Some(http::HeaderName::from_static("x-request-timeout")),
             grpc_timeout: true,
+            stall_timeout: Duration::ZERO,
             shed_status: 503,
             fair_key: None,
             fair_weights: BTreeMap::new(),
@@ -372,7 +377,7 @@ impl UpstreamConfig {
 
     /// Every duration key with its value and whether 0 is allowed (it means "none" there); validation and the
     /// config fuzz target both walk this one list.
-    pub fn durations(&self) -> [(&'static str, Duration, bool); 17] {
+    pub fn durations(&self) -> [(&'static str, Duration, bool); 18] {
         [
             ("health_check_interval", self.health_check_interval, false),
             ("eject_backoff", self.eject_backoff, false),
@@ -387,6 +392,7 @@ impl UpstreamConfig {
             ("body_idle_timeout", self.body_idle_timeout, false),
             ("max_connection_lifetime", self.max_connection_lifetime, true),
             ("ping_interval", self.ping_interval, true),
+            ("stall_timeout", self.stall_timeout, true),
             ("abort_drain_timeout", self.abort_drain_timeout, false),
             ("adaptive_window", self.adaptive_window, false),
             ("adaptive_probe_interval", self.adaptive_probe_interval, false),

@@ -58,6 +58,7 @@ pub struct Metrics {
     response: Family<Labels, Histogram, fn() -> Histogram>,
     retries: Family<Labels, Counter>,
     bodies_cut: Family<Labels, Counter>,
+    stalls: Family<Labels, Counter>,
     max_connections: Family<Labels, Gauge>,
     limit: Family<Labels, Gauge>,
     adaptive_rtt: Family<Labels, FloatGauge>,
@@ -118,6 +119,7 @@ impl Metrics {
         let response = Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram as _);
         let retries = Family::<Labels, Counter>::default();
         let bodies_cut = Family::<Labels, Counter>::default();
+        let stalls = Family::<Labels, Counter>::default();
         let max_connections = Family::<Labels, Gauge>::default();
         let limit = Family::<Labels, Gauge>::default();
         let adaptive_rtt = Family::<Labels, FloatGauge>::default();
@@ -200,6 +202,12 @@ impl Metrics {
              (the client stopped sending, or the upstream reading): they went without their end, never framed as \
              complete, and the connection was closed",
             bodies_cut.clone(),
+        );
+        registry.register(
+            "floodgate_upstream_stalls",
+            "Stalls the stall guard saw begin (stall_timeout): every slot busy and no exchange finished for that long; \
+             requests are shed with reason upstream_stalled until one does",
+            stalls.clone(),
         );
         registry.register(
             "floodgate_upstream_max_connections",
@@ -359,6 +367,7 @@ impl Metrics {
             response,
             retries,
             bodies_cut,
+            stalls,
             max_connections,
             limit,
             adaptive_rtt,
@@ -429,6 +438,7 @@ impl Metrics {
             retried_unsent: self.retries.get_or_create_owned(&reason("unsent")),
             replayed: self.retries.get_or_create_owned(&reason("replayed")),
             request_body_cut: self.bodies_cut.get_or_create_owned(&labels()),
+            stalls: self.stalls.get_or_create_owned(&labels()),
             tunnels: self.tunnels.get_or_create_owned(&labels()),
             max_tunnels: self.max_tunnels.get_or_create_owned(&labels()),
             tunnels_opened: self.tunnels_opened.get_or_create_owned(&labels()),

@@ -158,6 +158,8 @@ pub struct UpstreamMetrics {
     pub replayed: Counter,
     /// A request body's rest that could not be sent after the upstream answered.
     pub request_body_cut: Counter,
+    /// Stalls the stall guard saw begin.
+    pub stalls: Counter,
     pub(super) tunnels: Gauge,
     pub(super) max_tunnels: Gauge,
     /// Counted when the upstream switches.

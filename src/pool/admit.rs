@@ -58,6 +58,9 @@ impl UpstreamPool {
             return Ok(Admitted::Now(Lease::new(self.clone(), grant)));
         }
         let now = Instant::now();
+        if self.stalled_at(&state, now) {
+            return Err(Refused::Shed(Shed::Stalled));
+        }
         let ticket = state
             .queue
             .join_at(priority, now, patience.client_deadline, place)

@@ -18,6 +18,9 @@ impl UpstreamPool {
     /// may have is kept idle or given up, under the same lock, so a waiter arriving meanwhile is not passed over
     /// and a cap lowered meanwhile is not missed.
     pub(super) fn came_back(self: &Arc<Self>, back: Back) {
+        if matches!(back, Back::Reusable(_) | Back::Released(_)) {
+            self.exchange_finished();
+        }
         match back {
             Back::Reusable(conn) | Back::TurnedDown(Grant::Idle(conn)) => self.hand_on(Grant::Idle(conn), true),
             // The slot goes back as a freed one, after its grant has left the count.

@@ -24,6 +24,7 @@ mod session;
 mod slot;
 mod slots;
 mod snapshot;
+mod stall;
 #[cfg(test)]
 mod tests;
 mod tunnels;
@@ -108,6 +109,8 @@ pub struct UpstreamPool {
     /// Moving average of how long an admitted request holds its slot, in microseconds (0: none seen yet).
     hold_us: AtomicU64,
     adaptive: adaptive::Adaptive,
+    /// When an exchange last finished, for the stall guard.
+    progress: stall::Progress,
     /// Told when a retired pool's last connection has closed.
     emptied: tokio::sync::Notify,
     /// Where the pool's tasks run (its connections, their closing, its timers): the upstream lane when floodgate
@@ -227,6 +230,7 @@ impl UpstreamPool {
             requests_total: AtomicU64::new(0),
             hold_us: AtomicU64::new(0),
             adaptive,
+            progress: stall::Progress::new(),
             emptied: tokio::sync::Notify::new(),
             spawner,
             closer,
@@ -245,6 +249,7 @@ impl UpstreamPool {
         }
         pool.spawn(connection::close_connections(closings, stirred, Arc::downgrade(&pool)));
         pool.spawn(expire_idle(Arc::downgrade(&pool)));
+        pool.spawn(stall::watch_stalls(Arc::downgrade(&pool)));
         if pool.endpoints.len() > 1 {
             pool.spawn(health::run(Arc::downgrade(&pool)));
         }

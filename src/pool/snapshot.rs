@@ -66,6 +66,7 @@ impl UpstreamPool {
             max_tunnels: tunnels.1,
             replicas: self.limits().replicas.is_some().then(|| self.replicas()),
             draining,
+            stalled: self.progress.is_stalled(),
             endpoints,
         }
     }
