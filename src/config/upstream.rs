@@ -135,6 +135,10 @@ pub struct UpstreamConfig {
     /// 0 means unlimited.
     #[serde(deserialize_with = "integer::deserialize")]
     pub max_requests_per_connection: u64,
+    /// Idle connections kept ready (dialled at start, after a reload and after idle ones close), within the cap;
+    /// `idle_timeout` closes none below it. 0: none.
+    #[serde(deserialize_with = "integer::deserialize")]
+    pub min_idle: usize,
     /// 0 means unlimited.
     #[serde(with = "humantime_serde")]
     pub max_connection_lifetime: Duration,
@@ -279,6 +283,7 @@ impl Default for UpstreamConfig {
             close_timeout: Duration::from_secs(1),
             body_idle_timeout: Duration::from_secs(30),
             max_requests_per_connection: 0,
+            min_idle: 0,
             max_connection_lifetime: Duration::ZERO,
             abort_drain_bytes: 1024 * 1024,
             abort_drain_timeout: Duration::from_secs(5),

@@ -138,6 +138,7 @@ impl Config {
                 );
             }
             problems.count(&key("max_tunnels"), upstream.max_tunnels as u128, true);
+            problems.count(&key("min_idle"), upstream.min_idle as u128, true);
             if upstream.max_tunnels > 0 && upstream.protocol == super::UpstreamProtocol::Http2 {
                 problems.push(
                     key("max_tunnels"),

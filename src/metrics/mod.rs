@@ -59,6 +59,7 @@ pub struct Metrics {
     retries: Family<Labels, Counter>,
     bodies_cut: Family<Labels, Counter>,
     stalls: Family<Labels, Counter>,
+    prewarmed: Family<Labels, Counter>,
     max_connections: Family<Labels, Gauge>,
     limit: Family<Labels, Gauge>,
     adaptive_rtt: Family<Labels, FloatGauge>,
@@ -120,6 +121,7 @@ impl Metrics {
         let retries = Family::<Labels, Counter>::default();
         let bodies_cut = Family::<Labels, Counter>::default();
         let stalls = Family::<Labels, Counter>::default();
+        let prewarmed = Family::<Labels, Counter>::default();
         let max_connections = Family::<Labels, Gauge>::default();
         let limit = Family::<Labels, Gauge>::default();
         let adaptive_rtt = Family::<Labels, FloatGauge>::default();
@@ -208,6 +210,11 @@ impl Metrics {
             "Stalls the stall guard saw begin (stall_timeout): every slot busy and no exchange finished for that long; \
              requests are shed with reason upstream_stalled until one does",
             stalls.clone(),
+        );
+        registry.register(
+            "floodgate_upstream_prewarmed_connections",
+            "Upstream connections dialled ahead of need to keep min_idle idle ones ready",
+            prewarmed.clone(),
         );
         registry.register(
             "floodgate_upstream_max_connections",
@@ -368,6 +375,7 @@ impl Metrics {
             retries,
             bodies_cut,
             stalls,
+            prewarmed,
             max_connections,
             limit,
             adaptive_rtt,
@@ -439,6 +447,7 @@ impl Metrics {
             replayed: self.retries.get_or_create_owned(&reason("replayed")),
             request_body_cut: self.bodies_cut.get_or_create_owned(&labels()),
             stalls: self.stalls.get_or_create_owned(&labels()),
+            prewarmed: self.prewarmed.get_or_create_owned(&labels()),
             tunnels: self.tunnels.get_or_create_owned(&labels()),
             max_tunnels: self.max_tunnels.get_or_create_owned(&labels()),
             tunnels_opened: self.tunnels_opened.get_or_create_owned(&labels()),

@@ -160,6 +160,8 @@ pub struct UpstreamMetrics {
     pub request_body_cut: Counter,
     /// Stalls the stall guard saw begin.
     pub stalls: Counter,
+    /// Connections dialled ahead of need (`min_idle`).
+    pub prewarmed: Counter,
     pub(super) tunnels: Gauge,
     pub(super) max_tunnels: Gauge,
     /// Counted when the upstream switches.

@@ -138,6 +138,8 @@ pub(super) async fn expire_idle(pool: Weak<UpstreamPool>) {
             let limits = pool.limits();
             let idle_timeout = limits.idle_timeout;
             let mut state = pool.lock();
+            // `min_idle`: the idle timeout closes none below the floor (the oldest go first).
+            let mut may_expire = state.idle_connections().len().saturating_sub(limits.min_idle);
             // Dropping a connection under the lock is cheap and never calls back into the pool: the pool's
             // closing task closes the socket and frees the slot.
             for idle in std::mem::take(&mut state.idle) {
@@ -145,12 +147,20 @@ pub(super) async fn expire_idle(pool: Weak<UpstreamPool>) {
                     .conn
                     .idle_since(idle.since)
                     .is_none_or(|since| since + idle_timeout > now);
-                if fresh && idle.conn.is_usable_idle(&limits) {
+                let usable = idle.conn.is_usable_idle(&limits);
+                if usable && !fresh && may_expire > 0 {
+                    may_expire -= 1;
+                    state.start_closing(&idle.conn);
+                } else if usable {
                     state.idle.push_back(idle);
                 } else {
                     state.start_closing(&idle.conn);
                 }
             }
+            drop(state);
+            // Idle connections closed (by their idleness, the upstream, their age) are made again up to the floor.
+            pool.prewarm();
+            let state = pool.lock();
             let fallback = now + idle_timeout.min(Duration::from_secs(1));
             state
                 .idle

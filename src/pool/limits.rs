@@ -169,6 +169,8 @@ impl UpstreamPool {
             // A raised cap's slots go to the oldest waiters, as freed ones do.
             self.admit_admissible(self.lock());
         }
+        // A reload may have set or raised `min_idle`, or raised the cap it is held within.
+        self.prewarm();
     }
 
     /// The upstream was removed or replaced by a reload: requests already admitted or queued are served, idle

@@ -19,6 +19,7 @@ mod idle;
 mod lease;
 mod limits;
 mod lineage;
+mod prewarm;
 mod replicas;
 mod session;
 mod slot;
@@ -111,6 +112,8 @@ pub struct UpstreamPool {
     adaptive: adaptive::Adaptive,
     /// When an exchange last finished, for the stall guard.
     progress: stall::Progress,
+    /// Prewarm dials under way (`min_idle`).
+    prewarming: prewarm::Prewarming,
     /// Told when a retired pool's last connection has closed.
     emptied: tokio::sync::Notify,
     /// Where the pool's tasks run (its connections, their closing, its timers): the upstream lane when floodgate
@@ -231,6 +234,7 @@ impl UpstreamPool {
             hold_us: AtomicU64::new(0),
             adaptive,
             progress: stall::Progress::new(),
+            prewarming: prewarm::Prewarming::new(0),
             emptied: tokio::sync::Notify::new(),
             spawner,
             closer,
@@ -250,6 +254,7 @@ impl UpstreamPool {
         pool.spawn(connection::close_connections(closings, stirred, Arc::downgrade(&pool)));
         pool.spawn(expire_idle(Arc::downgrade(&pool)));
         pool.spawn(stall::watch_stalls(Arc::downgrade(&pool)));
+        pool.prewarm();
         if pool.endpoints.len() > 1 {
             pool.spawn(health::run(Arc::downgrade(&pool)));
         }
