@@ -6,7 +6,7 @@ mod support;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, StatusCode};
+use http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use support::h2_scripted::H2Scripted;
 use support::h2_upstream::H2Upstream;
@@ -459,4 +459,42 @@ async fn an_http2_connection_is_retired_after_max_requests_per_connection_stream
     }
     assert_eq!(upstream.accepted(), 4, "a new connection every 5 requests");
     assert_eq!(upstream.peak_connections(), 1, "each one only once the last had closed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_with_a_body_meeting_a_going_away_connection_goes_whole_on_the_next_one() {
+    // The upstream says GOAWAY as its first stream arrives, and keeps the connection until that stream's answer
+    // (300 ms later). A POST sent once floodgate has read the GOAWAY cannot open a stream there: nothing of it was
+    // sent, and it goes, body and all, on the next connection, dialled once the first has closed (cap 1).
+    let upstream = H2Scripted::start(8, Duration::from_millis(300)).await;
+    upstream.goaway_after(1);
+    let proxy = Proxy::start(&[
+        "--upstream",
+        &upstream.url(),
+        "--max-connections",
+        "1",
+        "--upstream-protocol",
+        "http2",
+        "--max-streams-per-connection",
+        "8",
+    ])
+    .await;
+    let listen = proxy.listen;
+    let first = tokio::spawn(async move { get(listen, "/first").await });
+    wait_until_sync("the GOAWAY read", Duration::from_secs(5), || upstream.goaway_read()).await;
+    let mut client = H1Conn::connect(listen).await;
+    let posted = client
+        .try_request(Method::POST, "/posted", body_full("a body that must arrive once"))
+        .await
+        .expect("an answer");
+    assert_eq!(posted.status, StatusCode::OK, "{}", posted.text());
+    assert_eq!(first.await.unwrap().status, StatusCode::OK);
+    assert_eq!(upstream.accepted(), 2);
+    assert_eq!(upstream.peak_connections(), 1);
+    assert_eq!(
+        upstream.unprocessed(),
+        0,
+        "the POST never opened a stream on the going connection"
+    );
+    assert_eq!(upstream.answered(), 2);
 }

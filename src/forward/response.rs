@@ -246,7 +246,8 @@ pub(crate) async fn to_client(
         lease.forbid_reuse();
         return Err(ProxyError::UpstreamMalformed(malformed));
     }
-    if !keeps_alive(parts.version, &parts.headers) {
+    // An HTTP/2 answer never ends its connection; an HTTP/1 one may.
+    if parts.version != Version::HTTP_2 && !keeps_alive(parts.version, &parts.headers) {
         lease.forbid_reuse();
     }
     strip_hop_by_hop(&mut parts.headers);

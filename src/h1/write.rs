@@ -269,7 +269,7 @@ pub(crate) fn accepts_trailers(headers: &HeaderMap) -> bool {
 /// The last chunk with `trailers` in it. Fields that frame, route or describe the message (RFC 9110 §6.5.1) are
 /// left out: a recipient may not take them from a trailer.
 pub(crate) fn put_last_chunk_with(dst: &mut BytesMut, trailers: &HeaderMap) {
-    const NEVER: [&str; 9] = [
+    const NEVER: [&str; 13] = [
         "content-length",
         "transfer-encoding",
         "trailer",
@@ -279,6 +279,10 @@ pub(crate) fn put_last_chunk_with(dst: &mut BytesMut, trailers: &HeaderMap) {
         "upgrade",
         "te",
         "proxy-connection",
+        "content-type",
+        "content-encoding",
+        "content-range",
+        "authorization",
     ];
     dst.put_slice(b"0\r\n");
     for (name, value) in trailers {

@@ -20,7 +20,7 @@ use super::client::{client_body_error, Upload, UpstreamIncoming};
 use super::session::Session;
 use super::StreamLive;
 use crate::body::RequestBody;
-use crate::error::{ProxyError, UpstreamError};
+use crate::error::{ProxyError, Unsent, UpstreamError};
 
 /// Headers that mean something only on one HTTP/1 connection (RFC 9113 §8.2.2): an HTTP/2 request carrying one is
 /// malformed.
@@ -66,8 +66,18 @@ pub(crate) async fn send(
         parts.headers.insert(header::TE, HeaderValue::from_static("trailers"));
     }
     let ended = body.is_end_stream();
-    let sender = session.sender().ready().await.map_err(|err| failed(session, err))?;
-    let mut sender = sender;
+    let mut sender = match session.sender().ready().await {
+        Ok(sender) => sender,
+        // The session is going away (a GOAWAY read, a failure) and no stream opened: nothing was sent, and the
+        // request goes back whole, body and all, to be sent on another connection.
+        Err(err) => {
+            let refused = failed(session, err);
+            if matches!(refused, ProxyError::Upstream(UpstreamError::NotProcessed(_))) || session.is_gone() {
+                return Err(ProxyError::Unsent(Unsent(Box::new(Request::from_parts(parts, body)))));
+            }
+            return Err(refused);
+        }
+    };
     let (answer, stream) = sender
         .send_request(Request::from_parts(parts, ()), ended)
         .map_err(|err| failed(session, err))?;
@@ -174,7 +184,14 @@ async fn pump_all(
                     }
                 }
                 Err(frame) => {
-                    if let Ok(trailers) = frame.into_trailers() {
+                    if let Ok(mut trailers) = frame.into_trailers() {
+                        // A connection-specific field makes the message malformed (RFC 9113 §8.2.2), and an
+                        // upstream may take that as the whole connection's error.
+                        for name in CONNECTION_SPECIFIC {
+                            trailers.remove(name);
+                        }
+                        trailers.remove(header::TE);
+                        trailers.remove("proxy-connection");
                         stream.send_trailers(trailers).map_err(upstream)?;
                         return Ok(());
                     }

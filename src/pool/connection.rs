@@ -115,12 +115,18 @@ impl Conn {
 
     /// An HTTP/2 stream whose handles are not all gone yet: its permit is held until they are.
     pub(super) fn stream_still_live(&mut self) -> bool {
-        match &mut self.link {
-            Link::H2(StreamPermit { ended: Some(ended), .. }) => {
-                matches!(ended.try_recv(), Err(oneshot::error::TryRecvError::Empty))
-            }
-            _ => false,
+        let Link::H2(permit) = &mut self.link else {
+            return false;
+        };
+        let live = permit
+            .ended
+            .as_mut()
+            .is_some_and(|ended| matches!(ended.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
+        // Over: the receiver is done with (awaiting it again would panic).
+        if !live {
+            permit.ended = None;
         }
+        live
     }
 
     /// Waits until every handle on this permit's stream is gone.

@@ -119,10 +119,9 @@ impl UpstreamPool {
             return None;
         }
         let limits = self.limits();
-        let idle = state
-            .idle
-            .iter()
-            .rposition(|idle| idle.conn.endpoint == endpoint && idle.conn.is_usable(&limits));
+        let idle = state.idle.iter().rposition(|idle| {
+            idle.conn.endpoint == endpoint && idle.conn.is_usable(&limits) && !idle.conn.lacks_room(&limits)
+        });
         if let Some(idle) = idle.and_then(|at| state.idle.remove(at)) {
             if let Some(health) = state.endpoints.get_mut(endpoint) {
                 health.checking = true;

@@ -44,6 +44,17 @@ impl UpstreamPool {
                 // The connection's handle goes after the lock: its task closes it and gives its slot back.
                 drop(closing);
             }
+            // An unhealthy answer on a stream says nothing against its session, busy with other streams: the
+            // stream comes back once the upstream has read whatever ended it (a check cut short is reset).
+            Back::CheckFailed(conn) if conn.session().is_some() && !conn.is_closed() => {
+                let pool = self.clone();
+                self.spawn(async move {
+                    if let Some(session) = conn.session() {
+                        session.acknowledged().await;
+                    }
+                    pool.hand_on(Grant::Idle(conn), false);
+                });
+            }
             Back::CheckFailed(conn) => {
                 let mut state = self.lock();
                 state.start_closing(&conn);

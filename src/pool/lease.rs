@@ -149,9 +149,12 @@ impl Drop for Lease {
             // mid-way, once the upstream has read its reset: until then it counts among the streams at work.
             Held::Conn(mut conn) if conn.session().is_some() => {
                 conn.count_served();
-                if self.abandoned || conn.stream_still_live() {
+                // Given up, or failed (the stream may have been reset, by floodgate or the upstream): held until the
+                // upstream has read what ended it.
+                let unclean = self.abandoned || !self.reusable;
+                if unclean || conn.stream_still_live() {
                     let pool = self.pool.clone();
-                    let abandoned = self.abandoned;
+                    let abandoned = unclean;
                     self.pool.spawn(async move {
                         conn.stream_over().await;
                         if abandoned {

@@ -134,6 +134,12 @@ impl Session {
     }
 }
 
+/// Each stream's flow-control window.
+const STREAM_WINDOW: u32 = 256 * 1024;
+
+/// The largest window HTTP/2 allows (RFC 9113 §6.9.1).
+const MAX_WINDOW: u32 = (1 << 31) - 1;
+
 /// The upstream's settings a session starts with (a later change of the stream limit applies as it is read).
 pub(super) struct Terms {
     pub(super) max_streams: usize,
@@ -168,7 +174,13 @@ where
         ping_interval,
     } = terms;
     let mut builder = h2::client::Builder::new();
+    // Each stream's window is what one client that stops reading can leave floodgate holding; the connection's
+    // has room for every stream's, so one stalled stream never stops the others (the protocol's 64 KiB for the
+    // whole connection would).
+    let connection_window = STREAM_WINDOW.saturating_mul(u32::try_from(max_streams).unwrap_or(u32::MAX));
     builder
+        .initial_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(connection_window.min(MAX_WINDOW))
         .enable_push(false)
         // Until the upstream's SETTINGS say otherwise: the configured most (an upstream that names no limit
         // allows any number, RFC 9113 §6.5.2).

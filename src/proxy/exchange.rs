@@ -319,6 +319,14 @@ pub(super) async fn send(
                 }
                 return Ok((response, lease));
             }
+            Ok(Err(ProxyError::Unsent(unsent))) if attempts_left > 0 => {
+                // Nothing reached the upstream: the request goes again on another connection.
+                drop(lease);
+                pool.metrics.retried_unsent.inc();
+                outgoing = Outgoing::Request(*unsent.0);
+                lease = Box::pin(readmit(pool, false)).await?;
+                continue;
+            }
             Ok(Err(failed)) => {
                 lease.forbid_reuse();
                 drop(lease);
@@ -367,7 +375,9 @@ where
         if let Some(rest) = rest {
             pool.spawn(finish_upload(pool.clone(), rest));
         }
-        let reusable = forward::keeps_alive(response.version(), response.headers());
+        // An HTTP/2 stream read to its end leaves its connection as it was.
+        let reusable =
+            response.version() == http::Version::HTTP_2 || forward::keeps_alive(response.version(), response.headers());
         let mut body = response.into_body();
         let mut read: u64 = 0;
         while let Some(frame) = body.frame().await {

@@ -37,6 +37,8 @@ struct State {
     goaway_after: Option<usize>,
     /// Each connection answers this many PINGs, then no more (`None`: every one).
     pings_answered: Option<usize>,
+    /// A PING sent right after the GOAWAY came back: the client has read the GOAWAY.
+    goaway_read: bool,
 }
 
 pub struct H2Scripted {
@@ -98,6 +100,11 @@ impl H2Scripted {
         self.state.lock().unwrap().pings_answered = Some(n);
     }
 
+    /// Whether the client has read the GOAWAY (it answered a PING sent just after it).
+    pub fn goaway_read(&self) -> bool {
+        self.state.lock().unwrap().goaway_read
+    }
+
     pub fn connections(&self) -> usize {
         self.state.lock().unwrap().conns_now
     }
@@ -126,6 +133,9 @@ impl H2Scripted {
         self.state.lock().unwrap().unprocessed
     }
 }
+
+/// The payload of the PING that follows a GOAWAY.
+const GOAWAY_PING: [u8; 8] = *b"goaway!!";
 
 /// `:status: 200` as one HPACK byte (static table index 8).
 const STATUS_200: &[u8] = &[0x88];
@@ -179,6 +189,9 @@ async fn serve(stream: TcpStream, state: Arc<Mutex<State>>, max_streams: u32, de
                     limit_in_force = Some(limit);
                 }
             }
+            PING if flags & ACK != 0 && payload == GOAWAY_PING => {
+                state.lock().unwrap().goaway_read = true;
+            }
             PING if flags & ACK == 0 => {
                 pings += 1;
                 if state.lock().unwrap().pings_answered.is_none_or(|n| pings <= n) {
@@ -222,6 +235,7 @@ async fn serve(stream: TcpStream, state: Arc<Mutex<State>>, max_streams: u32, de
                     let mut payload = id.to_be_bytes().to_vec();
                     payload.extend(0u32.to_be_bytes());
                     let _ = out.send(frame(GOAWAY, 0, 0, &payload));
+                    let _ = out.send(frame(PING, 0, 0, &GOAWAY_PING));
                 }
                 // A request's body (if any) is not read: the answer goes once `delay` has passed.
                 let _ = flags & END_STREAM;
