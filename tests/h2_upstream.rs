@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
+use http_body::Frame;
 use http_body_util::BodyExt;
 use support::h2_scripted::H2Scripted;
 use support::h2_upstream::H2Upstream;
@@ -497,4 +498,56 @@ async fn a_request_with_a_body_meeting_a_going_away_connection_goes_whole_on_the
         "the POST never opened a stream on the going connection"
     );
     assert_eq!(upstream.answered(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_of_shed_grpc_calls_never_ends_their_clients_connection() {
+    // Each call's body ends in a DATA frame of its own, as tonic's and hyper's clients send it; the shed answer
+    // goes before that frame arrives. Thousands on one connection: floodgate's h2 server must not reset so many
+    // streams that it ends the connection (`too_many_internal_resets`).
+    let upstream = H2Upstream::start(100).await;
+    let proxy = proxy_for(&upstream, 1, 1, &["--max-queue", "0"]).await;
+    let client = H2Conn::connect(proxy.listen).await;
+    let holding = {
+        let mut client = client.clone();
+        let request = grpc_call(&proxy, "/hold", None);
+        tokio::spawn(async move { client.send(request).await })
+    };
+    wait_until_sync("the one stream at work", Duration::from_secs(5), || {
+        upstream.at_work() == 1
+    })
+    .await;
+    let callers: Vec<_> = (0..8)
+        .map(|_| {
+            let mut client = client.clone();
+            let uri = format!("http://{}/shed", proxy.listen);
+            tokio::spawn(async move {
+                let mut codes = Vec::new();
+                for _ in 0..300 {
+                    let message: Vec<Result<Frame<Bytes>, BoxError>> =
+                        vec![Ok(Frame::data(Bytes::from_static(b"\0\0\0\0\x05hello")))];
+                    let body = http_body_util::StreamBody::new(futures_util::stream::iter(message)).boxed();
+                    let request = Request::post(uri.as_str())
+                        .header("content-type", "application/grpc")
+                        .header("te", "trailers")
+                        .body(body)
+                        .unwrap();
+                    let answer = client.send(request).await.expect("an answer on the same connection");
+                    codes.push(answer.headers().get("grpc-status").cloned());
+                }
+                codes
+            })
+        })
+        .collect();
+    for caller in callers {
+        for code in caller.await.unwrap() {
+            assert_eq!(code.as_ref().map(|v| v.as_bytes()), Some(&b"14"[..]));
+        }
+    }
+    assert!(!client.has_ended(), "the client's connection is still up");
+    upstream.release();
+    assert_eq!(
+        holding.await.unwrap().expect("the held call answered").status(),
+        StatusCode::OK
+    );
 }

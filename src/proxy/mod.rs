@@ -344,7 +344,16 @@ impl Proxy {
             .map_err(|refused| match refused {
                 Refused::Shed(shed) => ProxyError::Shed(shed),
                 Refused::ClientGone => ProxyError::ClientGone,
-            })?;
+            });
+        let admitted = match admitted {
+            Ok(admitted) => admitted,
+            Err(refused) => {
+                if body_unread && !is_http1 {
+                    drain_refused(upstream_request.into_body());
+                }
+                return Err(refused);
+            }
+        };
         // A queued HTTP/2 upload's stream window may fill while it waits: floodgate holds those bytes, so they count.
         let window_held = match &admitted {
             Admitted::Queued(_) if body_unread && !is_http1 => {
@@ -492,6 +501,26 @@ impl Proxy {
             );
         }
     }
+}
+
+/// An HTTP/2 request refused at arrival whose body is still coming (a gRPC call's end is often a DATA frame of its
+/// own, just behind its head): read to its end, a little of it at most and for a moment, beside the answer. Dropped
+/// unread, its stream would be reset with the client's last frame still on the way, and h2 ends a connection that
+/// has reset past a bound of streams itself (`too_many_internal_resets`): a shed storm would cut every call on it.
+fn drain_refused(mut body: forward::RequestBody) {
+    tokio::spawn(async move {
+        let mut left: usize = 64 * 1024;
+        let drained = async {
+            while let Some(Ok(frame)) = http_body_util::BodyExt::frame(&mut body).await {
+                let read = frame.data_ref().map_or(0, |data| data.len());
+                match left.checked_sub(read) {
+                    Some(rest) => left = rest,
+                    None => return,
+                }
+            }
+        };
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), drained).await;
+    });
 }
 
 /// The route's own edits to the head (the names that alias `X-Forwarded-*` with `_` dropped first), and its
