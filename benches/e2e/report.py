@@ -375,8 +375,26 @@ def main():
     else:
         png = os.path.splitext(out)[0] + ".png"
         text = render(meta, runs, os.path.basename(png) if write_plot(meta, runs, png) else None)
+    # Sections measured by scripts of their own (benches/grpc.sh) are kept from the file being replaced.
+    text += kept_sections(out)
     with open(out, "w") as f:
         f.write(text)
+
+
+# The headings of sections no run of run.sh makes: written by hand from their own scripts, kept across reports.
+KEPT_HEADINGS = ("## gRPC upstream (HTTP/2 to the upstream)",)
+
+
+def kept_sections(path):
+    """The kept sections of the file at `path` (from the first kept heading on), or nothing."""
+    try:
+        with open(path) as f:
+            old = f.read()
+    except OSError:
+        return ""
+    starts = [old.find("\n" + heading + "\n") for heading in KEPT_HEADINGS]
+    starts = [at for at in starts if at >= 0]
+    return "\n" + old[min(starts) + 1:] if starts else ""
 
 
 if __name__ == "__main__":
