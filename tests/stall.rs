@@ -71,9 +71,9 @@ async fn a_stuck_upstream_is_refused_at_once_after_stall_timeout_and_served_agai
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_slow_but_moving_within_stall_timeout_never_trips_the_guard() {
     // One slot; each exchange takes 200 ms, so one finishes every 200 ms while four clients keep the slot busy and
-    // the queue standing: under the 300 ms guard, though not by much.
+    // the queue standing: under the 500 ms guard (the margin is for a loaded machine's scheduling, not the rule's).
     let upstream = Upstream::start().await;
-    let proxy = guarded(&upstream, 1, "300ms").await;
+    let proxy = guarded(&upstream, 1, "500ms").await;
     let listen = proxy.listen;
     let clients: Vec<_> = (0..4)
         .map(|client| {

@@ -73,8 +73,9 @@ impl H2Scripted {
                 }
                 let state = shared.clone();
                 tokio::spawn(async move {
-                    let _ = serve(stream, state.clone(), max_streams, delay).await;
-                    state.lock().unwrap().conns_now -= 1;
+                    let counted = Arc::new(AtomicBool::new(true));
+                    let _ = serve(stream, state.clone(), max_streams, delay, counted.clone()).await;
+                    count_closed(&state, &counted);
                 });
             }
         });
@@ -140,9 +141,24 @@ const GOAWAY_PING: [u8; 8] = *b"goaway!!";
 /// `:status: 200` as one HPACK byte (static table index 8).
 const STATUS_200: &[u8] = &[0x88];
 
-async fn serve(stream: TcpStream, state: Arc<Mutex<State>>, max_streams: u32, delay: Duration) -> std::io::Result<()> {
+/// The connection stops counting once (as the counting HTTP/1 upstream does, from our FIN on: all a proxy can see
+/// before it may dial a replacement).
+fn count_closed(state: &Mutex<State>, counted: &AtomicBool) {
+    if counted.swap(false, Ordering::SeqCst) {
+        state.lock().unwrap().conns_now -= 1;
+    }
+}
+
+async fn serve(
+    stream: TcpStream,
+    state: Arc<Mutex<State>>,
+    max_streams: u32,
+    delay: Duration,
+    counted: Arc<AtomicBool>,
+) -> std::io::Result<()> {
     let (mut read, mut write) = stream.into_split();
     let (out, mut outgoing) = mpsc::unbounded_channel::<Vec<u8>>();
+    let closing = (state.clone(), counted);
     let writer = tokio::spawn(async move {
         // An empty message closes our side: the goodbye after a GOAWAY.
         while let Some(bytes) = outgoing.recv().await {
@@ -150,6 +166,7 @@ async fn serve(stream: TcpStream, state: Arc<Mutex<State>>, max_streams: u32, de
                 break;
             }
         }
+        count_closed(&closing.0, &closing.1);
         let _ = write.shutdown().await;
     });
     let mut preface = [0u8; 24];

@@ -45,6 +45,38 @@ impl Drop for ConnCounted {
     }
 }
 
+/// The server's end of a connection: it stops counting as it sends its FIN (or is dropped), all a proxy can see
+/// before it may dial a replacement.
+struct CountedStream {
+    inner: TcpStream,
+    counted: Option<ConnCounted>,
+}
+
+impl tokio::io::AsyncRead for CountedStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for CountedStream {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, data)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.counted = None;
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 pub struct H2Upstream {
     addr: SocketAddr,
     counts: Arc<Counts>,
@@ -71,10 +103,12 @@ impl H2Upstream {
                 };
                 shared.accepted.fetch_add(1, Ordering::SeqCst);
                 up(&shared.conns_now, &shared.conns_peak);
-                let guard = ConnCounted(shared.clone());
+                let stream = CountedStream {
+                    inner: stream,
+                    counted: Some(ConnCounted(shared.clone())),
+                };
                 let counts = shared.clone();
                 tokio::spawn(async move {
-                    let _guard = guard;
                     let service = service_fn(move |request: Request<Incoming>| {
                         let counts = counts.clone();
                         async move { Ok::<_, Infallible>(answer(counts, request).await) }
