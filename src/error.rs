@@ -78,25 +78,12 @@ pub enum ProxyError {
     /// (101 without an upgrade).
     #[error("upstream response is malformed: {0}")]
     UpstreamMalformed(&'static str),
-    /// An HTTP/2 session was going away (its GOAWAY read, or it failed) before this request's stream could open:
-    /// nothing of it was sent, and it goes again, body and all, on another connection.
-    #[error("the upstream connection was going away before the request was sent")]
-    Unsent(Unsent),
     /// The upstream side stopped with the exchange on it: floodgate is exiting.
     #[error("the exchange was abandoned: floodgate is shutting down")]
     Abandoned,
     /// floodgate's own code panicked while handling the request.
     #[error("internal error")]
     Internal,
-}
-
-/// A request no byte of which reached the upstream, handed back whole to be sent again.
-pub struct Unsent(pub Box<http::Request<crate::body::RequestBody>>);
-
-impl std::fmt::Debug for Unsent {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Unsent({} {})", self.0.method(), self.0.uri())
-    }
 }
 
 /// What the metrics call an outcome; one per way a request can end.
@@ -257,7 +244,6 @@ impl ProxyError {
             ProxyError::Upstream(_)
             | ProxyError::UpstreamBodyTooLong
             | ProxyError::UpstreamMalformed(_)
-            | ProxyError::Unsent(_)
             | ProxyError::Abandoned => "upstream error\n",
             ProxyError::UpstreamTimeout(_) => "upstream timeout\n",
             ProxyError::Internal => "internal error\n",
@@ -293,7 +279,6 @@ impl ProxyError {
             | ProxyError::Upstream(_)
             | ProxyError::UpstreamBodyTooLong
             | ProxyError::UpstreamMalformed(_)
-            | ProxyError::Unsent(_)
             | ProxyError::Abandoned => Outcome::UpstreamError,
             ProxyError::UpstreamTimeout(_) => Outcome::UpstreamTimeout,
             ProxyError::Internal => Outcome::Internal,

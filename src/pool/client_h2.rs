@@ -20,7 +20,7 @@ use super::client::{client_body_error, Upload, UpstreamIncoming};
 use super::session::Session;
 use super::StreamLive;
 use crate::body::RequestBody;
-use crate::error::{ProxyError, Unsent, UpstreamError};
+use crate::error::{ProxyError, UpstreamError};
 
 /// Headers that mean something only on one HTTP/1 connection (RFC 9113 §8.2.2): an HTTP/2 request carrying one is
 /// malformed.
@@ -33,12 +33,14 @@ const CONNECTION_SPECIFIC: [header::HeaderName; 4] = [
 
 /// Sends `request` on a new stream of `session` (`scheme`: the upstream's, for the `:scheme` field) and waits for
 /// the answer's head while its body goes out; what is left of the body then goes on beside the answer (the
-/// returned [`Upload`]). `live` is held by every handle on the stream, so its permit knows when they are gone.
+/// returned [`Upload`]). `live` is held by every handle on the stream, so its permit knows when they are gone. A
+/// request that could not open its stream (the session going away) is put in `unsent`, whole, to be sent again.
 pub(crate) async fn send(
     session: &Arc<Session>,
     live: StreamLive,
     scheme: &'static str,
     request: Request<RequestBody>,
+    unsent: Option<&Unsent>,
 ) -> Result<(Response<UpstreamIncoming>, Option<Upload>), ProxyError> {
     let (mut parts, body) = request.into_parts();
     let authority = parts
@@ -72,8 +74,10 @@ pub(crate) async fn send(
         // request goes back whole, body and all, to be sent on another connection.
         Err(err) => {
             let refused = failed(session, err);
-            if matches!(refused, ProxyError::Upstream(UpstreamError::NotProcessed(_))) || session.is_gone() {
-                return Err(ProxyError::Unsent(Unsent(Box::new(Request::from_parts(parts, body)))));
+            let going = matches!(refused, ProxyError::Upstream(UpstreamError::NotProcessed(_))) || session.is_gone();
+            if let (true, Some(unsent)) = (going, unsent) {
+                *unsent.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
+                    Some(Request::from_parts(parts, body));
             }
             return Err(refused);
         }
@@ -117,6 +121,9 @@ pub(crate) async fn send(
     };
     Ok((Response::from_parts(parts, UpstreamIncoming::H2(body)), upload))
 }
+
+/// Where a request that opened no stream is handed back.
+pub(crate) type Unsent = std::sync::Mutex<Option<Request<RequestBody>>>;
 
 /// The error a failed stream is answered with; one that is the connection's leaves the session to no new stream.
 fn failed(session: &Session, err: h2::Error) -> ProxyError {

@@ -283,10 +283,13 @@ pub(super) async fn send(
             _ => None,
         };
         let scheme = pool.origin.scheme.as_str();
+        // A request that finds its HTTP/2 connection going away before its stream opens comes back here, whole.
+        let unsent: Option<Arc<forward::Unsent>> = stream.as_ref().map(|_| Arc::default());
+        let handed_back = unsent.clone();
         let mut responded = boxed!(async move {
             match (outgoing, stream, on) {
                 (Outgoing::Request(request), Some((session, live)), _) => {
-                    forward::send_h2(&session, live, scheme, request).await
+                    forward::send_h2(&session, live, scheme, request, handed_back.as_deref()).await
                 }
                 (Outgoing::Request(request), None, Some(on)) => forward::send(&on, request).await,
                 (Outgoing::Replay(head), None, Some(on)) => forward::resend(&on, head).await,
@@ -319,19 +322,16 @@ pub(super) async fn send(
                 }
                 return Ok((response, lease));
             }
-            Ok(Err(ProxyError::Unsent(unsent))) if attempts_left > 0 => {
-                // Nothing reached the upstream: the request goes again on another connection.
-                drop(lease);
-                pool.metrics.retried_unsent.inc();
-                outgoing = Outgoing::Request(*unsent.0);
-                lease = Box::pin(readmit(pool, false)).await?;
-                continue;
-            }
             Ok(Err(failed)) => {
                 lease.forbid_reuse();
                 drop(lease);
                 if let (ProxyError::Upstream(UpstreamError::NotProcessed(_)), true) = (&failed, attempts_left > 0) {
-                    if let Some(request) = again.take() {
+                    // Nothing of it reached the upstream: the request itself if it never opened a stream, else
+                    // a bodiless one's copy.
+                    let whole = unsent
+                        .as_deref()
+                        .and_then(|unsent| unsent.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take());
+                    if let Some(request) = whole.or_else(|| again.take()) {
                         pool.metrics.retried_unsent.inc();
                         outgoing = Outgoing::Request(request);
                         lease = Box::pin(readmit(pool, false)).await?;
