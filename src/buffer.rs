@@ -125,6 +125,16 @@ pub struct Buffered {
 }
 
 impl Buffered {
+    /// A whole body already in memory, `data` then `trailers`, its bytes counted by `reservation`.
+    pub fn whole(data: Bytes, trailers: Option<HeaderMap>, reservation: Reservation) -> Buffered {
+        Buffered {
+            data,
+            trailers: trailers.map(Box::new),
+            complete: true,
+            _reservation: reservation,
+        }
+    }
+
     pub fn is_complete(&self) -> bool {
         self.complete
     }

@@ -551,3 +551,47 @@ async fn a_storm_of_shed_grpc_calls_never_ends_their_clients_connection() {
         StatusCode::OK
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posts_above_a_goaways_last_id_go_again_with_their_bodies_on_the_next_connection() {
+    // Three POSTs at once on one connection; once the upstream has all three it says GOAWAY naming the first. The
+    // other two were not processed: each goes again, its body as it first went out, on the next connection.
+    let upstream = H2Scripted::start(8, Duration::from_millis(100)).await;
+    upstream.goaway_naming_the_first_after(3);
+    let proxy = Proxy::start(&[
+        "--upstream",
+        &upstream.url(),
+        "--max-connections",
+        "1",
+        "--upstream-protocol",
+        "http2",
+        "--max-streams-per-connection",
+        "8",
+    ])
+    .await;
+    let posts: Vec<_> = (0..3)
+        .map(|_| {
+            let listen = proxy.listen;
+            tokio::spawn(async move {
+                let mut client = H1Conn::connect(listen).await;
+                client
+                    .try_request(Method::POST, "/posted", body_full("ten bytes!"))
+                    .await
+                    .expect("an answer")
+                    .status
+            })
+        })
+        .collect();
+    for post in posts {
+        assert_eq!(post.await.unwrap(), StatusCode::OK);
+    }
+    assert_eq!(upstream.unprocessed(), 2, "two were sent above the GOAWAY's last id");
+    assert_eq!(upstream.answered(), 3, "each processed once");
+    assert_eq!(
+        upstream.body_bytes(),
+        30,
+        "every body arrived whole where it was processed"
+    );
+    assert_eq!(upstream.accepted(), 2);
+    assert_eq!(upstream.peak_connections(), 1);
+}

@@ -10,6 +10,7 @@ use super::{BodyStalled, BoxError, ClientBody, IdleTimer, UploadProgress};
 use crate::buffer::{self, BufferBudget, Buffered, ReadError};
 use crate::error::ProxyError;
 use bytes::Bytes;
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 
 /// The client's request body on its way upstream; fails if the client stops sending for too long.
@@ -68,6 +69,18 @@ impl RequestBody {
         let Some(data) = frame.data_ref() else { return };
         for counter in [&self.counted, &self.counted_for_log].into_iter().flatten() {
             counter.inc_by(data.len() as u64);
+        }
+    }
+
+    /// A body sent again as it first went out (an HTTP/2 stream the upstream did not process): `data` and
+    /// `trailers`, held in `budget`, framed as one of unknown length.
+    pub fn resent(data: Bytes, trailers: Option<HeaderMap>, budget: &Arc<BufferBudget>) -> Self {
+        let reservation = budget.hold(data.len() as u64);
+        RequestBody {
+            buffered: Some(Buffered::whole(data, trailers, reservation)),
+            chunked: true,
+            upload: Some(UploadProgress::default()),
+            ..RequestBody::empty()
         }
     }
 

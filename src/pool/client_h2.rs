@@ -41,6 +41,7 @@ pub(crate) async fn send(
     scheme: &'static str,
     request: Request<RequestBody>,
     unsent: Option<&Unsent>,
+    kept: Option<Arc<Kept>>,
 ) -> Result<(Response<UpstreamIncoming>, Option<Upload>), ProxyError> {
     let (mut parts, body) = request.into_parts();
     let authority = parts
@@ -86,7 +87,7 @@ pub(crate) async fn send(
         .send_request(Request::from_parts(parts, ()), ended)
         .map_err(|err| failed(session, err))?;
     drop(sender);
-    let mut upload: Option<Upload> = (!ended).then(|| -> Upload { Box::pin(pump(body, stream, live.clone())) });
+    let mut upload: Option<Upload> = (!ended).then(|| -> Upload { Box::pin(pump(body, stream, live.clone(), kept)) });
     let mut answer = std::pin::pin!(answer);
     let head = loop {
         let Some(going) = upload.as_mut() else {
@@ -125,6 +126,39 @@ pub(crate) async fn send(
 /// Where a request that opened no stream is handed back.
 pub(crate) type Unsent = std::sync::Mutex<Option<Request<RequestBody>>>;
 
+/// A copy of a request body as it went out, while it stays small: to send again on another connection if the
+/// upstream says it did not process the stream (above its GOAWAY's last id, `REFUSED_STREAM`).
+#[derive(Default)]
+pub(crate) struct SentBody {
+    data: bytes::BytesMut,
+    trailers: Option<HeaderMap>,
+    ended: bool,
+    /// Past [`KEPT_BODY`]: no copy is kept, and the request cannot go again.
+    too_large: bool,
+}
+
+/// The most of a request body copied in case its stream must go again.
+const KEPT_BODY: usize = 64 * 1024;
+
+impl SentBody {
+    fn keep(&mut self, data: &Bytes) {
+        if self.too_large || self.data.len() + data.len() > KEPT_BODY {
+            self.too_large = true;
+            self.data = bytes::BytesMut::new();
+        } else {
+            self.data.extend_from_slice(data);
+        }
+    }
+
+    /// The whole body as it went out, if it ended and was kept.
+    pub(crate) fn whole(&mut self) -> Option<(Bytes, Option<HeaderMap>)> {
+        (self.ended && !self.too_large).then(|| (std::mem::take(&mut self.data).freeze(), self.trailers.take()))
+    }
+}
+
+/// Where [`SentBody`] is kept, shared by the upload and the exchange.
+pub(crate) type Kept = std::sync::Mutex<SentBody>;
+
 /// The error a failed stream is answered with; one that is the connection's leaves the session to no new stream.
 fn failed(session: &Session, err: h2::Error) -> ProxyError {
     if err.is_go_away() || err.is_io() {
@@ -139,8 +173,13 @@ fn failed(session: &Session, err: h2::Error) -> ProxyError {
 }
 
 /// Streams the request body out as the upstream's window allows, its trailers last.
-async fn pump(body: RequestBody, stream: h2::SendStream<Bytes>, live: StreamLive) -> Result<(), ProxyError> {
-    match pump_all(body, stream, live).await {
+async fn pump(
+    body: RequestBody,
+    stream: h2::SendStream<Bytes>,
+    live: StreamLive,
+    kept: Option<Arc<Kept>>,
+) -> Result<(), ProxyError> {
+    match pump_all(body, stream, live, kept).await {
         // The upstream ended the stream with its answer and told us to stop sending (RFC 9113 §8.1): the call is
         // over, not cut short.
         Err(ProxyError::Upstream(UpstreamError::H2(err))) if err.reason() == Some(h2::Reason::NO_ERROR) => Ok(()),
@@ -152,11 +191,18 @@ async fn pump_all(
     mut body: RequestBody,
     mut stream: h2::SendStream<Bytes>,
     _live: StreamLive,
+    kept: Option<Arc<Kept>>,
 ) -> Result<(), ProxyError> {
     let upstream = |err: h2::Error| ProxyError::Upstream(UpstreamError::H2(err));
+    let keep = |change: &dyn Fn(&mut SentBody)| {
+        if let Some(kept) = &kept {
+            change(&mut kept.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
+        }
+    };
     loop {
         match body.frame().await {
             None => {
+                keep(&|sent| sent.ended = true);
                 stream.send_data(Bytes::new(), true).map_err(upstream)?;
                 return Ok(());
             }
@@ -167,6 +213,10 @@ async fn pump_all(
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(mut data) => {
                     let last = body.is_end_stream();
+                    keep(&|sent| {
+                        sent.keep(&data);
+                        sent.ended = last;
+                    });
                     // A body's end may come as an empty frame of its own (hyper's and tonic's clients end a
                     // stream so): the end goes on, or the upstream waits for it forever.
                     if data.is_empty() && last {
@@ -199,6 +249,10 @@ async fn pump_all(
                         }
                         trailers.remove(header::TE);
                         trailers.remove("proxy-connection");
+                        keep(&|sent| {
+                            sent.trailers = Some(trailers.clone());
+                            sent.ended = true;
+                        });
                         stream.send_trailers(trailers).map_err(upstream)?;
                         return Ok(());
                     }

@@ -155,7 +155,7 @@ impl Rest {
         // The request sent and the response head turned into the client's, in this future itself: a future of its
         // own would be moved, kilobytes of it, into this one's state.
         let pool = lease.pool().clone();
-        let answered = match send(&pool, lease, request, route.request_timeout).await {
+        let answered = match send(&pool, lease, request, route.request_timeout, &buffers).await {
             Ok((response, lease)) => {
                 let edits = forward::RouteEdits {
                     edit_response: &|headers| route.edit_response(headers),
@@ -223,6 +223,7 @@ pub(super) async fn send(
     mut lease: Lease,
     request: Request<RequestBody>,
     request_timeout: Option<std::time::Duration>,
+    buffers: &Arc<BufferBudget>,
 ) -> Result<(Response<UpstreamIncoming>, Lease), ProxyError> {
     let mut outgoing = Outgoing::Request(request);
     // One replay at most: of a GET or HEAD, once, on a fresh connection.
@@ -274,14 +275,19 @@ pub(super) async fn send(
         let wire = conn.wire().cloned();
         let on = wire.clone();
         let stream = conn.open_stream();
-        // An HTTP/2 stream the upstream may refuse unprocessed (REFUSED_STREAM, a GOAWAY): a request without a body
-        // is kept to be sent again then, whatever its method.
-        let mut again = match (&stream, &outgoing) {
-            (Some(_), Outgoing::Request(request)) if http_body::Body::is_end_stream(request.body()) => {
-                Some(copy_head(request))
+        // An HTTP/2 stream the upstream may refuse unprocessed (REFUSED_STREAM, a GOAWAY): its head is kept to be
+        // sent again then, whatever its method, with its body as it went out while that stays small.
+        let (mut again, kept) = match (&stream, &outgoing) {
+            (Some(_), Outgoing::Request(request)) => {
+                let bodiless = http_body::Body::is_end_stream(request.body());
+                (
+                    Some(copy_head(request)),
+                    (!bodiless).then(|| Arc::new(forward::Kept::default())),
+                )
             }
-            _ => None,
+            _ => (None, None),
         };
+        let copied = kept.clone();
         let scheme = pool.origin.scheme.as_str();
         // A request that finds its HTTP/2 connection going away before its stream opens comes back here, whole.
         let unsent: Option<Arc<forward::Unsent>> = stream.as_ref().map(|_| Arc::default());
@@ -289,7 +295,7 @@ pub(super) async fn send(
         let mut responded = boxed!(async move {
             match (outgoing, stream, on) {
                 (Outgoing::Request(request), Some((session, live)), _) => {
-                    forward::send_h2(&session, live, scheme, request, handed_back.as_deref()).await
+                    forward::send_h2(&session, live, scheme, request, handed_back.as_deref(), copied).await
                 }
                 (Outgoing::Request(request), None, Some(on)) => forward::send(&on, request).await,
                 (Outgoing::Replay(head), None, Some(on)) => forward::resend(&on, head).await,
@@ -331,7 +337,18 @@ pub(super) async fn send(
                     let whole = unsent
                         .as_deref()
                         .and_then(|unsent| unsent.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take());
-                    if let Some(request) = whole.or_else(|| again.take()) {
+                    // A body sent whole and kept goes again as it went; one that was not kept cannot.
+                    let resent = match (&kept, again.take()) {
+                        (None, head) => head,
+                        (Some(kept), head) => {
+                            let body = kept.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).whole();
+                            head.zip(body).map(|(mut head, (data, trailers))| {
+                                *head.body_mut() = RequestBody::resent(data, trailers, buffers);
+                                head
+                            })
+                        }
+                    };
+                    if let Some(request) = whole.or(resent) {
                         pool.metrics.retried_unsent.inc();
                         outgoing = Outgoing::Request(request);
                         lease = Box::pin(readmit(pool, false)).await?;

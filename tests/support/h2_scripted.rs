@@ -8,6 +8,7 @@ use super::*;
 use tokio::io::AsyncWriteExt as _;
 use tokio::sync::mpsc;
 
+const DATA: u8 = 0x0;
 const HEADERS: u8 = 0x1;
 const RST_STREAM: u8 = 0x3;
 const SETTINGS: u8 = 0x4;
@@ -35,10 +36,15 @@ struct State {
     /// What the test asked for next: on the next connection's next stream past `after` streams.
     lower_after: Option<(usize, u32)>,
     goaway_after: Option<usize>,
+    /// The GOAWAY names the connection's first stream, not the one that set it off: those between were received
+    /// and are left unprocessed.
+    goaway_names_first: bool,
     /// Each connection answers this many PINGs, then no more (`None`: every one).
     pings_answered: Option<usize>,
     /// A PING sent right after the GOAWAY came back: the client has read the GOAWAY.
     goaway_read: bool,
+    /// Request body bytes received on the streams answered.
+    body_bytes: usize,
 }
 
 pub struct H2Scripted {
@@ -96,9 +102,22 @@ impl H2Scripted {
         self.state.lock().unwrap().goaway_after = Some(after);
     }
 
+    /// Once a connection has had `after` streams, it sends GOAWAY naming its first: the others it received are
+    /// left unprocessed, never answered (one connection only).
+    pub fn goaway_naming_the_first_after(&self, after: usize) {
+        let mut state = self.state.lock().unwrap();
+        state.goaway_after = Some(after);
+        state.goaway_names_first = true;
+    }
+
     /// Each connection answers `n` PINGs, and falls silent to the rest, as a peer whose host has gone would.
     pub fn answer_pings_up_to(&self, n: usize) {
         self.state.lock().unwrap().pings_answered = Some(n);
+    }
+
+    /// Request body bytes received on the streams it answered (none above a GOAWAY's last id).
+    pub fn body_bytes(&self) -> usize {
+        self.state.lock().unwrap().body_bytes
     }
 
     /// Whether the client has read the GOAWAY (it answered a PING sent just after it).
@@ -182,6 +201,9 @@ async fn serve(
     // frames sent and not yet acknowledged (the first is the preface's).
     let open_here = Arc::new(Mutex::new(std::collections::HashSet::<u32>::new()));
     let mut seen = 0usize;
+    let mut first_id: Option<u32> = None;
+    // Each stream's request body bytes, counted as the stream's own once it is answered.
+    let received = Arc::new(Mutex::new(std::collections::HashMap::<u32, usize>::new()));
     let mut sent_settings: std::collections::VecDeque<Option<u32>> = [Some(max_streams)].into();
     let mut limit_in_force: Option<u32> = None;
     let mut last_processed: Option<u32> = None;
@@ -222,6 +244,7 @@ async fn serve(
                     continue;
                 }
                 seen += 1;
+                let first = *first_id.get_or_insert(id);
                 let open_now = {
                     let mut here = open_here.lock().unwrap();
                     here.insert(id);
@@ -236,7 +259,13 @@ async fn serve(
                     state.open_peak = state.open_peak.max(state.open);
                     let lower = state.lower_after.filter(|(after, _)| seen == *after);
                     // Once, on the first connection to reach it.
-                    let goaway = state.goaway_after.filter(|after| seen == *after);
+                    let goaway = state.goaway_after.filter(|after| seen == *after).map(|_| {
+                        if state.goaway_names_first {
+                            first
+                        } else {
+                            id
+                        }
+                    });
                     if goaway.is_some() {
                         state.goaway_after = None;
                     }
@@ -246,10 +275,24 @@ async fn serve(
                     sent_settings.push_back(Some(to));
                     let _ = out.send(settings(to));
                 }
-                if goaway.is_some() {
-                    last_processed = Some(id);
+                if let Some(last) = goaway {
+                    last_processed = Some(last);
                     going_away.store(true, Ordering::SeqCst);
-                    let mut payload = id.to_be_bytes().to_vec();
+                    // The streams above the last one named were received, and are dropped unprocessed.
+                    let dropped: Vec<u32> = open_here
+                        .lock()
+                        .unwrap()
+                        .iter()
+                        .copied()
+                        .filter(|s| *s > last)
+                        .collect();
+                    for stream in dropped {
+                        open_here.lock().unwrap().remove(&stream);
+                        let mut state = state.lock().unwrap();
+                        state.open -= 1;
+                        state.unprocessed += 1;
+                    }
+                    let mut payload = last.to_be_bytes().to_vec();
                     payload.extend(0u32.to_be_bytes());
                     let _ = out.send(frame(GOAWAY, 0, 0, &payload));
                     let _ = out.send(frame(PING, 0, 0, &GOAWAY_PING));
@@ -257,7 +300,7 @@ async fn serve(
                 // A request's body (if any) is not read: the answer goes once `delay` has passed.
                 let _ = flags & END_STREAM;
                 let (out, state, open_here) = (out.clone(), state.clone(), open_here.clone());
-                let going_away = going_away.clone();
+                let (going_away, received) = (going_away.clone(), received.clone());
                 tokio::spawn(async move {
                     tokio::time::sleep(delay).await;
                     let mut here = open_here.lock().unwrap();
@@ -265,6 +308,7 @@ async fn serve(
                         let mut state = state.lock().unwrap();
                         state.open -= 1;
                         state.answered += 1;
+                        state.body_bytes += received.lock().unwrap().get(&id).copied().unwrap_or(0);
                         let _ = out.send(frame(HEADERS, END_STREAM | END_HEADERS, id, STATUS_200));
                     }
                     // After a GOAWAY, the connection closes once the streams it processed are answered.
@@ -272,6 +316,9 @@ async fn serve(
                         let _ = out.send(Vec::new());
                     }
                 });
+            }
+            DATA => {
+                *received.lock().unwrap().entry(id).or_default() += payload.len();
             }
             RST_STREAM if open_here.lock().unwrap().remove(&id) => {
                 state.lock().unwrap().open -= 1;
