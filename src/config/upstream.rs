@@ -135,6 +135,10 @@ pub struct UpstreamConfig {
     /// 0 means unlimited.
     #[serde(deserialize_with = "integer::deserialize")]
     pub max_requests_per_connection: u64,
+    /// An exchange holding its slot longer than this logs one warning with its request ID and is counted
+    /// (HikariCP's `leakDetectionThreshold`); zero: off.
+    #[serde(with = "humantime_serde")]
+    pub hold_warn_after: Duration,
     /// Idle connections kept ready (dialled at start, after a reload and after idle ones close), within the cap;
     /// `idle_timeout` closes none below it. 0: none.
     #[serde(deserialize_with = "integer::deserialize")]
@@ -284,6 +288,7 @@ impl Default for UpstreamConfig {
             body_idle_timeout: Duration::from_secs(30),
             max_requests_per_connection: 0,
             min_idle: 0,
+            hold_warn_after: Duration::ZERO,
             max_connection_lifetime: Duration::ZERO,
             abort_drain_bytes: 1024 * 1024,
             abort_drain_timeout: Duration::from_secs(5),
@@ -382,7 +387,7 @@ impl UpstreamConfig {
 
     /// Every duration key with its value and whether 0 is allowed (it means "none" there); validation and the
     /// config fuzz target both walk this one list.
-    pub fn durations(&self) -> [(&'static str, Duration, bool); 18] {
+    pub fn durations(&self) -> [(&'static str, Duration, bool); 19] {
         [
             ("health_check_interval", self.health_check_interval, false),
             ("eject_backoff", self.eject_backoff, false),
@@ -398,6 +403,7 @@ impl UpstreamConfig {
             ("max_connection_lifetime", self.max_connection_lifetime, true),
             ("ping_interval", self.ping_interval, true),
             ("stall_timeout", self.stall_timeout, true),
+            ("hold_warn_after", self.hold_warn_after, true),
             ("abort_drain_timeout", self.abort_drain_timeout, false),
             ("adaptive_window", self.adaptive_window, false),
             ("adaptive_probe_interval", self.adaptive_probe_interval, false),

@@ -60,6 +60,7 @@ pub struct Metrics {
     bodies_cut: Family<Labels, Counter>,
     stalls: Family<Labels, Counter>,
     prewarmed: Family<Labels, Counter>,
+    long_holds: Family<Labels, Counter>,
     max_connections: Family<Labels, Gauge>,
     limit: Family<Labels, Gauge>,
     adaptive_rtt: Family<Labels, FloatGauge>,
@@ -122,6 +123,7 @@ impl Metrics {
         let bodies_cut = Family::<Labels, Counter>::default();
         let stalls = Family::<Labels, Counter>::default();
         let prewarmed = Family::<Labels, Counter>::default();
+        let long_holds = Family::<Labels, Counter>::default();
         let max_connections = Family::<Labels, Gauge>::default();
         let limit = Family::<Labels, Gauge>::default();
         let adaptive_rtt = Family::<Labels, FloatGauge>::default();
@@ -215,6 +217,12 @@ impl Metrics {
             "floodgate_upstream_prewarmed_connections",
             "Upstream connections dialled ahead of need to keep min_idle idle ones ready",
             prewarmed.clone(),
+        );
+        registry.register(
+            "floodgate_upstream_long_holds",
+            "Exchanges that held their upstream slot longer than hold_warn_after (each also logged once, with its \
+             request ID)",
+            long_holds.clone(),
         );
         registry.register(
             "floodgate_upstream_max_connections",
@@ -376,6 +384,7 @@ impl Metrics {
             bodies_cut,
             stalls,
             prewarmed,
+            long_holds,
             max_connections,
             limit,
             adaptive_rtt,
@@ -448,6 +457,7 @@ impl Metrics {
             request_body_cut: self.bodies_cut.get_or_create_owned(&labels()),
             stalls: self.stalls.get_or_create_owned(&labels()),
             prewarmed: self.prewarmed.get_or_create_owned(&labels()),
+            long_holds: self.long_holds.get_or_create_owned(&labels()),
             tunnels: self.tunnels.get_or_create_owned(&labels()),
             max_tunnels: self.max_tunnels.get_or_create_owned(&labels()),
             tunnels_opened: self.tunnels_opened.get_or_create_owned(&labels()),

@@ -162,6 +162,8 @@ pub struct UpstreamMetrics {
     pub stalls: Counter,
     /// Connections dialled ahead of need (`min_idle`).
     pub prewarmed: Counter,
+    /// Exchanges that held their slot past `hold_warn_after`.
+    pub long_holds: Counter,
     pub(super) tunnels: Gauge,
     pub(super) max_tunnels: Gauge,
     /// Counted when the upstream switches.

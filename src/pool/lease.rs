@@ -29,6 +29,8 @@ pub struct Lease {
     abandoned: bool,
     /// The request body, if it had one: the connection is reusable only once it is all sent.
     upload: Option<UploadProgress>,
+    /// With `hold_warn_after`: dropped with the lease, which tells its alarm the hold is over.
+    alarm: Option<tokio::sync::oneshot::Sender<()>>,
     pool: Arc<UpstreamPool>,
 }
 
@@ -44,6 +46,7 @@ impl Lease {
             reusable: true,
             abandoned: false,
             upload: None,
+            alarm: None,
             pool,
         }
     }
@@ -115,6 +118,34 @@ impl Lease {
     pub fn abandon(&mut self) {
         self.reusable = false;
         self.abandoned = true;
+    }
+
+    /// With `hold_warn_after` set: once this lease has held its slot that long, one warning names `request_id` and
+    /// the hold is counted. Nothing runs without it.
+    pub fn warn_if_held_past(&mut self, request_id: Option<&http::HeaderValue>) {
+        let limit = self.pool.limits().hold_warn_after;
+        if limit.is_zero() {
+            return;
+        }
+        let (over, held) = tokio::sync::oneshot::channel::<()>();
+        self.alarm = Some(over);
+        let pool = self.pool.clone();
+        let id = request_id.and_then(|id| id.to_str().ok()).unwrap_or("-").to_owned();
+        self.pool.spawn(async move {
+            let mut held = held;
+            tokio::select! {
+                _ = &mut held => {}
+                () = tokio::time::sleep(limit) => {
+                    pool.metrics.long_holds.inc();
+                    tracing::warn!(
+                        upstream = %pool.name,
+                        request_id = %id,
+                        hold_warn_after = ?limit,
+                        "an exchange has held its upstream slot longer than hold_warn_after"
+                    );
+                }
+            }
+        });
     }
 
     /// Reuse the connection only if this request body has been sent in full by the time the lease ends.

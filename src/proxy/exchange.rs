@@ -155,6 +155,8 @@ impl Rest {
         // The request sent and the response head turned into the client's, in this future itself: a future of its
         // own would be moved, kilobytes of it, into this one's state.
         let pool = lease.pool().clone();
+        let mut lease = lease;
+        lease.warn_if_held_past(request.headers().get(crate::access::X_REQUEST_ID));
         let answered = match send(&pool, lease, request, route.request_timeout, &buffers).await {
             Ok((response, lease)) => {
                 let edits = forward::RouteEdits {
