@@ -595,3 +595,36 @@ async fn posts_above_a_goaways_last_id_go_again_with_their_bodies_on_the_next_co
     assert_eq!(upstream.accepted(), 2);
     assert_eq!(upstream.peak_connections(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_the_upstream_stops_taking_after_it_answered_is_cut_at_the_bodys_idle_bound() {
+    // The upstream answers at once and never gives window back: the rest of a 200 KB body cannot go. The stream
+    // is cut after body_idle_timeout (its place held until the upstream has read the reset), and the one stream
+    // there is serves the next request, instead of being held for good.
+    let upstream = H2Scripted::start(8, Duration::from_millis(1)).await;
+    let proxy = Proxy::start(&[
+        "--upstream",
+        &upstream.url(),
+        "--max-connections",
+        "1",
+        "--upstream-protocol",
+        "http2",
+        "--max-streams-per-connection",
+        "1",
+        "--body-idle-timeout",
+        "300ms",
+        "--queue-timeout",
+        "5s",
+    ])
+    .await;
+    let mut client = H1Conn::connect(proxy.listen).await;
+    let posted = client
+        .try_request(Method::POST, "/upload", body_pattern(200 * KIB))
+        .await
+        .expect("an answer");
+    assert_eq!(posted.status, StatusCode::OK);
+    let next = get(proxy.listen, "/next").await;
+    assert_eq!(next.status, StatusCode::OK, "{}", next.text());
+    assert_eq!(upstream.answered(), 2);
+    assert_eq!(upstream.peak_open(), 1, "never two streams at work");
+}

@@ -49,6 +49,11 @@ impl RequestBody {
         }
     }
 
+    /// How long the body may make no progress (`body_idle_timeout`): the upstream not taking it counts too.
+    pub fn idle_timeout(&self) -> Duration {
+        self.timer.timeout
+    }
+
     /// A route's own `body_idle_timeout`, instead of its upstream's.
     pub fn set_idle_timeout(&mut self, timeout: Duration) {
         self.timer = IdleTimer::new(timeout);

@@ -57,6 +57,9 @@ pub enum UpstreamError {
     BodyCutShort,
     #[error("invalid chunked answer body: {0}")]
     Chunked(&'static str),
+    /// An HTTP/2 upstream took none of a request body for its idle bound (no window given back).
+    #[error("the upstream took none of the request body for {0:?}")]
+    BodyStalled(std::time::Duration),
     /// An HTTP/2 stream or session failed (a reset, a protocol error, the connection lost).
     #[error("HTTP/2: {0}")]
     H2(h2::Error),

@@ -225,12 +225,17 @@ async fn pump_all(
                     }
                     while !data.is_empty() {
                         stream.reserve_capacity(data.len());
-                        let room = std::future::poll_fn(|cx| stream.poll_capacity(cx)).await;
-                        let room = match room {
-                            Some(Ok(room)) => room,
-                            Some(Err(err)) => return Err(upstream(err)),
-                            None => {
-                                return Err(ProxyError::Upstream(UpstreamError::BodyCutShort));
+                        // An upstream that gives no window back for the body's idle bound stalls it as a client
+                        // that sends nothing would: the stream is reset, and its place held until that is read.
+                        let idle = body.idle_timeout();
+                        let waited = tokio::time::timeout(idle, std::future::poll_fn(|cx| stream.poll_capacity(cx)));
+                        let room = match waited.await {
+                            Ok(Some(Ok(room))) => room,
+                            Ok(Some(Err(err))) => return Err(upstream(err)),
+                            Ok(None) => return Err(ProxyError::Upstream(UpstreamError::BodyCutShort)),
+                            Err(_) => {
+                                stream.send_reset(h2::Reason::CANCEL);
+                                return Err(ProxyError::Upstream(UpstreamError::BodyStalled(idle)));
                             }
                         };
                         let piece = data.split_to(room.min(data.len()));

@@ -182,13 +182,14 @@ impl Drop for Lease {
                 conn.count_served();
                 // Given up, or failed (the stream may have been reset, by floodgate or the upstream): held until the
                 // upstream has read what ended it.
+                // A request body that did not go out whole ended its stream with a reset too.
                 let unclean = self.abandoned || !self.reusable;
                 if unclean || conn.stream_still_live() {
                     let pool = self.pool.clone();
-                    let abandoned = unclean;
+                    let upload = self.upload.take();
                     self.pool.spawn(async move {
                         conn.stream_over().await;
-                        if abandoned {
+                        if unclean || upload.as_ref().is_some_and(|upload| !upload.is_sent()) {
                             if let Some(session) = conn.session() {
                                 session.acknowledged().await;
                             }
