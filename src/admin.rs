@@ -1,5 +1,6 @@
 //! The admin listener: the stats page at `/`, `/metrics`, `/status`, `/healthz`, `/readyz`, the configuration in
-//! force at `/config`, and two write endpoints, `POST /reload` and `PUT /upstreams/{name}/max_connections`.
+//! force at `/config`, and the write endpoints, `POST /reload`, `PUT /upstreams/{name}/max_connections` and
+//! `PUT /upstreams/{name}/endpoints/{host:port}/state`.
 //!
 //! Owns the views of the proxy's state and who may see or change what: `/config` and the write endpoints answer
 //! only when the admin listener is on a loopback address or the request carries the configured bearer token, since
@@ -185,12 +186,13 @@ async fn answer(state: &State, request: Request<Incoming>) -> Response<Full<Byte
         return match write {
             Write::Reload => reload(state).await,
             Write::MaxConnections(name) => set_max_connections(state, name, request).await,
+            Write::EndpointState(name, address) => set_endpoint_state(state, name, address, request).await,
         };
     }
     if is_write_path(path) {
         return text(
             StatusCode::METHOD_NOT_ALLOWED,
-            "POST /reload; PUT /upstreams/NAME/max_connections\n",
+            "POST /reload; PUT /upstreams/NAME/max_connections; PUT /upstreams/NAME/endpoints/HOST:PORT/state\n",
         );
     }
     if request.method() != Method::GET && request.method() != Method::HEAD {
@@ -329,13 +331,17 @@ fn redact_credentials(table: &mut toml::Table) {
 enum Write<'a> {
     Reload,
     MaxConnections(&'a str),
+    /// An upstream's name and one of its endpoints' address.
+    EndpointState(&'a str, &'a str),
 }
 
 impl<'a> Write<'a> {
     fn of(method: &Method, path: &'a str) -> Option<Write<'a>> {
         match (method, path) {
             (&Method::POST, "/reload") => Some(Write::Reload),
-            (&Method::PUT, path) => upstream_of(path).map(Write::MaxConnections),
+            (&Method::PUT, path) => upstream_of(path)
+                .map(Write::MaxConnections)
+                .or_else(|| endpoint_of(path).map(|(name, address)| Write::EndpointState(name, address))),
             _ => None,
         }
     }
@@ -347,8 +353,16 @@ fn upstream_of(path: &str) -> Option<&str> {
         .filter(|name| !name.is_empty() && !name.contains('/'))
 }
 
+/// `/upstreams/NAME/endpoints/HOST:PORT/state`: the upstream's name and the endpoint's address.
+fn endpoint_of(path: &str) -> Option<(&str, &str)> {
+    let rest = path.strip_prefix("/upstreams/")?.strip_suffix("/state")?;
+    let (name, address) = rest.split_once("/endpoints/")?;
+    (!name.is_empty() && !name.contains('/') && !address.is_empty() && !address.contains('/'))
+        .then_some((name, address))
+}
+
 fn is_write_path(path: &str) -> bool {
-    path == "/reload" || upstream_of(path).is_some()
+    path == "/reload" || upstream_of(path).is_some() || endpoint_of(path).is_some()
 }
 
 /// Loopback listeners are trusted; elsewhere only `Authorization: Bearer <admin_token>` is. `what` names what is
@@ -438,6 +452,43 @@ async fn set_max_connections(state: &State, name: &str, request: Request<Incomin
         StatusCode::OK,
         format!("upstreams.{name}.max_connections: {was} -> {cap} (until the next reload)\n"),
     )
+}
+
+/// HAProxy's `set server state`: `drain`, `maint` or `ready` for one endpoint, until a reload that replaces the
+/// pool (one that keeps the endpoint list keeps it).
+async fn set_endpoint_state(
+    state: &State,
+    name: &str,
+    address: &str,
+    request: Request<Incoming>,
+) -> Response<Full<Bytes>> {
+    let Some(pool) = state.proxy.router().pools().get(name).cloned() else {
+        return owned_text(StatusCode::NOT_FOUND, format!("no upstream named `{name}`\n"));
+    };
+    let body = match Limited::new(request.into_body(), MAX_WRITE_BODY).collect().await {
+        Ok(body) => body.to_bytes(),
+        Err(_) => return text(StatusCode::BAD_REQUEST, "the body must be ready, drain or maint\n"),
+    };
+    let Some(wanted) = std::str::from_utf8(&body)
+        .ok()
+        .and_then(crate::pool::EndpointAdmin::parse)
+    else {
+        return text(StatusCode::BAD_REQUEST, "the body must be ready, drain or maint\n");
+    };
+    match pool.set_endpoint_state(address, wanted) {
+        Some(was) => owned_text(
+            StatusCode::OK,
+            format!(
+                "upstreams.{name} endpoint {address}: {} -> {}\n",
+                was.as_str(),
+                wanted.as_str()
+            ),
+        ),
+        None => owned_text(
+            StatusCode::NOT_FOUND,
+            format!("upstream `{name}` has no endpoint `{address}` (host:port, as in /status)\n"),
+        ),
+    }
 }
 
 fn stats_page() -> Response<Full<Bytes>> {

@@ -12,6 +12,8 @@ pub struct EndpointSnapshot {
     pub in_flight: usize,
     pub ejected: bool,
     pub failed_dials: u32,
+    /// `ready`, `drain` or `maint`, as the admin API set it.
+    pub state: &'static str,
 }
 
 /// A snapshot for `/status` and the gauges.

@@ -346,3 +346,73 @@ async fn with_every_endpoint_refusing_a_request_gets_502_after_trying_them_and_a
     b.restart().await;
     assert_eq!(get(proxy.listen, "/x").await.status, StatusCode::OK);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_endpoint_finishes_its_exchanges_takes_no_new_one_and_closes_its_connections_until_ready() {
+    let a = Upstream::start().await;
+    let b = Upstream::start().await;
+    let endpoints = [(a.url(), 2), (b.url(), 2)];
+    let file = TempConfig::new(&config(&endpoints, 4, ""));
+    let proxy = Proxy::start(&["--config", &file.path_str()]).await;
+    // Both endpoints have served, and hold idle connections.
+    let warm: Vec<_> = (0..4)
+        .map(|_| {
+            let listen = proxy.listen;
+            tokio::spawn(async move { get(listen, "/delay/50").await.status })
+        })
+        .collect();
+    for client in warm {
+        assert_eq!(client.await.unwrap(), StatusCode::OK);
+    }
+    assert!(
+        a.requests() >= 1 && b.requests() >= 1,
+        "a {} b {}",
+        a.requests(),
+        b.requests()
+    );
+    // b drains while one of its exchanges is at work: that one finishes.
+    let b_address = b.url().trim_start_matches("http://").to_owned();
+    let listen = proxy.listen;
+    let slow: Vec<_> = (0..4)
+        .map(|_| tokio::spawn(async move { get(listen, "/delay/300").await.status }))
+        .collect();
+    wait_until_sync("b at work", WAIT, || b.inflight() >= 1).await;
+    let path = format!("/upstreams/a/endpoints/{b_address}/state");
+    let drained = proxy.admin_request(http::Method::PUT, &path, "drain", None).await;
+    assert_eq!(drained.status, StatusCode::OK, "{}", drained.text());
+    assert!(drained.text().contains("ready -> drain"), "{}", drained.text());
+    for client in slow {
+        assert_eq!(client.await.unwrap(), StatusCode::OK, "exchanges at work finish");
+    }
+    wait_until_sync("b's connections closed", WAIT, || b.connections() == 0).await;
+    let served_by_b = b.requests();
+    for _ in 0..10 {
+        assert_eq!(get(proxy.listen, "/after").await.status, StatusCode::OK);
+    }
+    assert_eq!(b.requests(), served_by_b, "nothing new reached the drained endpoint");
+    let status = proxy.upstream_status("a").await;
+    assert_eq!(endpoint_status(&status, 1)["state"], "drain", "{status}");
+    // Unknown endpoints and states are refused, naming what is wrong.
+    let unknown = proxy
+        .admin_request(
+            http::Method::PUT,
+            "/upstreams/a/endpoints/127.0.0.1:1/state",
+            "drain",
+            None,
+        )
+        .await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+    let bad = proxy.admin_request(http::Method::PUT, &path, "sleep", None).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    // Ready again: b takes its share once more.
+    let ready = proxy.admin_request(http::Method::PUT, &path, "ready", None).await;
+    assert_eq!(ready.status, StatusCode::OK, "{}", ready.text());
+    let load: Vec<_> = (0..4)
+        .map(|_| tokio::spawn(async move { get(listen, "/delay/50").await.status }))
+        .collect();
+    for client in load {
+        assert_eq!(client.await.unwrap(), StatusCode::OK);
+    }
+    assert!(b.requests() > served_by_b, "b serves again");
+    assert!(a.peak_connections() <= 2 && b.peak_connections() <= 2);
+}

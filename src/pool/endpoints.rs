@@ -20,6 +20,73 @@ pub(super) struct EndpointState {
     pub(super) generation: u64,
     /// A health check of it is under way.
     pub(super) checking: bool,
+    /// What the admin API set: ready, draining or in maintenance.
+    pub(super) admin: EndpointAdmin,
+}
+
+/// An endpoint's state as the admin API sets it (HAProxy's `set server state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EndpointAdmin {
+    /// In service.
+    #[default]
+    Ready,
+    /// No new exchange; the ones it has finish, and its connections close as they come back. Health checks go on.
+    Drain,
+    /// As `Drain`, and no health check either.
+    Maint,
+}
+
+impl EndpointAdmin {
+    pub fn parse(text: &str) -> Option<EndpointAdmin> {
+        match text.trim() {
+            "ready" => Some(EndpointAdmin::Ready),
+            "drain" => Some(EndpointAdmin::Drain),
+            "maint" => Some(EndpointAdmin::Maint),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndpointAdmin::Ready => "ready",
+            EndpointAdmin::Drain => "drain",
+            EndpointAdmin::Maint => "maint",
+        }
+    }
+}
+
+impl UpstreamPool {
+    /// Puts the endpoint at `address` (`host:port`) in `admin`; its state before, or `None` for no such endpoint.
+    /// Draining (or maintenance) takes it out of the cap in force and closes its idle connections now; the
+    /// exchanges on it finish, and their connections close as they come back. Ready puts it back.
+    pub fn set_endpoint_state(self: &Arc<Self>, address: &str, admin: EndpointAdmin) -> Option<EndpointAdmin> {
+        let at = self
+            .endpoints
+            .iter()
+            .position(|(origin, _)| origin.authority() == address)?;
+        let mut state = self.lock();
+        let health = state.endpoints.get_mut(at)?;
+        let was = health.admin;
+        health.admin = admin;
+        let raised = state.slots.set_drained(at, admin != EndpointAdmin::Ready);
+        let mut closed = Vec::new();
+        if admin != EndpointAdmin::Ready {
+            for idle in std::mem::take(&mut state.idle) {
+                if idle.conn.endpoint == at {
+                    state.start_closing(&idle.conn);
+                    closed.push(idle);
+                } else {
+                    state.idle.push_back(idle);
+                }
+            }
+        }
+        self.apply_cap(state, raised);
+        // Dropped outside the lock: each connection's task closes it and frees its slot.
+        drop(closed);
+        tracing::info!(upstream = %self.name, endpoint = %address, from = was.as_str(), to = admin.as_str(),
+            "endpoint state changed through the admin API");
+        Some(was)
+    }
 }
 
 impl UpstreamPool {
@@ -114,7 +181,10 @@ impl UpstreamPool {
     /// and counted at the endpoint like a dial's). `None`: the check is skipped this round.
     pub(super) fn check_grant(self: &Arc<Self>, endpoint: usize) -> Option<Grant> {
         let mut state = self.lock();
-        let checking = state.endpoints.get(endpoint).is_none_or(|health| health.checking);
+        let checking = state
+            .endpoints
+            .get(endpoint)
+            .is_none_or(|health| health.checking || health.admin == EndpointAdmin::Maint);
         if state.retired || !state.queue.is_empty() || checking {
             return None;
         }

@@ -122,7 +122,12 @@ impl UpstreamPool {
                 let mut state = self.lock();
                 let over_cap = match &grant {
                     // An HTTP/2 stream is not handed on while its session has more at work than it now allows.
-                    Grant::Idle(conn) => state.slots.live_over_cap() || conn.over_stream_limit(&limits),
+                    // Nor a connection to a drained endpoint: it closes as it comes back.
+                    Grant::Idle(conn) => {
+                        state.slots.live_over_cap()
+                            || conn.over_stream_limit(&limits)
+                            || state.slots.is_drained(conn.endpoint)
+                    }
                     // The slot's connection is gone: handing it on would make one more.
                     Grant::Dial(_) => state.slots.over_cap(),
                 };
@@ -236,7 +241,7 @@ impl PoolState {
     /// pool); what is handed back is to be dropped after the lock, which closes it or gives its slot back.
     pub(super) fn keep(&mut self, grant: Grant) -> Option<Grant> {
         match grant {
-            Grant::Idle(conn) if self.retired || self.slots.live_over_cap() => {
+            Grant::Idle(conn) if self.retired || self.slots.live_over_cap() || self.slots.is_drained(conn.endpoint) => {
                 self.start_closing(&conn);
                 Some(Grant::Idle(conn))
             }

@@ -43,6 +43,7 @@ pub use crate::status::{AdaptiveSnapshot, EndpointSnapshot, PoolSnapshot};
 pub use admit::{Admitted, LeaseTaker, Queued};
 pub use connection::Conn;
 pub(crate) use connection::StreamLive;
+pub use endpoints::EndpointAdmin;
 pub use lease::Lease;
 pub use slot::Slot;
 

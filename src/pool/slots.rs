@@ -40,6 +40,9 @@ struct EndpointSlots {
     /// Connections to it, from the moment a slot chose it to dial until the slot is taken back.
     open: usize,
     ejected: bool,
+    /// Set to drain or to maintenance through the admin API: it takes no new connection, and its cap is not the
+    /// upstream's to use, whatever the others' health.
+    drained: bool,
 }
 
 /// Proof that [`Slots::issue`] counted one more slot; a [`super::Slot`] is made only from one, or it goes back
@@ -89,6 +92,7 @@ impl Slots {
                 cap: *cap,
                 open: 0,
                 ejected: false,
+                drained: false,
             })
             .collect();
         let mut slots = Slots {
@@ -183,7 +187,9 @@ impl Slots {
     /// Whether `endpoint` has room under its own cap for one more connection, over the lineage too.
     pub(super) fn endpoint_has_room(&self, endpoint: usize) -> bool {
         self.endpoints.get(endpoint).is_some_and(|endpoint| {
-            endpoint.open < endpoint.cap && self.lineage.address_has_room(&endpoint.address, endpoint.cap)
+            !endpoint.drained
+                && endpoint.open < endpoint.cap
+                && self.lineage.address_has_room(&endpoint.address, endpoint.cap)
         })
     }
 
@@ -246,6 +252,18 @@ impl Slots {
         self.recompute()
     }
 
+    /// Marks `endpoint` drained (no new connection) or back in service; whether the cap in force rose.
+    pub(super) fn set_drained(&mut self, endpoint: usize, drained: bool) -> bool {
+        if let Some(at) = self.endpoints.get_mut(endpoint) {
+            at.drained = drained;
+        }
+        self.recompute()
+    }
+
+    pub(super) fn is_drained(&self, endpoint: usize) -> bool {
+        self.endpoints.get(endpoint).is_some_and(|at| at.drained)
+    }
+
     pub(super) fn is_ejected(&self, endpoint: usize) -> bool {
         self.endpoints.get(endpoint).is_some_and(|at| at.ejected)
     }
@@ -272,7 +290,7 @@ impl Slots {
         let room = |ejected_too: bool| {
             self.endpoints
                 .iter()
-                .filter(|at| ejected_too || !at.ejected)
+                .filter(|at| !at.drained && (ejected_too || !at.ejected))
                 .fold(0usize, |sum, at| sum.saturating_add(at.cap))
         };
         let healthy = room(false);

@@ -31,6 +31,7 @@ impl UpstreamPool {
                         in_flight,
                         ejected: state.slots.is_ejected(at),
                         failed_dials: health.failures,
+                        state: health.admin.as_str(),
                     },
                 )
                 .collect();
