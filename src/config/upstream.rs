@@ -97,6 +97,9 @@ pub struct UpstreamConfig {
     pub deadline_header: Option<http::HeaderName>,
     /// Whether gRPC's `grpc-timeout` header (`250m`, `2S`…) is read as a deadline too.
     pub grpc_timeout: bool,
+    /// When no endpoint can be dialled (refused, failed, timed out), requests wait for one to answer again, within
+    /// their queue_timeout and deadline, instead of a 502: nothing of them was sent.
+    pub hold_while_down: bool,
     /// Every slot busy and no exchange finished for this long: the upstream is taken for stalled, new requests
     /// are shed at once (`upstream_stalled`) and the queue with them, until an exchange finishes. Zero: off.
     #[serde(with = "humantime_serde")]
@@ -275,6 +278,7 @@ impl Default for UpstreamConfig {
             deadline_header: Some(http::HeaderName::from_static("x-request-timeout")),
             grpc_timeout: true,
             stall_timeout: Duration::ZERO,
+            hold_while_down: false,
             shed_status: 503,
             fair_key: None,
             fair_weights: BTreeMap::new(),

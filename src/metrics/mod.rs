@@ -61,6 +61,7 @@ pub struct Metrics {
     stalls: Family<Labels, Counter>,
     prewarmed: Family<Labels, Counter>,
     long_holds: Family<Labels, Counter>,
+    held_while_down: Family<Labels, Counter>,
     max_connections: Family<Labels, Gauge>,
     limit: Family<Labels, Gauge>,
     adaptive_rtt: Family<Labels, FloatGauge>,
@@ -124,6 +125,7 @@ impl Metrics {
         let stalls = Family::<Labels, Counter>::default();
         let prewarmed = Family::<Labels, Counter>::default();
         let long_holds = Family::<Labels, Counter>::default();
+        let held_while_down = Family::<Labels, Counter>::default();
         let max_connections = Family::<Labels, Gauge>::default();
         let limit = Family::<Labels, Gauge>::default();
         let adaptive_rtt = Family::<Labels, FloatGauge>::default();
@@ -223,6 +225,11 @@ impl Metrics {
             "Exchanges that held their upstream slot longer than hold_warn_after (each also logged once, with its \
              request ID)",
             long_holds.clone(),
+        );
+        registry.register(
+            "floodgate_upstream_held_while_down",
+            "Requests held while no endpoint of their upstream could be dialled (hold_while_down), each counted once",
+            held_while_down.clone(),
         );
         registry.register(
             "floodgate_upstream_max_connections",
@@ -385,6 +392,7 @@ impl Metrics {
             stalls,
             prewarmed,
             long_holds,
+            held_while_down,
             max_connections,
             limit,
             adaptive_rtt,
@@ -458,6 +466,7 @@ impl Metrics {
             stalls: self.stalls.get_or_create_owned(&labels()),
             prewarmed: self.prewarmed.get_or_create_owned(&labels()),
             long_holds: self.long_holds.get_or_create_owned(&labels()),
+            held_while_down: self.held_while_down.get_or_create_owned(&labels()),
             tunnels: self.tunnels.get_or_create_owned(&labels()),
             max_tunnels: self.max_tunnels.get_or_create_owned(&labels()),
             tunnels_opened: self.tunnels_opened.get_or_create_owned(&labels()),

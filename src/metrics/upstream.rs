@@ -164,6 +164,8 @@ pub struct UpstreamMetrics {
     pub prewarmed: Counter,
     /// Exchanges that held their slot past `hold_warn_after`.
     pub long_holds: Counter,
+    /// Requests held while no endpoint could be dialled (`hold_while_down`).
+    pub held_while_down: Counter,
     pub(super) tunnels: Gauge,
     pub(super) max_tunnels: Gauge,
     /// Counted when the upstream switches.

@@ -72,6 +72,9 @@ fn give(to: oneshot::Sender<Exchanged>, answer: Option<Answer>, admitted: Option
 /// What an admitted request needs once it holds a lease: run where the lease was granted.
 pub(super) struct Rest {
     pub(super) arrived: tokio::time::Instant,
+    /// The most a request may be held while its upstream is down (`hold_while_down`): its queue's patience, and
+    /// never past its client's own deadline.
+    pub(super) hold_until: tokio::time::Instant,
     pub(super) class: u8,
     /// A queued HTTP/1 client's socket, looked at once more when the request's turn comes.
     pub(super) recheck_client: Option<Arc<tokio::net::TcpStream>>,
@@ -127,6 +130,7 @@ impl Rest {
     async fn run(self, lease: Lease) {
         let Rest {
             arrived,
+            hold_until,
             class,
             recheck_client,
             window_held,
@@ -157,7 +161,7 @@ impl Rest {
         let pool = lease.pool().clone();
         let mut lease = lease;
         lease.warn_if_held_past(request.headers().get(crate::access::X_REQUEST_ID));
-        let answered = match send(&pool, lease, request, route.request_timeout, &buffers).await {
+        let answered = match send(&pool, lease, request, route.request_timeout, &buffers, hold_until).await {
             Ok((response, lease)) => {
                 let edits = forward::RouteEdits {
                     edit_response: &|headers| route.edit_response(headers),
@@ -226,6 +230,7 @@ pub(super) async fn send(
     request: Request<RequestBody>,
     request_timeout: Option<std::time::Duration>,
     buffers: &Arc<BufferBudget>,
+    hold_until: tokio::time::Instant,
 ) -> Result<(Response<UpstreamIncoming>, Lease), ProxyError> {
     let mut outgoing = Outgoing::Request(request);
     // One replay at most: of a GET or HEAD, once, on a fresh connection.
@@ -238,6 +243,8 @@ pub(super) async fn send(
         (limits.max_connections, limits.eject_after, timeout)
     };
     let mut attempts_left = max_connections.saturating_add(2);
+    // Pauses taken while no endpoint answered (`hold_while_down`).
+    let mut held: u32 = 0;
     // A failed dial is retried only with other endpoints to go to, and a dead endpoint is chosen at most until
     // `eject_after` failures eject it: so many retries reach a live endpoint if there is one.
     let mut dial_retries = match pool.endpoints().len() {
@@ -264,6 +271,22 @@ pub(super) async fn send(
                     pool.metrics.retried_unsent.inc();
                     lease = Box::pin(readmit(pool, false)).await?;
                     continue;
+                }
+                // `hold_while_down`: no endpoint answers (a restart); nothing was sent, so the request waits, its
+                // slot given back, and dials again, until its own patience runs out.
+                let down = matches!(err, ProxyError::Connect(_) | ProxyError::ConnectTimeout(_));
+                if !reused && down && pool.limits().hold_while_down {
+                    held = held.saturating_add(1);
+                    let pause =
+                        std::time::Duration::from_millis(50u64 << held.min(5)).min(std::time::Duration::from_secs(1));
+                    if tokio::time::Instant::now() + pause < hold_until {
+                        if held == 1 {
+                            pool.metrics.held_while_down.inc();
+                        }
+                        tokio::time::sleep(pause).await;
+                        lease = Box::pin(readmit(pool, false)).await?;
+                        continue;
+                    }
                 }
                 return Err(err);
             }

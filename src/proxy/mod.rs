@@ -374,6 +374,7 @@ impl Proxy {
             watched_socket: client.http1_stream.clone().filter(|_| queued && body_unread),
             rest: Rest {
                 arrived,
+                hold_until: patience.gives_up().0,
                 class: bounds.place.class,
                 // Looked at once more when a queued request's turn comes; one granted at once has just been read.
                 recheck_client: client.http1_stream.clone().filter(|_| queued),
