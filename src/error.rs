@@ -97,6 +97,7 @@ pub enum Outcome {
     ShedQuota,
     ShedTunnelLimit,
     ShedStalled,
+    ShedRetryBudget,
     UpstreamError,
     UpstreamTimeout,
     ClientAbort,
@@ -109,7 +110,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 17] = [
+    pub const ALL: [Outcome; 18] = [
         Outcome::Ok,
         Outcome::ShedQueueFull,
         Outcome::ShedQueueTimeout,
@@ -118,6 +119,7 @@ impl Outcome {
         Outcome::ShedQuota,
         Outcome::ShedTunnelLimit,
         Outcome::ShedStalled,
+        Outcome::ShedRetryBudget,
         Outcome::UpstreamError,
         Outcome::UpstreamTimeout,
         Outcome::ClientAbort,
@@ -162,7 +164,8 @@ impl Outcome {
             | Outcome::ShedQueueTimeout
             | Outcome::ShedOverload
             | Outcome::ShedTunnelLimit
-            | Outcome::ShedStalled => StatusCode::SERVICE_UNAVAILABLE,
+            | Outcome::ShedStalled
+            | Outcome::ShedRetryBudget => StatusCode::SERVICE_UNAVAILABLE,
             Outcome::NoRoute => StatusCode::NOT_FOUND,
             Outcome::NotImplemented => StatusCode::NOT_IMPLEMENTED,
             // A client that left reads nothing; a status is still needed for the log line.
@@ -185,6 +188,7 @@ impl Outcome {
             Outcome::ShedQuota => "shed_quota",
             Outcome::ShedTunnelLimit => "shed_tunnel_limit",
             Outcome::ShedStalled => "shed_upstream_stalled",
+            Outcome::ShedRetryBudget => "shed_retry_budget",
             Outcome::UpstreamError => "upstream_error",
             Outcome::UpstreamTimeout => "upstream_timeout",
             Outcome::ClientAbort => "client_abort",
@@ -222,6 +226,7 @@ impl ProxyError {
             ProxyError::Shed(Shed::Deadline) => "request deadline passed before it could start\n",
             ProxyError::Shed(Shed::Quota) => "too many requests from this client waiting\n",
             ProxyError::Shed(Shed::Stalled) => "upstream stalled: no exchange finished within stall_timeout\n",
+            ProxyError::Shed(Shed::RetryBudget) => "retries over their budget\n",
             ProxyError::NoRoute => "no route\n",
             ProxyError::ConnectRefused => "CONNECT (forward-proxy tunnelling) is not supported\n",
             ProxyError::TunnelsOff => "tunnels (WebSocket, Upgrade) are off for this upstream: max_tunnels = 0\n",
@@ -258,6 +263,7 @@ impl ProxyError {
             ProxyError::Shed(Shed::Deadline) => Outcome::ShedDeadline,
             ProxyError::Shed(Shed::Quota) => Outcome::ShedQuota,
             ProxyError::Shed(Shed::Stalled) => Outcome::ShedStalled,
+            ProxyError::Shed(Shed::RetryBudget) => Outcome::ShedRetryBudget,
             ProxyError::NoRoute => Outcome::NoRoute,
             ProxyError::ConnectRefused | ProxyError::TunnelsOff => Outcome::NotImplemented,
             ProxyError::TunnelLimit => Outcome::ShedTunnelLimit,

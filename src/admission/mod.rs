@@ -44,6 +44,9 @@ pub enum Shed {
     /// capacity.
     #[error("client quota")]
     Quota,
+    /// `retry_budget`: a client's retry beyond what first attempts have earned.
+    #[error("retry budget")]
+    RetryBudget,
     /// `stall_timeout`: every slot busy and no exchange finished for that long; the upstream is taken for stuck.
     #[error("upstream stalled")]
     Stalled,
@@ -59,6 +62,7 @@ impl Shed {
             Shed::Deadline => "deadline",
             Shed::Quota => "quota",
             Shed::Stalled => "upstream_stalled",
+            Shed::RetryBudget => "retry_budget",
         }
     }
 }

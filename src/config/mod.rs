@@ -34,7 +34,7 @@ pub use log_level::log_filter;
 pub use overrides::{GlobalOverrides, Overrides, UpstreamOverrides};
 pub use secret::{Secret, REDACTED};
 pub use upstream::{
-    AdaptiveLimit, Discipline, EndpointConfig, FairKey, Origin, ReplicaSource, Scheme, UpstreamConfig,
+    AdaptiveLimit, Discipline, EndpointConfig, FairKey, Origin, ReplicaSource, RetryBudget, Scheme, UpstreamConfig,
     UpstreamProtocol, MAX_PRIORITY,
 };
 use validate::hides;

@@ -200,10 +200,47 @@ pub struct UpstreamConfig {
     /// A tunnel with no byte either way for this long is closed.
     #[serde(with = "humantime_serde")]
     pub tunnel_idle_timeout: Duration,
+    /// A bound on the clients' own retries (see [`RetryBudget`]); unset: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_budget: Option<RetryBudget>,
     /// Declares `max_connections` (and `max_tunnels`) as the upstream's total across floodgate's replicas, each
     /// taking its share from a live count of them (see [`ReplicaSource`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub replicas: Option<ReplicaSource>,
+}
+
+/// Clients' own retries (a request carrying one of `headers`) admitted only while their budget allows: each first
+/// attempt earns `ratio` of a retry, and `min_per_second` more come each second (a bucket that holds ten seconds'
+/// worth); a retry beyond it is shed at once (`retry_budget`), before it can join the queue.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryBudget {
+    /// Each first attempt earns this many retries (0.2: one retry per five requests).
+    #[serde(default = "RetryBudget::default_ratio")]
+    pub ratio: f64,
+    /// Retries allowed each second whatever the first attempts (so a quiet upstream's few retries pass).
+    #[serde(
+        default = "RetryBudget::default_min_per_second",
+        deserialize_with = "integer::deserialize"
+    )]
+    pub min_per_second: u32,
+    /// Request headers that mark a request as a retry when present (lower case).
+    #[serde(default = "RetryBudget::default_headers")]
+    pub headers: Vec<String>,
+}
+
+impl RetryBudget {
+    fn default_ratio() -> f64 {
+        0.2
+    }
+
+    fn default_min_per_second() -> u32 {
+        10
+    }
+
+    fn default_headers() -> Vec<String> {
+        vec!["grpc-previous-rpc-attempts".into(), "x-retry-attempt".into()]
+    }
 }
 
 /// Where a replica counts floodgate's replicas: the addresses a DNS name resolves to (a headless Service of
@@ -305,6 +342,7 @@ impl Default for UpstreamConfig {
             max_tunnels: 0,
             tunnel_idle_timeout: Duration::from_secs(300),
             replicas: None,
+            retry_budget: None,
             tls_ca: None,
             tls_client_cert: None,
             tls_client_key: None,

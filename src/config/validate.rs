@@ -161,6 +161,25 @@ impl Config {
                 u128::from(upstream.buffer_response_bytes),
                 true,
             );
+            if let Some(budget) = &upstream.retry_budget {
+                if !budget.ratio.is_finite() || !(0.0..=100.0).contains(&budget.ratio) {
+                    problems.push(key("retry_budget.ratio"), "must be a number from 0 to 100");
+                }
+                if budget.headers.is_empty() {
+                    problems.push(key("retry_budget.headers"), "must name at least one header");
+                }
+                for name in &budget.headers {
+                    if http::HeaderName::from_bytes(name.as_bytes())
+                        .map(|parsed| parsed.as_str() != name)
+                        .unwrap_or(true)
+                    {
+                        problems.push(
+                            key("retry_budget.headers"),
+                            format!("`{name}` is not a header name in lower case"),
+                        );
+                    }
+                }
+            }
             if let Some(replicas) = &upstream.replicas {
                 match (&replicas.dns, &replicas.file) {
                     (Some(_), None) | (None, Some(_)) => {}

@@ -62,6 +62,7 @@ pub struct Metrics {
     prewarmed: Family<Labels, Counter>,
     long_holds: Family<Labels, Counter>,
     held_while_down: Family<Labels, Counter>,
+    retries_over_budget: Family<Labels, Counter>,
     max_connections: Family<Labels, Gauge>,
     limit: Family<Labels, Gauge>,
     adaptive_rtt: Family<Labels, FloatGauge>,
@@ -126,6 +127,7 @@ impl Metrics {
         let prewarmed = Family::<Labels, Counter>::default();
         let long_holds = Family::<Labels, Counter>::default();
         let held_while_down = Family::<Labels, Counter>::default();
+        let retries_over_budget = Family::<Labels, Counter>::default();
         let max_connections = Family::<Labels, Gauge>::default();
         let limit = Family::<Labels, Gauge>::default();
         let adaptive_rtt = Family::<Labels, FloatGauge>::default();
@@ -230,6 +232,12 @@ impl Metrics {
             "floodgate_upstream_held_while_down",
             "Requests held while no endpoint of their upstream could be dialled (hold_while_down), each counted once",
             held_while_down.clone(),
+        );
+        registry.register(
+            "floodgate_upstream_retries_over_budget",
+            "Clients' retries (a request with one of retry_budget's headers) shed because first attempts had not earned \
+             them",
+            retries_over_budget.clone(),
         );
         registry.register(
             "floodgate_upstream_max_connections",
@@ -393,6 +401,7 @@ impl Metrics {
             prewarmed,
             long_holds,
             held_while_down,
+            retries_over_budget,
             max_connections,
             limit,
             adaptive_rtt,
@@ -467,6 +476,7 @@ impl Metrics {
             prewarmed: self.prewarmed.get_or_create_owned(&labels()),
             long_holds: self.long_holds.get_or_create_owned(&labels()),
             held_while_down: self.held_while_down.get_or_create_owned(&labels()),
+            retries_over_budget: self.retries_over_budget.get_or_create_owned(&labels()),
             tunnels: self.tunnels.get_or_create_owned(&labels()),
             max_tunnels: self.max_tunnels.get_or_create_owned(&labels()),
             tunnels_opened: self.tunnels_opened.get_or_create_owned(&labels()),

@@ -166,6 +166,8 @@ pub struct UpstreamMetrics {
     pub long_holds: Counter,
     /// Requests held while no endpoint could be dialled (`hold_while_down`).
     pub held_while_down: Counter,
+    /// Clients' retries shed over their budget (`retry_budget`).
+    pub retries_over_budget: Counter,
     pub(super) tunnels: Gauge,
     pub(super) max_tunnels: Gauge,
     /// Counted when the upstream switches.

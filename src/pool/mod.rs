@@ -9,6 +9,7 @@
 
 mod adaptive;
 mod admit;
+mod budget;
 pub(crate) mod client;
 pub(crate) mod client_h2;
 mod connection;
@@ -115,6 +116,8 @@ pub struct UpstreamPool {
     progress: stall::Progress,
     /// Prewarm dials under way (`min_idle`).
     prewarming: prewarm::Prewarming,
+    /// The clients' retries' budget (`retry_budget`).
+    retry_tokens: budget::RetryTokens,
     /// Told when a retired pool's last connection has closed.
     emptied: tokio::sync::Notify,
     /// Where the pool's tasks run (its connections, their closing, its timers): the upstream lane when floodgate
@@ -236,6 +239,7 @@ impl UpstreamPool {
             adaptive,
             progress: stall::Progress::new(),
             prewarming: prewarm::Prewarming::new(0),
+            retry_tokens: budget::RetryTokens::new(),
             emptied: tokio::sync::Notify::new(),
             spawner,
             closer,

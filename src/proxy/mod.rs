@@ -338,13 +338,20 @@ impl Proxy {
             queue_timeout_at: arrived + bounds.queue_timeout,
             client_deadline: bounds.client_deadline,
         };
+        // A client's retry beyond its budget goes no further (`retry_budget`); without one, nothing is looked at.
+        let admitted = if pool.retry_budget_allows(upstream_request.headers()) {
+            Ok(())
+        } else {
+            Err(ProxyError::Shed(Shed::RetryBudget))
+        };
         // Admission decides here and at once; a shed costs the client side nothing more.
-        let admitted = pool
-            .try_admit(false, patience, &bounds.place)
-            .map_err(|refused| match refused {
-                Refused::Shed(shed) => ProxyError::Shed(shed),
-                Refused::ClientGone => ProxyError::ClientGone,
-            });
+        let admitted = admitted.and_then(|()| {
+            pool.try_admit(false, patience, &bounds.place)
+                .map_err(|refused| match refused {
+                    Refused::Shed(shed) => ProxyError::Shed(shed),
+                    Refused::ClientGone => ProxyError::ClientGone,
+                })
+        });
         let admitted = match admitted {
             Ok(admitted) => admitted,
             Err(refused) => {
