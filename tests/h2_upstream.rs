@@ -628,3 +628,36 @@ async fn an_upload_the_upstream_stops_taking_after_it_answered_is_cut_at_the_bod
     assert_eq!(upstream.answered(), 2);
     assert_eq!(upstream.peak_open(), 1, "never two streams at work");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_unroutable_posts_with_their_bodies_still_coming_never_ends_the_clients_connection() {
+    // The same as a shed storm, for requests no route takes: each is answered 404 before its body's last frame.
+    let upstream = H2Upstream::start(100).await;
+    let config = TempConfig::new(&format!(
+        "[upstreams.a]\nurl = \"{}\"\nprotocol = \"http2\"\n\n[[routes]]\nhost = \"app\"\nupstream = \"a\"\n",
+        upstream.url()
+    ));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let client = H2Conn::connect(proxy.listen).await;
+    let callers: Vec<_> = (0..8)
+        .map(|_| {
+            let mut client = client.clone();
+            let uri = format!("http://elsewhere:{}/nowhere", proxy.listen.port());
+            tokio::spawn(async move {
+                for _ in 0..300 {
+                    let message: Vec<Result<Frame<Bytes>, BoxError>> =
+                        vec![Ok(Frame::data(Bytes::from_static(b"body")))];
+                    let body = http_body_util::StreamBody::new(futures_util::stream::iter(message)).boxed();
+                    let request = Request::post(uri.as_str()).body(body).unwrap();
+                    let answer = client.send(request).await.expect("an answer on the same connection");
+                    assert_eq!(answer.status(), StatusCode::NOT_FOUND);
+                }
+            })
+        })
+        .collect();
+    for caller in callers {
+        caller.await.unwrap();
+    }
+    assert!(!client.has_ended(), "the client's connection is still up");
+    assert_eq!(upstream.requests(), 0);
+}

@@ -306,7 +306,16 @@ impl Proxy {
         upgrade: Option<HeaderValue>,
         record: &mut Record,
     ) -> Answer {
-        let (pool, picked) = routed?;
+        let (pool, picked) = match routed {
+            Ok(routed) => routed,
+            Err(refused) => {
+                // As for a shed: an HTTP/2 body still coming is read to its end beside the answer.
+                if request.version() == Version::HTTP_2 && !request.body().is_end_stream() {
+                    drain_refused(request.into_body());
+                }
+                return Err(refused);
+            }
+        };
         if let Some(upgrade) = upgrade {
             // Boxed: an upgrade is rare, and its steps would add their size to every request's future.
             return Box::pin(self.serve_tunnel(request, client, &pool, &picked, upgrade, record)).await;
@@ -515,7 +524,10 @@ impl Proxy {
 /// own, just behind its head): read to its end, a little of it at most and for a moment, beside the answer. Dropped
 /// unread, its stream would be reset with the client's last frame still on the way, and h2 ends a connection that
 /// has reset past a bound of streams itself (`too_many_internal_resets`): a shed storm would cut every call on it.
-fn drain_refused(mut body: forward::RequestBody) {
+fn drain_refused<B>(mut body: B)
+where
+    B: http_body::Body<Data = bytes::Bytes> + Send + Unpin + 'static,
+{
     tokio::spawn(async move {
         let mut left: usize = 64 * 1024;
         let drained = async {
