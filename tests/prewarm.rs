@@ -72,3 +72,25 @@ async fn connections_the_upstream_closes_while_idle_are_dialled_again_up_to_min_
     assert!(upstream.peak_connections() <= 4);
     assert_eq!(get(proxy.listen, "/").await.status, StatusCode::OK);
 }
+
+/// The CPU time (user + system, in clock ticks) process `pid` has used.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the proxy's stat");
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_held_at_the_floor_past_their_idle_timeout_cost_no_busy_loop() {
+    // Two idle connections kept by the floor past their idle timeout: the idle sweep waits for its next tick
+    // instead of waking at once for connections it may not close (a spin would use about a core).
+    let upstream = Upstream::start().await;
+    let proxy = prewarmed(&upstream, 4, "2", &["--idle-timeout", "100ms"]).await;
+    wait_until_sync("two connections ready", WAIT, || upstream.connections() == 2).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = cpu_ticks(proxy.pid());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let used = cpu_ticks(proxy.pid()) - before;
+    assert!(used < 30, "{used} ticks of CPU in a second of idling");
+    assert_eq!(upstream.connections(), 2);
+}

@@ -107,3 +107,27 @@ async fn without_stall_timeout_a_stuck_upstreams_queue_waits_its_queue_timeout()
     assert_eq!(queued.header("x-floodgate-shed-reason"), Some("queue_timeout"));
     assert_eq!(held.await.unwrap().status, StatusCode::OK);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_spell_after_a_quiet_one_is_not_taken_for_a_stall() {
+    // The last answer was long ago (a quiet spell longer than the guard), and now every slot is busy with a
+    // request waiting: the guard measures from the spell's start, and nothing is shed.
+    let upstream = Upstream::start().await;
+    let proxy = guarded(&upstream, 2, "300ms").await;
+    assert_eq!(get(proxy.listen, "/first").await.status, StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let listen = proxy.listen;
+    let burst: Vec<_> = (0..3)
+        .map(|i| tokio::spawn(async move { get(listen, &format!("/delay/100?i={i}")).await }))
+        .collect();
+    for answer in burst {
+        let answer = answer.await.unwrap();
+        assert_eq!(
+            answer.status,
+            StatusCode::OK,
+            "{:?}",
+            answer.header("x-floodgate-shed-reason")
+        );
+    }
+    assert_eq!(proxy.outcome_count(UP, "shed_upstream_stalled").await, 0.0);
+}

@@ -113,6 +113,7 @@ impl UpstreamPool {
         if !priority && !state.under_limit(false) {
             return None;
         }
+        let quiet = state.leased == 0;
         let grant = self.take_idle(state).map(Grant::Idle).or_else(|| {
             let ahead = if priority {
                 state.queue.has_retries()
@@ -125,6 +126,10 @@ impl UpstreamPool {
             self.issue_slot(state).map(Grant::Dial)
         })?;
         state.leased += 1;
+        // A busy spell after a quiet one: the stall guard measures from its start, not from the last answer.
+        if quiet {
+            self.exchange_finished();
+        }
         Some(grant)
     }
 }

@@ -30,9 +30,10 @@ pub enum EndpointAdmin {
     /// In service.
     #[default]
     Ready,
-    /// No new exchange; the ones it has finish, and its connections close as they come back. Health checks go on.
+    /// No new exchange and no new connection (health checks included); the exchanges it has finish, and its
+    /// connections close as they come back.
     Drain,
-    /// As `Drain`, and no health check either.
+    /// As `Drain`, shown apart: the operator's "down for maintenance".
     Maint,
 }
 

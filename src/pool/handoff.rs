@@ -18,7 +18,8 @@ impl UpstreamPool {
     /// may have is kept idle or given up, under the same lock, so a waiter arriving meanwhile is not passed over
     /// and a cap lowered meanwhile is not missed.
     pub(super) fn came_back(self: &Arc<Self>, back: Back) {
-        if matches!(back, Back::Reusable(_) | Back::Released(_)) {
+        // An exchange the upstream answered is progress; one given up on (it may be stuck there) is not.
+        if matches!(back, Back::Reusable(_) | Back::Released(Some((_, false)))) {
             self.exchange_finished();
         }
         match back {

@@ -162,10 +162,15 @@ pub(super) async fn expire_idle(pool: Weak<UpstreamPool>) {
             pool.prewarm();
             let state = pool.lock();
             let fallback = now + idle_timeout.min(Duration::from_secs(1));
-            state
-                .idle
-                .front()
-                .map_or(fallback, |oldest| (oldest.since + idle_timeout).min(fallback))
+            // An oldest one already due was kept by `min_idle`'s floor: nothing to wake for before the fallback.
+            state.idle.front().map_or(fallback, |oldest| {
+                let due = oldest.since + idle_timeout;
+                if due <= now {
+                    fallback
+                } else {
+                    due.min(fallback)
+                }
+            })
         };
         tokio::time::sleep_until(next_due).await;
     }

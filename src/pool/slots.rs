@@ -40,8 +40,8 @@ struct EndpointSlots {
     /// Connections to it, from the moment a slot chose it to dial until the slot is taken back.
     open: usize,
     ejected: bool,
-    /// Set to drain or to maintenance through the admin API: it takes no new connection, and its cap is not the
-    /// upstream's to use, whatever the others' health.
+    /// Set to drain or to maintenance through the admin API: it takes no new connection (the others keep their own
+    /// caps, and the upstream's total holds over all).
     drained: bool,
 }
 
@@ -290,7 +290,7 @@ impl Slots {
         let room = |ejected_too: bool| {
             self.endpoints
                 .iter()
-                .filter(|at| !at.drained && (ejected_too || !at.ejected))
+                .filter(|at| ejected_too || !at.ejected)
                 .fold(0usize, |sum, at| sum.saturating_add(at.cap))
         };
         let healthy = room(false);

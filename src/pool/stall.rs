@@ -39,7 +39,8 @@ impl Progress {
 }
 
 impl UpstreamPool {
-    /// An exchange ended (its lease came back): the upstream is moving, and a stall is over.
+    /// An exchange was answered (its lease came back), or a busy spell began: the clock starts again, and a stall
+    /// is over.
     pub(super) fn exchange_finished(&self) {
         let since = self
             .progress
@@ -54,12 +55,13 @@ impl UpstreamPool {
         }
     }
 
-    /// Whether the upstream counts as stalled at `now`: the guard is on, requests are at work and none has
-    /// finished within `stall_timeout`. Said once per stall, and counted. Only under the lock, with `state`.
+    /// Whether the upstream counts as stalled at `now`, its slots all taken (the caller knows: admission found
+    /// none, or requests wait): the guard is on and no exchange has been answered within `stall_timeout` (since
+    /// the last answer, or the start of the busy spell). Given-up exchanges holding slots count as stuck. Said once
+    /// per stall, and counted. Only under the lock, with `state`.
     pub(super) fn stalled_at(&self, state: &PoolState, now: Instant) -> bool {
         let limit = self.limits().stall_timeout;
-        if limit.is_zero() || state.leased == 0 || now.saturating_duration_since(self.progress.last_finished()) < limit
-        {
+        if limit.is_zero() || now.saturating_duration_since(self.progress.last_finished()) < limit {
             return false;
         }
         if !self.progress.stalled.swap(true, Ordering::AcqRel) {

@@ -161,7 +161,18 @@ impl Rest {
         let pool = lease.pool().clone();
         let mut lease = lease;
         lease.warn_if_held_past(request.headers().get(crate::access::X_REQUEST_ID));
-        let answered = match send(&pool, lease, request, route.request_timeout, &buffers, hold_until).await {
+        let client_left = || answer.is_closed();
+        let answered = match send(
+            &pool,
+            lease,
+            request,
+            route.request_timeout,
+            &buffers,
+            hold_until,
+            &client_left,
+        )
+        .await
+        {
             Ok((response, lease)) => {
                 let edits = forward::RouteEdits {
                     edit_response: &|headers| route.edit_response(headers),
@@ -231,6 +242,7 @@ pub(super) async fn send(
     request_timeout: Option<std::time::Duration>,
     buffers: &Arc<BufferBudget>,
     hold_until: tokio::time::Instant,
+    client_left: &(dyn Fn() -> bool + Sync),
 ) -> Result<(Response<UpstreamIncoming>, Lease), ProxyError> {
     let mut outgoing = Outgoing::Request(request);
     // One replay at most: of a GET or HEAD, once, on a fresh connection.
@@ -274,17 +286,20 @@ pub(super) async fn send(
                 }
                 // `hold_while_down`: no endpoint answers (a restart); nothing was sent, so the request waits, its
                 // slot given back, and dials again, until its own patience runs out.
+                // A client that has left is not held for: its request goes nowhere.
                 let down = matches!(err, ProxyError::Connect(_) | ProxyError::ConnectTimeout(_));
-                if !reused && down && pool.limits().hold_while_down {
-                    held = held.saturating_add(1);
+                if !reused && down && pool.limits().hold_while_down && !client_left() {
                     let pause =
                         std::time::Duration::from_millis(50u64 << held.min(5)).min(std::time::Duration::from_secs(1));
+                    held = held.saturating_add(1);
                     if tokio::time::Instant::now() + pause < hold_until {
                         if held == 1 {
                             pool.metrics.held_while_down.inc();
                         }
                         tokio::time::sleep(pause).await;
-                        lease = Box::pin(readmit(pool, false)).await?;
+                        // A pause is not an attempt: the retries once the upstream is back keep their bound.
+                        attempts_left = attempts_left.saturating_add(1);
+                        lease = Box::pin(readmit_until(pool, hold_until)).await?;
                         continue;
                     }
                 }
@@ -462,6 +477,16 @@ fn copy_head(request: &Request<RequestBody>) -> Request<RequestBody> {
     *copy.version_mut() = request.version();
     *copy.headers_mut() = request.headers().clone();
     copy
+}
+
+/// [`readmit`] for a request held while its upstream is down, waiting no longer than `deadline`.
+async fn readmit_until(pool: &Arc<UpstreamPool>, deadline: tokio::time::Instant) -> Result<Lease, ProxyError> {
+    pool.admit(true, deadline, std::future::pending())
+        .await
+        .map_err(|refused| match refused {
+            Refused::Shed(shed) => ProxyError::Shed(shed),
+            Refused::ClientGone => ProxyError::Shed(Shed::QueueTimeout),
+        })
 }
 
 /// A retry goes to the front of the queue: it was admitted once already. `fresh` keeps it off long-idle
