@@ -23,18 +23,7 @@ use tonic::{Code, Request, Status};
 
 /// floodgate in front of `server` over HTTP/2, with `connections` connections of `streams` streams each.
 async fn proxy_for(server: &ProbeServer, connections: usize, streams: usize, extra: &[&str]) -> Proxy {
-    let mut args = vec![
-        "--upstream".to_owned(),
-        server.url(),
-        "--max-connections".to_owned(),
-        connections.to_string(),
-        "--upstream-protocol".to_owned(),
-        "http2".to_owned(),
-        "--max-streams-per-connection".to_owned(),
-        streams.to_string(),
-    ];
-    args.extend(extra.iter().map(|arg| arg.to_string()));
-    Proxy::start(&args).await
+    Proxy::for_h2_upstream(&server.url(), connections, streams, extra).await
 }
 
 /// One unary call of `method` with `message`, and `deadline` as its `grpc-timeout` when given; within

@@ -15,18 +15,7 @@ use support::*;
 
 /// floodgate in front of `upstream` over HTTP/2, with `connections` connections of `streams` streams each.
 async fn proxy_for(upstream: &H2Upstream, connections: usize, streams: usize, extra: &[&str]) -> Proxy {
-    let mut args = vec![
-        "--upstream".to_owned(),
-        upstream.url(),
-        "--max-connections".to_owned(),
-        connections.to_string(),
-        "--upstream-protocol".to_owned(),
-        "http2".to_owned(),
-        "--max-streams-per-connection".to_owned(),
-        streams.to_string(),
-    ];
-    args.extend(extra.iter().map(|arg| arg.to_string()));
-    Proxy::start(&args).await
+    Proxy::for_h2_upstream(&upstream.url(), connections, streams, extra).await
 }
 
 /// `clients` HTTP/1 clients at once, each one GET of `path`; every answer's status and body.
@@ -217,17 +206,7 @@ async fn an_upstream_that_lowers_its_stream_limit_mid_connection_is_obeyed_once_
     // One connection of up to 4 streams; once it has had 4, the upstream lowers its limit to 1.
     let upstream = H2Scripted::start(4, Duration::from_millis(30)).await;
     upstream.lower_limit_after(4, 1);
-    let proxy = Proxy::start(&[
-        "--upstream",
-        &upstream.url(),
-        "--max-connections",
-        "1",
-        "--upstream-protocol",
-        "http2",
-        "--max-streams-per-connection",
-        "4",
-    ])
-    .await;
+    let proxy = Proxy::for_h2_upstream(&upstream.url(), 1, 4, &[]).await;
     let answers = clients_at_once(&proxy, 24, "/").await;
     assert!(
         answers.iter().all(|(status, _)| *status == StatusCode::OK),
@@ -253,17 +232,7 @@ async fn streams_above_a_goaways_last_id_are_sent_again_on_a_new_connection_with
     // sent were not processed, and go again on a new connection, dialled only once the first has closed.
     let upstream = H2Scripted::start(8, Duration::from_millis(50)).await;
     upstream.goaway_after(2);
-    let proxy = Proxy::start(&[
-        "--upstream",
-        &upstream.url(),
-        "--max-connections",
-        "1",
-        "--upstream-protocol",
-        "http2",
-        "--max-streams-per-connection",
-        "8",
-    ])
-    .await;
+    let proxy = Proxy::for_h2_upstream(&upstream.url(), 1, 8, &[]).await;
     let answers = clients_at_once(&proxy, 6, "/").await;
     assert!(
         answers.iter().all(|(status, _)| *status == StatusCode::OK),
@@ -283,19 +252,8 @@ async fn a_stream_given_up_on_holds_its_place_until_the_upstream_has_read_its_re
     // One stream in all. The first request never gets its answer in time (504); the one queued behind it may
     // start only once the upstream has let the first go, which it does when it reads floodgate's reset.
     let upstream = H2Upstream::start(100).await;
-    let args = [
-        "--upstream",
-        &upstream.url(),
-        "--max-connections",
-        "1",
-        "--upstream-protocol",
-        "http2",
-        "--max-streams-per-connection",
-        "1",
-        "--request-timeout",
-        "200ms",
-    ];
-    let proxy = Proxy::start_with_env(&args, &[("FLOODGATE__UPSTREAMS__DEFAULT__ABORT_DRAIN_TIMEOUT", "50ms")]).await;
+    let env = [("FLOODGATE__UPSTREAMS__DEFAULT__ABORT_DRAIN_TIMEOUT", "50ms")];
+    let proxy = Proxy::for_h2_upstream_with_env(&upstream.url(), 1, 1, &["--request-timeout", "200ms"], &env).await;
     for round in 0..5 {
         let listen = proxy.listen;
         let given_up = tokio::spawn(async move { try_get(listen, "/hold").await });
@@ -360,15 +318,8 @@ async fn a_connection_that_stops_answering_keep_alive_pings_is_closed_and_replac
     // The dial's own PING and two keep-alive ones are answered; then the upstream falls silent.
     let upstream = H2Scripted::start(8, Duration::from_millis(1)).await;
     upstream.answer_pings_up_to(3);
-    let args = [
-        "--upstream",
-        &upstream.url(),
-        "--max-connections",
-        "1",
-        "--upstream-protocol",
-        "http2",
-    ];
-    let proxy = Proxy::start_with_env(&args, &[("FLOODGATE__UPSTREAMS__DEFAULT__PING_INTERVAL", "100ms")]).await;
+    let env = [("FLOODGATE__UPSTREAMS__DEFAULT__PING_INTERVAL", "100ms")];
+    let proxy = Proxy::for_h2_upstream_with_env(&upstream.url(), 1, 1, &[], &env).await;
     assert_eq!(get(proxy.listen, "/").await.status, StatusCode::OK);
     wait_until_sync("the silent connection closed", Duration::from_secs(5), || {
         upstream.accepted() == 1 && upstream.connections() == 0
@@ -443,18 +394,8 @@ async fn a_lowered_cap_closes_an_http2_connection_once_its_streams_are_over_and_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_connection_is_retired_after_max_requests_per_connection_streams() {
     let upstream = H2Upstream::start(100).await;
-    let args = [
-        "--upstream",
-        &upstream.url(),
-        "--max-connections",
-        "1",
-        "--upstream-protocol",
-        "http2",
-        "--max-streams-per-connection",
-        "4",
-    ];
     let env = [("FLOODGATE__UPSTREAMS__DEFAULT__MAX_REQUESTS_PER_CONNECTION", "5")];
-    let proxy = Proxy::start_with_env(&args, &env).await;
+    let proxy = Proxy::for_h2_upstream_with_env(&upstream.url(), 1, 4, &[], &env).await;
     for _ in 0..20 {
         assert_eq!(get(proxy.listen, "/").await.status, StatusCode::OK);
     }
@@ -469,17 +410,7 @@ async fn a_request_with_a_body_meeting_a_going_away_connection_goes_whole_on_the
     // sent, and it goes, body and all, on the next connection, dialled once the first has closed (cap 1).
     let upstream = H2Scripted::start(8, Duration::from_millis(300)).await;
     upstream.goaway_after(1);
-    let proxy = Proxy::start(&[
-        "--upstream",
-        &upstream.url(),
-        "--max-connections",
-        "1",
-        "--upstream-protocol",
-        "http2",
-        "--max-streams-per-connection",
-        "8",
-    ])
-    .await;
+    let proxy = Proxy::for_h2_upstream(&upstream.url(), 1, 8, &[]).await;
     let listen = proxy.listen;
     let first = tokio::spawn(async move { get(listen, "/first").await });
     wait_until_sync("the GOAWAY read", Duration::from_secs(5), || upstream.goaway_read()).await;
@@ -558,17 +489,7 @@ async fn posts_above_a_goaways_last_id_go_again_with_their_bodies_on_the_next_co
     // other two were not processed: each goes again, its body as it first went out, on the next connection.
     let upstream = H2Scripted::start(8, Duration::from_millis(100)).await;
     upstream.goaway_naming_the_first_after(3);
-    let proxy = Proxy::start(&[
-        "--upstream",
-        &upstream.url(),
-        "--max-connections",
-        "1",
-        "--upstream-protocol",
-        "http2",
-        "--max-streams-per-connection",
-        "8",
-    ])
-    .await;
+    let proxy = Proxy::for_h2_upstream(&upstream.url(), 1, 8, &[]).await;
     let posts: Vec<_> = (0..3)
         .map(|_| {
             let listen = proxy.listen;
@@ -602,20 +523,12 @@ async fn an_upload_the_upstream_stops_taking_after_it_answered_is_cut_at_the_bod
     // is cut after body_idle_timeout (its place held until the upstream has read the reset), and the one stream
     // there is serves the next request, instead of being held for good.
     let upstream = H2Scripted::start(8, Duration::from_millis(1)).await;
-    let proxy = Proxy::start(&[
-        "--upstream",
+    let proxy = Proxy::for_h2_upstream(
         &upstream.url(),
-        "--max-connections",
-        "1",
-        "--upstream-protocol",
-        "http2",
-        "--max-streams-per-connection",
-        "1",
-        "--body-idle-timeout",
-        "300ms",
-        "--queue-timeout",
-        "5s",
-    ])
+        1,
+        1,
+        &["--body-idle-timeout", "300ms", "--queue-timeout", "5s"],
+    )
     .await;
     let mut client = H1Conn::connect(proxy.listen).await;
     let posted = client

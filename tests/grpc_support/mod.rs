@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::{Buf, BufMut, Bytes};
+use bytes::Bytes;
 use futures_util::stream::{self, Stream};
 use http::uri::PathAndQuery;
 use http::Uri;
@@ -39,7 +39,6 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::body::Body;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::server::Grpc;
 use tonic::transport::server::Connected;
 use tonic::transport::{Channel, Endpoint, Server};
@@ -62,43 +61,11 @@ pub fn path(method: &'static str) -> PathAndQuery {
     PathAndQuery::from_static(method)
 }
 
-/// Messages as they are: the bytes of a gRPC message, no protobuf.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct RawCodec;
-
-impl Codec for RawCodec {
-    type Encode = Bytes;
-    type Decode = Bytes;
-    type Encoder = RawCodec;
-    type Decoder = RawCodec;
-
-    fn encoder(&mut self) -> RawCodec {
-        RawCodec
-    }
-
-    fn decoder(&mut self) -> RawCodec {
-        RawCodec
-    }
-}
-
-impl Encoder for RawCodec {
-    type Item = Bytes;
-    type Error = Status;
-
-    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        dst.put(item);
-        Ok(())
-    }
-}
-
-impl Decoder for RawCodec {
-    type Item = Bytes;
-    type Error = Status;
-
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, Status> {
-        Ok(Some(src.copy_to_bytes(src.remaining())))
-    }
-}
+/// Messages as they are, the bytes of a gRPC message: the benchmark's codec (`examples/support/raw_codec.rs`).
+#[allow(dead_code)]
+#[path = "../../examples/support/raw_codec.rs"]
+mod raw_codec;
+pub use raw_codec::RawCodec;
 
 /// A message's bytes read as a decimal number.
 pub fn number(message: &[u8]) -> Result<u64, Status> {

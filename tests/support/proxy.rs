@@ -78,6 +78,34 @@ impl Proxy {
         Self::for_upstream_with_env(upstream, max_connections, extra, &[]).await
     }
 
+    /// floodgate in front of the HTTP/2 upstream at `url`, with `connections` connections of `streams` streams
+    /// each, plus `extra`.
+    pub async fn for_h2_upstream(url: &str, connections: usize, streams: usize, extra: &[&str]) -> Proxy {
+        Self::for_h2_upstream_with_env(url, connections, streams, extra, &[]).await
+    }
+
+    /// [`Proxy::for_h2_upstream`] with `env` added to floodgate's environment.
+    pub async fn for_h2_upstream_with_env(
+        url: &str,
+        connections: usize,
+        streams: usize,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Proxy {
+        let mut args = vec![
+            "--upstream".to_owned(),
+            url.to_owned(),
+            "--max-connections".to_owned(),
+            connections.to_string(),
+            "--upstream-protocol".to_owned(),
+            "http2".to_owned(),
+            "--max-streams-per-connection".to_owned(),
+            streams.to_string(),
+        ];
+        args.extend(extra.iter().map(|arg| arg.to_string()));
+        Self::start_with_env(&args, env).await
+    }
+
     /// [`Proxy::for_upstream`] with `env` added to floodgate's environment (settings without a flag).
     pub async fn for_upstream_with_env(
         upstream: &Upstream,
