@@ -298,6 +298,13 @@ def check(args, browser):
         if name not in page["upstreams"][name]["heading"] or name not in page["text"]:
             raise Failed(f"upstream {name} is not visibly named: {page['upstreams'][name]['heading']!r}")
     print(f"page: live, shows {', '.join(sorted(page['upstreams']))}")
+    for name in expected:
+        shown = page["upstreams"][name].get("endpoints", "")
+        if ": " not in shown or "connections" not in shown:
+            raise Failed(f"upstream {name} shows no endpoint line: {shown!r}")
+        print(f"page: {name}'s endpoints: {shown}")
+    if args.slow_start and "slow start" not in page["upstreams"][args.slow_start]["endpoints"]:
+        raise Failed(f"{args.slow_start}'s ramp is not shown: {page['upstreams'][args.slow_start]['endpoints']!r}")
     if page["viewportWidth"] != PHONE_WIDTH or page["scrollWidth"] > page["viewportWidth"]:
         raise Failed(f"horizontal scroll on a phone: {page['scrollWidth']} px of content, {page['viewportWidth']} px wide")
     print(f"page: {page['scrollWidth']} px wide content in a {page['viewportWidth']} px viewport")
@@ -413,6 +420,7 @@ def main():
     parser.add_argument("--listen", required=True, help="floodgate's client address, host:port")
     parser.add_argument("--upstream", action="append", required=True, help="NAME=PATH routed to it")
     parser.add_argument("--shed", help="the upstream whose cap and queue are small enough to shed bursts")
+    parser.add_argument("--slow-start", help="the upstream whose endpoint ramps (slow_start) as the page first loads")
     parser.add_argument("--chromium", default="chromium")
     parser.add_argument("--browser-log", default=os.devnull)
     args = parser.parse_args()

@@ -108,7 +108,7 @@ pids+=("$pid")
 line=$(ready_line "$pid" "$work/upstream.out" bench_upstream)
 upstream=$(field listen "$line")
 
-# alpha: roomy, takes everything not under /beta. beta: one connection and no queue, so bursts are shed.
+# alpha: roomy, slow started, takes everything not under /beta. beta: one connection and no queue, so bursts are shed.
 cat >"$work/floodgate.toml" <<EOF
 listen = "127.0.0.1:0"
 admin = "127.0.0.1:0"
@@ -117,6 +117,7 @@ shutdown_timeout = "2s"
 [upstreams.alpha]
 url = "http://$upstream"
 max_connections = 4
+slow_start = { initial = 1, window = "200ms", min_samples = 3 }
 
 [upstreams.beta]
 url = "http://$upstream"
@@ -141,6 +142,6 @@ say "floodgate: listen=$listen admin=$admin, upstream $upstream"
 check_started=$SECONDS
 python3 scripts/stats_page_check.py \
     --admin "$admin" --listen "$listen" \
-    --upstream alpha=/ --upstream beta=/beta --shed beta \
+    --upstream alpha=/ --upstream beta=/beta --shed beta --slow-start alpha \
     --chromium "$chromium" --browser-log "$work/chromium.log"
 say "passed (browser check $((SECONDS - check_started)) s, $((SECONDS - started)) s in all)"

@@ -14,6 +14,24 @@ pub struct EndpointSnapshot {
     pub failed_dials: u32,
     /// `ready`, `drain` or `maint`, as the admin API set it.
     pub state: &'static str,
+    /// The connections it may have now: its own cap (the upstream's for a `url`), or its ramp's under slow start.
+    pub max_connections_in_force: usize,
+    /// Its ramp, while it is under slow start.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slow_start: Option<RampSnapshot>,
+}
+
+/// What `/status` shows of an endpoint's slow start.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct RampSnapshot {
+    /// The ramp's cap in force.
+    pub connections: usize,
+    /// How long it has ramped.
+    pub seconds: f64,
+    /// The last window's mean response time; 0 before the first.
+    pub last_window_seconds: f64,
+    /// The lowest window mean of the ramp, which the others are judged against; 0 before the first.
+    pub baseline_seconds: f64,
 }
 
 /// A snapshot for `/status` and the gauges.

@@ -203,6 +203,10 @@ pub struct UpstreamConfig {
     /// A bound on the clients' own retries (see [`RetryBudget`]); unset: none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_budget: Option<RetryBudget>,
+    /// Each endpoint starts at a small cap in force and earns its full one by its response times (see
+    /// [`SlowStart`]); unset: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slow_start: Option<SlowStart>,
     /// Declares `max_connections` (and `max_tunnels`) as the upstream's total across floodgate's replicas, each
     /// taking its share from a live count of them (see [`ReplicaSource`]).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -240,6 +244,51 @@ impl RetryBudget {
 
     fn default_headers() -> Vec<String> {
         vec!["grpc-previous-rpc-attempts".into(), "x-retry-attempt".into()]
+    }
+}
+
+/// Slow start that measures: an endpoint new to the pool (every one when floodgate starts) or back from ejection
+/// starts with `initial` connections in force, and the cap in force doubles after each `window` whose mean response
+/// time (at least `min_samples` of them) stays within `tolerance` of the lowest window mean its ramp has seen; it
+/// holds past that, and halves (to no less than `initial`) past twice that. It ends at the endpoint's own cap, or
+/// after `max_duration` whatever the times say.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlowStart {
+    #[serde(default = "SlowStart::default_initial", deserialize_with = "integer::deserialize")]
+    pub initial: usize,
+    #[serde(default = "SlowStart::default_window", with = "humantime_serde")]
+    pub window: Duration,
+    #[serde(default = "SlowStart::default_tolerance")]
+    pub tolerance: f64,
+    #[serde(
+        default = "SlowStart::default_min_samples",
+        deserialize_with = "integer::deserialize"
+    )]
+    pub min_samples: u32,
+    #[serde(default = "SlowStart::default_max_duration", with = "humantime_serde")]
+    pub max_duration: Duration,
+}
+
+impl SlowStart {
+    fn default_initial() -> usize {
+        1
+    }
+
+    fn default_window() -> Duration {
+        Duration::from_secs(1)
+    }
+
+    fn default_tolerance() -> f64 {
+        1.5
+    }
+
+    fn default_min_samples() -> u32 {
+        5
+    }
+
+    fn default_max_duration() -> Duration {
+        Duration::from_secs(60)
     }
 }
 
@@ -343,6 +392,7 @@ impl Default for UpstreamConfig {
             tunnel_idle_timeout: Duration::from_secs(300),
             replicas: None,
             retry_budget: None,
+            slow_start: None,
             tls_ca: None,
             tls_client_cert: None,
             tls_client_key: None,

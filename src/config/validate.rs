@@ -180,6 +180,17 @@ impl Config {
                     }
                 }
             }
+            if let Some(ramp) = &upstream.slow_start {
+                problems.count(&key("slow_start.initial"), ramp.initial as u128, false);
+                problems.count(&key("slow_start.min_samples"), u128::from(ramp.min_samples), false);
+                if !ramp.tolerance.is_finite() || !(1.0..=100.0).contains(&ramp.tolerance) {
+                    problems.push(key("slow_start.tolerance"), "must be a number from 1 to 100");
+                }
+                problems.duration(&key("slow_start.window"), ramp.window, false);
+                if ramp.max_duration < ramp.window {
+                    problems.push(key("slow_start.max_duration"), "must be at least slow_start.window");
+                }
+            }
             if let Some(replicas) = &upstream.replicas {
                 match (&replicas.dns, &replicas.file) {
                     (Some(_), None) | (None, Some(_)) => {}

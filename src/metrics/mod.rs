@@ -76,6 +76,8 @@ pub struct Metrics {
     endpoint_connections: Family<Labels, Gauge>,
     endpoint_ejected: Family<Labels, Gauge>,
     endpoint_ejections: Family<Labels, Counter>,
+    endpoint_max_connections: Family<Labels, Gauge>,
+    endpoint_slow_starts: Family<Labels, Counter>,
     /// Tunnels (WebSockets and other upgrades): open now and their bound (set at scrape time), opened, refused by
     /// reason, and the bytes relayed each way.
     tunnels: Family<Labels, Gauge>,
@@ -136,6 +138,8 @@ impl Metrics {
         let endpoint_connections = Family::<Labels, Gauge>::default();
         let endpoint_ejected = Family::<Labels, Gauge>::default();
         let endpoint_ejections = Family::<Labels, Counter>::default();
+        let endpoint_max_connections = Family::<Labels, Gauge>::default();
+        let endpoint_slow_starts = Family::<Labels, Counter>::default();
         let tunnels = Family::<Labels, Gauge>::default();
         let max_tunnels = Family::<Labels, Gauge>::default();
         let tunnels_opened = Family::<Labels, Counter>::default();
@@ -277,6 +281,17 @@ impl Metrics {
             endpoint_ejections.clone(),
         );
         registry.register(
+            "floodgate_endpoint_max_connections",
+            "The connections an endpoint may have now: its own cap (the upstream's for a url), or its ramp's under \
+             slow_start",
+            endpoint_max_connections.clone(),
+        );
+        registry.register(
+            "floodgate_endpoint_slow_starts",
+            "Times an endpoint began a slow start (slow_start: new to the pool, or back from an ejection)",
+            endpoint_slow_starts.clone(),
+        );
+        registry.register(
             "floodgate_reloads",
             "Configuration reloads by result: applied, or refused (the running configuration stayed)",
             reloads.clone(),
@@ -412,6 +427,8 @@ impl Metrics {
             endpoint_connections,
             endpoint_ejected,
             endpoint_ejections,
+            endpoint_max_connections,
+            endpoint_slow_starts,
             tunnels,
             max_tunnels,
             tunnels_opened,
@@ -500,6 +517,8 @@ impl Metrics {
                 connections: self.endpoint_connections.clone(),
                 ejected: self.endpoint_ejected.clone(),
                 ejections: self.endpoint_ejections.clone(),
+                max_connections: self.endpoint_max_connections.clone(),
+                slow_starts: self.endpoint_slow_starts.clone(),
             }),
         }
     }

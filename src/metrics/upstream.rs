@@ -218,6 +218,8 @@ pub(super) struct EndpointFamilies {
     pub(super) connections: Family<Labels, Gauge>,
     pub(super) ejected: Family<Labels, Gauge>,
     pub(super) ejections: Family<Labels, Counter>,
+    pub(super) max_connections: Family<Labels, Gauge>,
+    pub(super) slow_starts: Family<Labels, Counter>,
 }
 
 impl EndpointFamilies {
@@ -284,6 +286,10 @@ impl UpstreamMetrics {
                 .ejected
                 .get_or_create(&labels)
                 .set(i64::from(endpoint.ejected));
+            self.endpoints
+                .max_connections
+                .get_or_create(&labels)
+                .set(gauge(endpoint.max_connections_in_force));
         }
     }
 
@@ -312,6 +318,14 @@ impl UpstreamMetrics {
     /// The endpoint at `address` is one of the upstream's: its counters are present at 0 from now.
     pub fn endpoint_known(&self, address: &str) {
         let _ = self.endpoints.ejections.get_or_create(&self.endpoints.labels(address));
+    }
+
+    /// The endpoint at `address` began a slow start (never on a request's path: at a pool's start, an ejection's end).
+    pub fn endpoint_slow_started(&self, address: &str) {
+        self.endpoints
+            .slow_starts
+            .get_or_create(&self.endpoints.labels(address))
+            .inc();
     }
 
     /// The endpoint at `address` was ejected.

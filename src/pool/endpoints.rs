@@ -22,6 +22,8 @@ pub(super) struct EndpointState {
     pub(super) checking: bool,
     /// What the admin API set: ready, draining or in maintenance.
     pub(super) admin: EndpointAdmin,
+    /// Under slow start: its ramp.
+    pub(super) ramp: Option<super::slow_start::Ramp>,
 }
 
 /// An endpoint's state as the admin API sets it (HAProxy's `set server state`).
@@ -227,6 +229,7 @@ impl UpstreamPool {
         health.probation = false;
         if state.slots.is_ejected(endpoint) {
             health.generation = health.generation.wrapping_add(1);
+            self.start_ramp(state, endpoint);
             let raised = state.slots.set_ejected(endpoint, false);
             self.apply_cap(guard, raised);
         }
@@ -279,6 +282,8 @@ pub(super) async fn end_ejection(pool: Weak<UpstreamPool>, endpoint: usize, gene
     }
     health.failures = 0;
     health.probation = true;
+    // Back from an ejection: it ramps up again under slow start.
+    pool.start_ramp(state, endpoint);
     let raised = state.slots.set_ejected(endpoint, false);
     pool.apply_cap(guard, raised);
 }

@@ -60,6 +60,14 @@ impl Lease {
         }
     }
 
+    /// The endpoint its connection goes to, once it has one.
+    pub fn endpoint(&self) -> Option<usize> {
+        match &self.held {
+            Held::Conn(conn) => Some(conn.endpoint),
+            _ => None,
+        }
+    }
+
     /// Whether the connection served an earlier request (so it may have been closed by the upstream meanwhile).
     pub fn reused(&self) -> bool {
         self.reused

@@ -57,11 +57,14 @@ impl UpstreamPool {
     }
 
     /// A response head arrived `took` after its request was dispatched with `in_flight` requests in flight: the
-    /// response-time histogram's, the drain pace's and the adaptive limit's input. Lock-free unless it closes the
-    /// limit's window.
-    pub fn responded(self: &Arc<Self>, in_flight: usize, took: Duration) {
+    /// response-time histogram's, the drain pace's, the adaptive limit's and `endpoint`'s slow start's input.
+    /// Lock-free unless it closes the limit's window or an endpoint ramps.
+    pub fn responded(self: &Arc<Self>, in_flight: usize, took: Duration, endpoint: Option<usize>) {
         self.metrics.responded(took);
         self.paced(took);
+        if let Some(endpoint) = endpoint {
+            self.ramp_answered(endpoint, took);
+        }
         self.adaptive
             .observe(in_flight, took, |limit| self.set_adaptive_limit(limit));
     }
@@ -169,6 +172,8 @@ impl UpstreamPool {
             // A raised cap's slots go to the oldest waiters, as freed ones do.
             self.admit_admissible(self.lock());
         }
+        // Slow start turned off ends every ramp.
+        self.end_ramps();
         // A reload may have set or raised `min_idle`, or raised the cap it is held within.
         self.prewarm();
     }

@@ -25,6 +25,7 @@ mod replicas;
 mod session;
 mod slot;
 mod slots;
+mod slow_start;
 mod snapshot;
 mod stall;
 #[cfg(test)]
@@ -118,6 +119,8 @@ pub struct UpstreamPool {
     prewarming: prewarm::Prewarming,
     /// The clients' retries' budget (`retry_budget`).
     retry_tokens: budget::RetryTokens,
+    /// Endpoints under slow start now: while 0, an answer looks at no ramp.
+    ramps: AtomicUsize,
     /// Told when a retired pool's last connection has closed.
     emptied: tokio::sync::Notify,
     /// Where the pool's tasks run (its connections, their closing, its timers): the upstream lane when floodgate
@@ -240,6 +243,7 @@ impl UpstreamPool {
             progress: stall::Progress::new(),
             prewarming: prewarm::Prewarming::new(0),
             retry_tokens: budget::RetryTokens::new(),
+            ramps: AtomicUsize::new(0),
             emptied: tokio::sync::Notify::new(),
             spawner,
             closer,
@@ -259,6 +263,8 @@ impl UpstreamPool {
         pool.spawn(connection::close_connections(closings, stirred, Arc::downgrade(&pool)));
         pool.spawn(expire_idle(Arc::downgrade(&pool)));
         pool.spawn(stall::watch_stalls(Arc::downgrade(&pool)));
+        // Before the prewarm, which dials within the ramps' caps.
+        pool.start_ramps(replaces);
         pool.prewarm();
         if pool.endpoints.len() > 1 {
             pool.spawn(health::run(Arc::downgrade(&pool)));

@@ -40,9 +40,17 @@ struct EndpointSlots {
     /// Connections to it, from the moment a slot chose it to dial until the slot is taken back.
     open: usize,
     ejected: bool,
+    /// Under slow start: the connections it may have now, below its own cap (`slow_start`).
+    ramp: Option<usize>,
     /// Set to drain or to maintenance through the admin API: it takes no new connection (the others keep their own
     /// caps, and the upstream's total holds over all).
     drained: bool,
+}
+
+impl EndpointSlots {
+    fn in_force(&self) -> usize {
+        self.ramp.map_or(self.cap, |ramp| ramp.min(self.cap))
+    }
 }
 
 /// Proof that [`Slots::issue`] counted one more slot; a [`super::Slot`] is made only from one, or it goes back
@@ -92,6 +100,7 @@ impl Slots {
                 cap: *cap,
                 open: 0,
                 ejected: false,
+                ramp: None,
                 drained: false,
             })
             .collect();
@@ -188,8 +197,8 @@ impl Slots {
     pub(super) fn endpoint_has_room(&self, endpoint: usize) -> bool {
         self.endpoints.get(endpoint).is_some_and(|endpoint| {
             !endpoint.drained
-                && endpoint.open < endpoint.cap
-                && self.lineage.address_has_room(&endpoint.address, endpoint.cap)
+                && endpoint.open < endpoint.in_force()
+                && self.lineage.address_has_room(&endpoint.address, endpoint.in_force())
         })
     }
 
@@ -199,7 +208,7 @@ impl Slots {
         let Some(at) = self.endpoints.get_mut(endpoint) else {
             return false;
         };
-        if at.open >= at.cap || !self.lineage.count_at(&at.address, at.cap) {
+        if at.open >= at.in_force() || !self.lineage.count_at(&at.address, at.in_force()) {
             return false;
         }
         at.open += 1;
@@ -260,6 +269,25 @@ impl Slots {
         self.recompute()
     }
 
+    /// Puts `endpoint` under slow start at `ramp` connections, or (`None`) ends its ramp; whether the cap in force
+    /// rose.
+    pub(super) fn set_ramp(&mut self, endpoint: usize, ramp: Option<usize>) -> bool {
+        if let Some(at) = self.endpoints.get_mut(endpoint) {
+            at.ramp = ramp;
+        }
+        self.recompute()
+    }
+
+    /// The most connections `endpoint` may ever have in this pool: its own cap, or the upstream's when it has none.
+    pub(super) fn endpoint_full(&self, endpoint: usize) -> usize {
+        self.endpoints.get(endpoint).map_or(0, |at| at.cap.min(self.configured))
+    }
+
+    /// `endpoint`'s cap in force: its own, or its ramp's under slow start.
+    pub(super) fn endpoint_in_force(&self, endpoint: usize) -> usize {
+        self.endpoints.get(endpoint).map_or(0, EndpointSlots::in_force)
+    }
+
     pub(super) fn is_drained(&self, endpoint: usize) -> bool {
         self.endpoints.get(endpoint).is_some_and(|at| at.drained)
     }
@@ -291,7 +319,7 @@ impl Slots {
             self.endpoints
                 .iter()
                 .filter(|at| ejected_too || !at.ejected)
-                .fold(0usize, |sum, at| sum.saturating_add(at.cap))
+                .fold(0usize, |sum, at| sum.saturating_add(at.in_force()))
         };
         let healthy = room(false);
         self.configured.min(if healthy == 0 { room(true) } else { healthy })
@@ -383,6 +411,29 @@ mod tests {
         assert!(slots.endpoint_has_room(1));
         slots.take_back(Some(0), None);
         assert!(slots.endpoint_has_room(0));
+    }
+
+    #[test]
+    fn a_ramp_bounds_its_endpoint_and_the_cap_in_force_until_it_ends() {
+        let mut slots = Slots::new(10, [4, 4]);
+        assert!(!slots.set_ramp(0, Some(1)));
+        assert_eq!(slots.cap(), 5);
+        assert!(slots.issue_at(0).is_some());
+        assert!(slots.issue_at(0).is_none(), "the ramp's one is taken");
+        assert!(slots.set_ramp(0, Some(2)));
+        assert!(slots.issue_at(0).is_some());
+        assert!(slots.set_ramp(0, None));
+        assert_eq!(
+            (slots.cap(), slots.endpoint_in_force(0), slots.endpoint_full(0)),
+            (8, 4, 4)
+        );
+        let mut one = Slots::new(3, [usize::MAX]);
+        one.set_ramp(0, Some(1));
+        assert_eq!(
+            (one.cap(), one.endpoint_full(0)),
+            (1, 3),
+            "a url's endpoint ramps to the upstream's cap"
+        );
     }
 
     #[test]

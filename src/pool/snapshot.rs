@@ -16,6 +16,7 @@ impl UpstreamPool {
                 .filter(|(_, conn)| !conn.is_closed())
                 .count();
             let busy = state.busy();
+            let now = tokio::time::Instant::now();
             let endpoints = self
                 .endpoints
                 .iter()
@@ -32,6 +33,8 @@ impl UpstreamPool {
                         ejected: state.slots.is_ejected(at),
                         failed_dials: health.failures,
                         state: health.admin.as_str(),
+                        max_connections_in_force: state.slots.endpoint_in_force(at).min(state.slots.cap()),
+                        slow_start: health.ramp.as_ref().map(|ramp| ramp.snapshot(now)),
                     },
                 )
                 .collect();

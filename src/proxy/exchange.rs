@@ -358,7 +358,7 @@ pub(super) async fn send(
                 return Err(ProxyError::UpstreamTimeout(limit));
             }
             Ok(Ok((response, rest))) => {
-                pool.responded(in_flight, dispatched.elapsed());
+                pool.responded(in_flight, dispatched.elapsed(), lease.endpoint());
                 // The rest of a request body the upstream answered early goes on being sent beside the answer.
                 if let Some(rest) = rest {
                     pool.spawn(finish_upload(pool.clone(), rest));
