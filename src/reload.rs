@@ -37,10 +37,18 @@ pub struct Reloaded {
     pub needs_restart: Vec<String>,
 }
 
+type Reconfigured = (
+    Arc<UpstreamPool>,
+    UpstreamConfig,
+    Option<UpstreamTls>,
+    Option<Vec<(crate::config::Origin, usize)>>,
+);
+
 /// The pools and routes a configuration asks for, worked out against the ones running, not yet in force.
 pub struct Plan {
     router: Router,
-    reconfigure: Vec<(Arc<UpstreamPool>, UpstreamConfig, Option<UpstreamTls>)>,
+    /// Pools kept, with their new limits, TLS client and (when it changed) endpoint list.
+    reconfigure: Vec<Reconfigured>,
     retire: Vec<Arc<UpstreamPool>>,
 }
 
@@ -64,17 +72,26 @@ impl Plan {
         for (name, upstream) in &config.upstreams {
             let endpoints = upstream.endpoint_list(name)?;
             let tls = clients.remove(name).flatten();
-            // A changed endpoint list (an address, an endpoint's own cap, one added or removed) is a new pool: the
-            // old one drains, as when an address changes, its sockets counted against the new one's cap until they
-            // close. The same endpoints in another order are no change at all.
-            // So is a changed protocol: an HTTP/1 connection cannot carry an HTTP/2 stream, nor the reverse.
+            // A changed list of `endpoints` (an address, an endpoint's own cap, one added or removed) is changed in
+            // place: kept endpoints keep their connections, new ones join, gone ones drain (`membership`). The same
+            // endpoints in another order are no change at all. A new `url`, a list for a url or the reverse, a
+            // changed scheme or protocol (an HTTP/1 connection cannot carry an HTTP/2 stream, nor the reverse) is
+            // a new pool: the old one drains, its sockets counted against the new one's cap until they close.
             let kept = running
                 .and_then(|router| router.pools().get(name))
-                .filter(|pool| same_endpoints(pool.endpoints(), &endpoints))
-                .filter(|pool| pool.limits().protocol == upstream.protocol);
+                .filter(|pool| pool.limits().protocol == upstream.protocol)
+                .and_then(|pool| {
+                    let live = pool.live_endpoints();
+                    if same_endpoints(&live, &endpoints) {
+                        return Some((pool, None));
+                    }
+                    let lists = !pool.limits().endpoints.is_empty() && !upstream.endpoints.is_empty();
+                    let scheme = endpoints.iter().all(|(origin, _)| origin.scheme == pool.origin.scheme);
+                    (lists && scheme).then(|| (pool, Some(endpoints.clone())))
+                });
             let pool = match kept {
-                Some(pool) => {
-                    reconfigure.push((pool.clone(), upstream.clone(), tls));
+                Some((pool, changed)) => {
+                    reconfigure.push((pool.clone(), upstream.clone(), tls, changed));
                     pool.clone()
                 }
                 // Its connections and timers run in the upstream lane.
@@ -256,8 +273,11 @@ fn apply(state: &State, loaded: Loaded) -> Result<Reloaded, ReloadError> {
     if tls.is_some() && !reloaded.changed.iter().any(|c| c.starts_with("tls")) {
         reloaded.changed.push("tls certificates: read again".to_string());
     }
-    for (pool, limits, tls) in plan.reconfigure {
+    for (pool, limits, tls, endpoints) in plan.reconfigure {
         pool.reconfigure(limits, tls);
+        if let Some(endpoints) = endpoints {
+            pool.set_endpoints(&endpoints);
+        }
     }
     // Pools with `replicas` count them (a new pool starts from its predecessor's count meanwhile).
     for pool in plan.router.pools().values() {

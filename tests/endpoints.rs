@@ -203,7 +203,7 @@ upstream = "a"
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reload_keeps_the_pool_for_the_same_endpoints_and_replaces_it_when_they_change() {
+async fn a_reload_keeps_the_pool_for_the_same_endpoints_and_changes_it_in_place_when_they_change() {
     let a = Upstream::start().await;
     let b = Upstream::start().await;
     let c = Upstream::start().await;
@@ -225,24 +225,31 @@ async fn a_reload_keeps_the_pool_for_the_same_endpoints_and_replaces_it_when_the
     assert_eq!(status["upstreams"]["a"]["max_connections"], 3, "{status}");
     assert_eq!(status["upstreams"]["a"]["in_use"], 1, "{status}");
 
-    // b replaced by c: a new pool; the old one finishes its request and drains.
+    // b replaced by c: changed in place. The pool stays with a's request at work, b (idle) leaves, c joins.
     std::fs::write(file.path(), config(&[(c.url(), 1), (a.url(), 2)], 3, "")).unwrap();
     let resp = proxy.admin_request(http::Method::POST, "/reload", "", None).await;
     assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
     let status = proxy.status().await;
-    assert_eq!(status["draining"][0]["in_use"], 1, "{status}");
-    let new = &status["upstreams"]["a"];
-    assert_eq!(new["max_connections"], 3, "{status}");
-    assert_eq!(new["endpoints"][0]["address"], c.addr().to_string(), "{status}");
+    assert!(status["draining"].is_null(), "{status}");
+    let kept = &status["upstreams"]["a"];
+    assert_eq!(kept["max_connections"], 3, "{status}");
+    assert_eq!(kept["in_use"], 1, "{status}");
+    let addresses: Vec<&str> = kept["endpoints"]
+        .as_array()
+        .map(|list| {
+            list.iter()
+                .filter_map(|endpoint| endpoint["address"].as_str())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(addresses, [a.addr().to_string(), c.addr().to_string()], "{status}");
     assert_eq!(get(proxy.listen, "/x").await.status, StatusCode::OK);
-    assert_eq!(c.requests(), 1, "the new pool dials its first endpoint");
+    assert_eq!(c.requests(), 1, "the endpoint with nothing in flight is chosen");
+    assert_eq!(b.requests(), 0);
 
     a.release_stalled();
     assert_eq!(stalled.await.unwrap().status, StatusCode::OK);
-    wait_until("the old pool drained", WAIT, || async {
-        proxy.status().await["draining"].is_null()
-    })
-    .await;
+    assert_eq!(a.accepted(), 1, "a's connection was kept");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -415,4 +422,81 @@ async fn a_drained_endpoint_finishes_its_exchanges_takes_no_new_one_and_closes_i
     }
     assert!(b.requests() > served_by_b, "b serves again");
     assert!(a.peak_connections() <= 2 && b.peak_connections() <= 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_changes_the_list_keeps_the_kept_endpoints_connections_and_drains_the_gone_one() {
+    let a = Arc::new(Upstream::start().await);
+    let b = Arc::new(Upstream::start().await);
+    let c = Arc::new(Upstream::start().await);
+    let file = TempConfig::new(&config(&[(a.url(), 2), (b.url(), 2)], 8, ""));
+    let proxy = Proxy::start(&["--config", &file.path_str()]).await;
+    let stop_sampling = Arc::new(AtomicBool::new(false));
+    let sampler = tokio::spawn({
+        let (a, b, c, stop) = (a.clone(), b.clone(), c.clone(), stop_sampling.clone());
+        async move {
+            let mut peak = 0;
+            while !stop.load(Ordering::SeqCst) {
+                peak = peak.max(a.connections() + b.connections() + c.connections());
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            peak
+        }
+    });
+    let load = Load::start(proxy.listen, 8, "/delay/10");
+    load.serve_more(100).await;
+    wait_until_sync("a's two connections", WAIT, || a.connections() == 2).await;
+    let a_dialled = a.accepted();
+
+    // b out, c in: a keeps its connections, b's close as they come back, c takes b's share.
+    std::fs::write(file.path(), config(&[(a.url(), 2), (c.url(), 2)], 8, "")).unwrap();
+    proxy.sighup();
+    wait_until_sync("b's connections closed", WAIT, || b.connections() == 0).await;
+    let served_by_b = b.requests();
+    load.serve_more(200).await;
+    assert_eq!(b.requests(), served_by_b, "a gone endpoint took new requests");
+    assert!(c.requests() > 0, "the new endpoint took none");
+    assert_eq!(
+        a.accepted(),
+        a_dialled,
+        "a kept endpoint's connections were dialled again"
+    );
+    let status = proxy.status().await;
+    assert!(status.get("draining").is_none(), "the pool was replaced: {status}");
+    let endpoints = status["upstreams"]["a"]["endpoints"].clone();
+    let addresses: Vec<&str> = endpoints
+        .as_array()
+        .map(|list| {
+            list.iter()
+                .filter_map(|endpoint| endpoint["address"].as_str())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(addresses, [a.addr().to_string(), c.addr().to_string()], "{endpoints}");
+    assert_eq!(status["upstreams"]["a"]["max_connections"], 4);
+
+    // c's own cap raised, and b back: the cap in force follows, b is dialled in the place it left.
+    std::fs::write(file.path(), config(&[(a.url(), 2), (c.url(), 3), (b.url(), 1)], 8, "")).unwrap();
+    proxy.sighup();
+    proxy.wait_until_field("a", "max_connections", 6, WAIT).await;
+    wait_until_sync("b serving again", WAIT, || b.requests() > served_by_b).await;
+    load.serve_more(200).await;
+    // a's own cap lowered under its connections: one closes as it comes back, and none is dialled again there.
+    std::fs::write(file.path(), config(&[(a.url(), 1), (c.url(), 3), (b.url(), 1)], 8, "")).unwrap();
+    proxy.sighup();
+    proxy.wait_until_field("a", "max_connections", 5, WAIT).await;
+    wait_until_sync("a down to one connection", WAIT, || a.connections() <= 1).await;
+    load.serve_more(200).await;
+    assert!(a.connections() <= 1);
+    load.finish_without_failures().await;
+    stop_sampling.store(true, Ordering::SeqCst);
+    let total_peak = sampler.await.unwrap();
+    assert_eq!(
+        a.accepted(),
+        a_dialled,
+        "a kept endpoint's connections were dialled again"
+    );
+    assert!(total_peak <= 6, "{total_peak} connections at once");
+    assert!(a.peak_connections() <= 2 && c.peak_connections() <= 3);
+    assert!(b.peak_connections() <= 2);
 }

@@ -342,8 +342,8 @@ impl UpstreamPool {
     /// The endpoint is chosen first (see [`UpstreamPool::choose_endpoint`]) and told how the dial went.
     pub(crate) async fn dial(self: &Arc<Self>, mut slot: Slot) -> Result<Conn, ProxyError> {
         let chosen = self.choose_endpoint(&mut slot);
-        let Some((endpoint, origin)) = chosen.and_then(|at| self.endpoints().get(at).map(|(origin, _)| (at, origin)))
-        else {
+        let list = self.endpoints();
+        let Some((endpoint, origin)) = chosen.and_then(|at| list.get(at).map(|(origin, _)| (at, origin))) else {
             return Err(ProxyError::Connect(
                 "no endpoint has room for another connection".into(),
             ));

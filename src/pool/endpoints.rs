@@ -63,11 +63,13 @@ impl UpstreamPool {
     /// Draining (or maintenance) takes it out of the cap in force and closes its idle connections now; the
     /// exchanges on it finish, and their connections close as they come back. Ready puts it back.
     pub fn set_endpoint_state(self: &Arc<Self>, address: &str, admin: EndpointAdmin) -> Option<EndpointAdmin> {
+        let mut state = self.lock();
         let at = self
             .endpoints
+            .load()
             .iter()
-            .position(|(origin, _)| origin.authority() == address)?;
-        let mut state = self.lock();
+            .enumerate()
+            .position(|(at, (origin, _))| !state.slots.is_gone(at) && origin.authority() == address)?;
         let health = state.endpoints.get_mut(at)?;
         let was = health.admin;
         health.admin = admin;
@@ -111,7 +113,13 @@ impl UpstreamPool {
             .per_endpoint()
             .zip(&state.endpoints)
             .enumerate()
-            .filter(|(at, _)| slot.tunnel || state.slots.endpoint_has_room(*at))
+            .filter(|(at, _)| {
+                if slot.tunnel {
+                    !state.slots.is_drained(*at)
+                } else {
+                    state.slots.endpoint_has_room(*at)
+                }
+            })
             .map(|(at, ((_, open), health))| {
                 let in_flight = busy.get(at).copied().unwrap_or(usize::MAX);
                 (at, (state.slots.is_ejected(at), health.failures, in_flight, open))
@@ -163,6 +171,7 @@ impl UpstreamPool {
         health.ejections = health.ejections.saturating_add(1);
         let address = self
             .endpoints
+            .load()
             .get(endpoint)
             .map(|(origin, _)| origin.authority())
             .unwrap_or_default();

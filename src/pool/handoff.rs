@@ -127,7 +127,7 @@ impl UpstreamPool {
                     Grant::Idle(conn) => {
                         state.slots.live_over_cap()
                             || conn.over_stream_limit(&limits)
-                            || state.slots.is_drained(conn.endpoint)
+                            || state.slots.sheds_at(conn.endpoint)
                     }
                     // The slot's connection is gone: handing it on would make one more.
                     Grant::Dial(_) => state.slots.over_cap(),
@@ -242,7 +242,7 @@ impl PoolState {
     /// pool); what is handed back is to be dropped after the lock, which closes it or gives its slot back.
     pub(super) fn keep(&mut self, grant: Grant) -> Option<Grant> {
         match grant {
-            Grant::Idle(conn) if self.retired || self.slots.live_over_cap() || self.slots.is_drained(conn.endpoint) => {
+            Grant::Idle(conn) if self.retired || self.slots.live_over_cap() || self.slots.sheds_at(conn.endpoint) => {
                 self.start_closing(&conn);
                 Some(Grant::Idle(conn))
             }

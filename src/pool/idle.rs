@@ -37,7 +37,7 @@ impl UpstreamPool {
         let limits = self.limits();
         if state.endpoints.len() > 1 {
             for idle in std::mem::take(&mut state.idle) {
-                if idle.conn.is_usable_idle(&limits) && !state.slots.is_drained(idle.conn.endpoint) {
+                if idle.conn.is_usable_idle(&limits) && !state.slots.sheds_at(idle.conn.endpoint) {
                     state.idle.push_back(idle);
                 } else {
                     state.start_closing(&idle.conn);
@@ -63,7 +63,7 @@ impl UpstreamPool {
         let mut passed_over = Vec::new();
         let mut taken = None;
         while let Some(idle) = state.idle.pop_back() {
-            if !idle.conn.is_usable_idle(&limits) || state.slots.is_drained(idle.conn.endpoint) {
+            if !idle.conn.is_usable_idle(&limits) || state.slots.sheds_at(idle.conn.endpoint) {
                 // Dropped (with the idle entry), the connection goes to the pool's closing task, which frees its
                 // slot.
                 state.start_closing(&idle.conn);

@@ -1,5 +1,5 @@
-//! The cap across the pools one upstream has had. A reload that moves an upstream (a new `url`, an endpoint
-//! added, removed or given another cap) builds a new pool and retires the old one, whose connections finish what
+//! The cap across the pools one upstream has had. A reload that moves an upstream (a new `url`, scheme or protocol;
+//! a changed list of endpoints is changed in place, `membership`) builds a new pool and retires the old one, whose connections finish what
 //! they carry before they close: until they have, they are still sockets at the upstream. Every generation's
 //! [`super::slots::Slots`] counts its sockets here too and issues a slot only if the lineage, all generations
 //! together, is under the newest generation's cap in force (and each endpoint address under the newest's own cap
@@ -90,6 +90,25 @@ impl Lineage {
     pub(super) fn set_cap(&self, generation: u64, cap: usize) {
         if generation == self.newest.load(Ordering::Acquire) {
             self.cap.store(cap, Ordering::Release);
+        }
+    }
+
+    /// `generation`'s own cap for `address` (`None`: not one of its endpoints any more), if it is the newest.
+    pub(super) fn set_address_cap(&self, generation: u64, address: &str, cap: Option<usize>) {
+        if generation != self.newest.load(Ordering::Acquire) {
+            return;
+        }
+        let mut addresses = self.addresses();
+        match cap {
+            Some(cap) => addresses.entry(address.to_string()).or_default().cap = Some(cap),
+            None => {
+                if let Some(at) = addresses.get_mut(address) {
+                    at.cap = None;
+                    if at.open == 0 {
+                        addresses.remove(address);
+                    }
+                }
+            }
         }
     }
 

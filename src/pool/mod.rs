@@ -20,6 +20,7 @@ mod idle;
 mod lease;
 mod limits;
 mod lineage;
+mod membership;
 mod prewarm;
 mod replicas;
 mod session;
@@ -97,8 +98,13 @@ pub struct UpstreamPool {
     pub name: Arc<str>,
     /// The first endpoint's origin: the scheme every endpoint shares, and the default Host header.
     pub origin: Origin,
-    /// Every endpoint with its own cap, as configured; a changed list makes a new pool.
-    endpoints: Vec<(Origin, usize)>,
+    /// Every endpoint with its own cap, by its place (the one [`Slots`] and [`PoolState`] know it by): changed in
+    /// place (`membership`), a gone one's place kept until it is reused.
+    endpoints: ArcSwap<Vec<(Origin, usize)>>,
+    /// Endpoints of the upstream now (not gone).
+    live_endpoints: AtomicUsize,
+    /// The active health checks' task runs.
+    health_running: std::sync::atomic::AtomicBool,
     /// Host header for requests that arrived without one (HTTP/1.0).
     pub authority: HeaderValue,
     /// Everything but the cap is read from here at the moment it applies; the cap lives under the lock.
@@ -232,7 +238,9 @@ impl UpstreamPool {
                 queue: WaitQueue::new(QueuePolicy::of(&limits)),
             }),
             origin,
-            endpoints,
+            live_endpoints: AtomicUsize::new(endpoints.len()),
+            health_running: std::sync::atomic::AtomicBool::new(false),
+            endpoints: ArcSwap::from_pointee(endpoints),
             limits: ArcSwap::from_pointee(limits),
             metrics,
             tls: ArcSwapOption::new(tls.map(Arc::new)),
@@ -266,9 +274,7 @@ impl UpstreamPool {
         // Before the prewarm, which dials within the ramps' caps.
         pool.start_ramps(replaces);
         pool.prewarm();
-        if pool.endpoints.len() > 1 {
-            pool.spawn(health::run(Arc::downgrade(&pool)));
-        }
+        pool.check_health_if_several();
         pool
     }
 
@@ -292,9 +298,32 @@ impl UpstreamPool {
         }
     }
 
-    /// The endpoints with their own caps, as configured.
-    pub fn endpoints(&self) -> &[(Origin, usize)] {
-        &self.endpoints
+    /// Every endpoint's place with its origin and own cap, gone ones included (see [`Self::live_endpoints`]).
+    pub fn endpoints(&self) -> Arc<Vec<(Origin, usize)>> {
+        self.endpoints.load_full()
+    }
+
+    /// The upstream's endpoints now, with their own caps.
+    pub fn live_endpoints(&self) -> Vec<(Origin, usize)> {
+        let list = self.endpoints();
+        let state = self.lock();
+        list.iter()
+            .enumerate()
+            .filter(|(at, _)| !state.slots.is_gone(*at))
+            .map(|(_, endpoint)| endpoint.clone())
+            .collect()
+    }
+
+    /// How many endpoints the upstream has now; cheap enough for every request.
+    pub fn endpoint_count(&self) -> usize {
+        self.live_endpoints.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Starts the active health checks once the upstream has more than one endpoint (they eject only then).
+    fn check_health_if_several(self: &Arc<Self>) {
+        if self.endpoint_count() > 1 && !self.health_running.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            self.spawn(health::run(Arc::downgrade(self)));
+        }
     }
 
     /// The limits in force (timeouts, queue bounds, connection lifetime); cheap enough for every request.
@@ -318,7 +347,7 @@ impl PoolState {
     /// Counts `conn` as closing until its slot is back (see [`Slots::start_closing`]). Uncounted, a connection on
     /// its way out would pass for a live one, and a lowered cap would close connections it should keep.
     fn start_closing(&mut self, conn: &Conn) {
-        self.slots.start_closing(&conn.closing);
+        self.slots.start_closing(&conn.closing, conn.endpoint);
         // An HTTP/2 session goes as a whole: no new stream on it, and its idle permits leave the list (dropped
         // here; a permit's drop never calls back into the pool), so it closes once its streams at work are over.
         if let Some(session) = conn.session() {

@@ -39,12 +39,17 @@ struct EndpointSlots {
     cap: usize,
     /// Connections to it, from the moment a slot chose it to dial until the slot is taken back.
     open: usize,
+    /// Of those, the ones on their way out.
+    closing: usize,
     ejected: bool,
     /// Under slow start: the connections it may have now, below its own cap (`slow_start`).
     ramp: Option<usize>,
     /// Set to drain or to maintenance through the admin API: it takes no new connection (the others keep their own
     /// caps, and the upstream's total holds over all).
     drained: bool,
+    /// No longer one of the upstream's endpoints (a reload or a discovery took it out): as drained, and its place
+    /// is taken by a new endpoint once its last connection is back.
+    gone: bool,
 }
 
 impl EndpointSlots {
@@ -99,9 +104,11 @@ impl Slots {
                 address: address.clone(),
                 cap: *cap,
                 open: 0,
+                closing: 0,
                 ejected: false,
                 ramp: None,
                 drained: false,
+                gone: false,
             })
             .collect();
         let mut slots = Slots {
@@ -197,6 +204,7 @@ impl Slots {
     pub(super) fn endpoint_has_room(&self, endpoint: usize) -> bool {
         self.endpoints.get(endpoint).is_some_and(|endpoint| {
             !endpoint.drained
+                && !endpoint.gone
                 && endpoint.open < endpoint.in_force()
                 && self.lineage.address_has_room(&endpoint.address, endpoint.in_force())
         })
@@ -212,6 +220,8 @@ impl Slots {
             return false;
         }
         at.open += 1;
+        // A lowered cap of its own may leave it above until connections close, but never by a new one.
+        debug_assert!(at.open <= at.in_force(), "an endpoint counted past its own cap");
         self.check();
         true
     }
@@ -226,6 +236,9 @@ impl Slots {
         let mut address = None;
         if let Some(at) = endpoint.and_then(|at| self.endpoints.get_mut(at)) {
             at.open = at.open.saturating_sub(1);
+            if was_closing {
+                at.closing = at.closing.saturating_sub(1);
+            }
             address = Some(at.address.as_str());
         }
         self.lineage.take_back(address, was_closing);
@@ -236,12 +249,16 @@ impl Slots {
 
     /// Counts a connection the pool has started to close among those closing, once, and not at all if its slot is
     /// already back.
-    pub(super) fn start_closing(&mut self, mark: &ClosingMark) {
+    /// `endpoint`: the one it goes to.
+    pub(super) fn start_closing(&mut self, mark: &ClosingMark, endpoint: usize) {
         let counted = mark
             .0
             .compare_exchange(NOT_COUNTED, COUNTED, Ordering::AcqRel, Ordering::Acquire);
         if counted.is_ok() {
             self.closing += 1;
+            if let Some(at) = self.endpoints.get_mut(endpoint) {
+                at.closing += 1;
+            }
             self.lineage.start_closing();
         }
         self.check();
@@ -288,8 +305,71 @@ impl Slots {
         self.endpoints.get(endpoint).map_or(0, EndpointSlots::in_force)
     }
 
+    /// Whether `endpoint` takes no new connection and keeps none that comes back: drained, or gone.
     pub(super) fn is_drained(&self, endpoint: usize) -> bool {
-        self.endpoints.get(endpoint).is_some_and(|at| at.drained)
+        self.endpoints.get(endpoint).is_some_and(|at| at.drained || at.gone)
+    }
+
+    /// Whether a connection to `endpoint` that comes free is to be closed rather than kept or handed on: the
+    /// endpoint is drained or gone, or has more connections not on their way out than its cap in force (its own
+    /// cap or its ramp was lowered).
+    pub(super) fn sheds_at(&self, endpoint: usize) -> bool {
+        self.endpoints
+            .get(endpoint)
+            .is_some_and(|at| at.drained || at.gone || at.open.saturating_sub(at.closing) > at.in_force())
+    }
+
+    pub(super) fn is_gone(&self, endpoint: usize) -> bool {
+        self.endpoints.get(endpoint).is_some_and(|at| at.gone)
+    }
+
+    /// Takes `endpoint` out of the upstream (`gone`) or back in; whether the cap in force rose.
+    pub(super) fn set_gone(&mut self, endpoint: usize, gone: bool) -> bool {
+        if let Some(at) = self.endpoints.get_mut(endpoint) {
+            at.gone = gone;
+            let cap = (!gone).then_some(at.cap);
+            self.lineage.set_address_cap(self.generation, &at.address, cap);
+        }
+        self.recompute()
+    }
+
+    /// Gives `endpoint` its own cap `cap`; whether the cap in force rose.
+    pub(super) fn set_endpoint_cap(&mut self, endpoint: usize, cap: usize) -> bool {
+        if let Some(at) = self.endpoints.get_mut(endpoint) {
+            at.cap = cap;
+            self.lineage.set_address_cap(self.generation, &at.address, Some(cap));
+        }
+        self.recompute()
+    }
+
+    /// A new endpoint at `address` with its own `cap`: in the place of a gone one with nothing left there, or a new
+    /// place at the end. Its place; the caller puts the cap in force (it never lowers).
+    pub(super) fn add_endpoint(&mut self, address: &str, cap: usize) -> usize {
+        let fresh = EndpointSlots {
+            address: address.to_string(),
+            cap,
+            open: 0,
+            closing: 0,
+            ejected: false,
+            ramp: None,
+            drained: false,
+            gone: false,
+        };
+        self.lineage.set_address_cap(self.generation, address, Some(cap));
+        let at = match self.endpoints.iter().position(|at| at.gone && at.open == 0) {
+            Some(at) => {
+                if let Some(place) = self.endpoints.get_mut(at) {
+                    *place = fresh;
+                }
+                at
+            }
+            None => {
+                self.endpoints.push(fresh);
+                self.endpoints.len() - 1
+            }
+        };
+        self.recompute();
+        at
     }
 
     pub(super) fn is_ejected(&self, endpoint: usize) -> bool {
@@ -318,14 +398,14 @@ impl Slots {
         let room = |ejected_too: bool| {
             self.endpoints
                 .iter()
-                .filter(|at| ejected_too || !at.ejected)
+                .filter(|at| !at.gone && (ejected_too || !at.ejected))
                 .fold(0usize, |sum, at| sum.saturating_add(at.in_force()))
         };
         let healthy = room(false);
         self.configured.min(if healthy == 0 { room(true) } else { healthy })
     }
 
-    /// What every move keeps: no cap in force above the configured one, no endpoint past its own cap, no more
+    /// What every move keeps: no cap in force above the configured one, no more
     /// connections at endpoints than slots, no more closing than live. (The pool's count past a lowered cap is allowed: it falls as connections finish.)
     fn check(&self) {
         debug_assert!(self.cap <= self.configured, "a cap in force above the configured one");
@@ -334,10 +414,6 @@ impl Slots {
             "{} closing of {} open",
             self.closing,
             self.open
-        );
-        debug_assert!(
-            self.endpoints.iter().all(|at| at.open <= at.cap),
-            "an endpoint past its own cap"
         );
         debug_assert!(
             self.endpoints.iter().map(|at| at.open).sum::<usize>() <= self.open,
@@ -378,12 +454,12 @@ mod tests {
         let mut slots = Slots::new(2, [usize::MAX]);
         let _issued = slots.issue();
         let mark = ClosingMark::default();
-        slots.start_closing(&mark);
-        slots.start_closing(&mark);
+        slots.start_closing(&mark, 0);
+        slots.start_closing(&mark, 0);
         assert!(slots.any_closing());
         slots.take_back(None, Some(&mark));
         assert!(!slots.any_closing());
-        slots.start_closing(&mark);
+        slots.start_closing(&mark, 0);
         assert!(!slots.any_closing(), "counted after its slot was back");
     }
 
@@ -394,7 +470,7 @@ mod tests {
         slots.set_configured(1);
         assert!(slots.over_cap() && slots.live_over_cap());
         let mark = ClosingMark::default();
-        slots.start_closing(&mark);
+        slots.start_closing(&mark, 0);
         assert!(slots.over_cap() && slots.live_over_cap());
         slots.take_back(None, Some(&mark));
         assert!(slots.over_cap());
@@ -434,6 +510,35 @@ mod tests {
             (1, 3),
             "a url's endpoint ramps to the upstream's cap"
         );
+    }
+
+    #[test]
+    fn a_gone_endpoint_takes_nothing_new_and_its_place_is_reused_once_its_last_connection_is_back() {
+        let mut slots = Slots::new(10, [2, 2]);
+        assert!(slots.issue_at(0).is_some());
+        assert!(!slots.set_gone(0, true));
+        assert_eq!(slots.cap(), 2);
+        assert!(slots.issue_at(0).is_none() && slots.is_drained(0));
+        assert_eq!(
+            slots.add_endpoint("c", 3),
+            2,
+            "a place of its own while 0 still has a connection"
+        );
+        assert_eq!(slots.cap(), 5);
+        slots.take_back(Some(0), None);
+        assert_eq!(slots.add_endpoint("d", 1), 0, "the gone one's place, now empty");
+        assert_eq!(slots.cap(), 6);
+        assert!(slots.set_endpoint_cap(2, 4));
+        assert_eq!(slots.cap(), 7);
+        // A lowered own cap under its connections: none is added there until enough are back.
+        let mut two = Slots::new(10, [2]);
+        assert!(two.issue_at(0).is_some() && two.issue_at(0).is_some());
+        assert!(!two.set_endpoint_cap(0, 1));
+        assert!(two.over_cap() && two.issue_at(0).is_none());
+        two.take_back(Some(0), None);
+        assert!(two.issue_at(0).is_none(), "one open at a cap of one");
+        two.take_back(Some(0), None);
+        assert!(two.issue_at(0).is_some());
     }
 
     #[test]

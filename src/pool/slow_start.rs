@@ -145,6 +145,7 @@ impl UpstreamPool {
         }
         let known: Vec<Option<Option<Ramp>>> = self
             .endpoints
+            .load()
             .iter()
             .map(|(origin, _)| replaces.and_then(|old| old.ramp_of(&origin.authority())))
             .collect();
@@ -162,11 +163,14 @@ impl UpstreamPool {
 
     /// The ramp of the endpoint at `address`, if it is one of this pool's (`Some(None)`: it is, and ramps no more).
     fn ramp_of(&self, address: &str) -> Option<Option<Ramp>> {
+        let state = self.lock();
         let at = self
             .endpoints
+            .load()
             .iter()
-            .position(|(origin, _)| origin.authority() == address)?;
-        Some(self.lock().endpoints.get(at)?.ramp.clone())
+            .enumerate()
+            .position(|(at, (origin, _))| !state.slots.is_gone(at) && origin.authority() == address)?;
+        Some(state.endpoints.get(at)?.ramp.clone())
     }
 
     /// An answer from `endpoint` after `took`: the ramp's measure, and its step when a window closes. Nothing is
@@ -220,6 +224,7 @@ impl UpstreamPool {
 
     pub(super) fn endpoint_address(&self, endpoint: usize) -> String {
         self.endpoints
+            .load()
             .get(endpoint)
             .map(|(origin, _)| origin.authority())
             .unwrap_or_default()

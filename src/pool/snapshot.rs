@@ -19,11 +19,14 @@ impl UpstreamPool {
             let now = tokio::time::Instant::now();
             let endpoints = self
                 .endpoints
+                .load()
                 .iter()
                 .zip(state.slots.per_endpoint())
                 .zip(&state.endpoints)
                 .zip(busy)
                 .enumerate()
+                // A gone endpoint is shown until its last connection has closed.
+                .filter(|(at, (((_, (_, open)), _), _))| !state.slots.is_gone(*at) || *open > 0)
                 .map(
                     |(at, ((((origin, _), (cap, open)), health), in_flight))| EndpointSnapshot {
                         address: origin.authority(),
@@ -32,7 +35,11 @@ impl UpstreamPool {
                         in_flight,
                         ejected: state.slots.is_ejected(at),
                         failed_dials: health.failures,
-                        state: health.admin.as_str(),
+                        state: if state.slots.is_gone(at) {
+                            "gone"
+                        } else {
+                            health.admin.as_str()
+                        },
                         max_connections_in_force: state.slots.endpoint_in_force(at).min(state.slots.cap()),
                         slow_start: health.ramp.as_ref().map(|ramp| ramp.snapshot(now)),
                     },

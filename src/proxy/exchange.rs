@@ -259,7 +259,7 @@ pub(super) async fn send(
     let mut held: u32 = 0;
     // A failed dial is retried only with other endpoints to go to, and a dead endpoint is chosen at most until
     // `eject_after` failures eject it: so many retries reach a live endpoint if there is one.
-    let mut dial_retries = match pool.endpoints().len() {
+    let mut dial_retries = match pool.endpoint_count() {
         0 | 1 => 0,
         endpoints => endpoints.saturating_mul(eject_after.max(1) as usize),
     };
