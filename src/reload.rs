@@ -81,8 +81,13 @@ impl Plan {
                 .and_then(|router| router.pools().get(name))
                 .filter(|pool| pool.limits().protocol == upstream.protocol)
                 .and_then(|pool| {
+                    // Discovered endpoints: the discovery puts its set in force (see `pool::discovery`).
+                    if let Some(dns) = upstream.endpoints.dns() {
+                        let kept = !pool.limits().endpoints.is_empty() && dns.scheme() == Some(pool.origin.scheme);
+                        return kept.then_some((pool, None));
+                    }
                     let live = pool.live_endpoints();
-                    if same_endpoints(&live, &endpoints) {
+                    if crate::pool::same_set(&live, &endpoints) {
                         return Some((pool, None));
                     }
                     let lists = !pool.limits().endpoints.is_empty() && !upstream.endpoints.is_empty();
@@ -150,15 +155,6 @@ impl Plan {
     }
 }
 
-/// Whether two endpoint lists hold the same endpoints (address and own cap), in whatever order.
-fn same_endpoints<T: PartialEq>(running: &[T], new: &[T]) -> bool {
-    let count = |list: &[T], endpoint: &T| list.iter().filter(|other| *other == endpoint).count();
-    running.len() == new.len()
-        && running
-            .iter()
-            .all(|endpoint| count(running, endpoint) == count(new, endpoint))
-}
-
 /// Each `https://` upstream's TLS client, by upstream name (`None` for `http://`).
 pub type UpstreamClients = BTreeMap<String, Option<UpstreamTls>>;
 
@@ -168,7 +164,9 @@ pub fn upstream_clients(config: &Config) -> Result<UpstreamClients, ConfigError>
     let mut clients = BTreeMap::new();
     for (name, upstream) in &config.upstreams {
         let endpoints = upstream.endpoint_list(name)?;
-        let Some((origin, _)) = endpoints.first() else {
+        // Discovered endpoints share the name's scheme and the name verified.
+        let discovered = upstream.endpoints.dns().map(crate::config::DnsEndpoints::origin);
+        let Some(origin) = discovered.as_ref().or(endpoints.first().map(|(origin, _)| origin)) else {
             return Err(ConfigError::new(format!("upstreams.{name}.url"), "no endpoint"));
         };
         // Every endpoint shares the scheme and the name verified (see `endpoint_list`): one client serves all.
@@ -279,10 +277,14 @@ fn apply(state: &State, loaded: Loaded) -> Result<Reloaded, ReloadError> {
             pool.set_endpoints(&endpoints);
         }
     }
-    // Pools with `replicas` count them (a new pool starts from its predecessor's count meanwhile).
+    // Pools with `replicas` count them (a new pool starts from its predecessor's count meanwhile), and pools
+    // whose endpoints are discovered resolve them now.
     for pool in plan.router.pools().values() {
         let counting = pool.clone();
-        pool.spawn(async move { counting.count_replicas().await });
+        pool.spawn(async move {
+            counting.count_replicas().await;
+            counting.discover_endpoints().await;
+        });
     }
     state
         .proxy

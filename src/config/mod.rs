@@ -34,8 +34,8 @@ pub use log_level::log_filter;
 pub use overrides::{GlobalOverrides, Overrides, UpstreamOverrides};
 pub use secret::{Secret, REDACTED};
 pub use upstream::{
-    AdaptiveLimit, Discipline, EndpointConfig, FairKey, Origin, ReplicaSource, RetryBudget, Scheme, SlowStart,
-    UpstreamConfig, UpstreamProtocol, MAX_PRIORITY,
+    AdaptiveLimit, Discipline, DnsEndpoints, EndpointConfig, Endpoints, FairKey, Origin, ReplicaSource, RetryBudget,
+    Scheme, SlowStart, UpstreamConfig, UpstreamProtocol, MAX_PRIORITY,
 };
 use validate::hides;
 pub use validate::{is_addressable_name, LARGEST_RUNTIME_COUNT, MAX_THREADS};

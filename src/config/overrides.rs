@@ -158,7 +158,7 @@ impl Config {
             // The flag names the one upstream everything goes to, as in the quick case.
             let upstream = self.upstreams.entry(DEFAULT_UPSTREAM.to_string()).or_default();
             upstream.url = url.clone();
-            upstream.endpoints.clear();
+            upstream.endpoints = crate::config::Endpoints::default();
             self.routes.retain(|route| route.upstream == DEFAULT_UPSTREAM);
             if self.routes.is_empty() {
                 self.routes.push(RouteConfig {

@@ -67,10 +67,10 @@ fn the_reference_file_is_valid_and_states_every_key_with_its_default() {
         app.tls_client_cert = Some("client.pem".into());
         app.tls_client_key = Some("client-key.pem".into());
         app.tls_server_name = Some("app.internal".to_string());
-        app.endpoints.push(EndpointConfig {
+        app.endpoints = crate::config::Endpoints::List(vec![EndpointConfig {
             url: "http://127.0.0.1:9001".into(),
             max_connections: 1,
-        });
+        }]);
     }
     let text = std::fs::read_to_string(&path).unwrap();
     let mentioned = |key: &str| {

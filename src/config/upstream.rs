@@ -42,6 +42,93 @@ pub struct EndpointConfig {
     pub max_connections: usize,
 }
 
+/// An upstream's endpoints when it has no `url`: a list, or the addresses a DNS name resolves to.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum Endpoints {
+    List(Vec<EndpointConfig>),
+    Dns(DnsEndpoints),
+}
+
+impl Default for Endpoints {
+    fn default() -> Self {
+        Endpoints::List(Vec::new())
+    }
+}
+
+impl Endpoints {
+    /// Neither listed nor discovered (the upstream is given by `url`).
+    pub fn is_empty(&self) -> bool {
+        matches!(self, Endpoints::List(list) if list.is_empty())
+    }
+
+    /// The listed endpoints (none when they are discovered).
+    pub fn listed(&self) -> &[EndpointConfig] {
+        match self {
+            Endpoints::List(list) => list,
+            Endpoints::Dns(_) => &[],
+        }
+    }
+
+    pub fn dns(&self) -> Option<&DnsEndpoints> {
+        match self {
+            Endpoints::Dns(dns) => Some(dns),
+            Endpoints::List(_) => None,
+        }
+    }
+}
+
+/// Endpoints discovered from DNS: every A and AAAA record of `dns` an endpoint at `port`, each with its own cap
+/// `max_connections`, resolved again every `interval` and changed in place; a resolution that fails (or finds no
+/// address) keeps the last set. `nameserver`: ask that server (`ip:port`, UDP) rather than the system's resolver.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DnsEndpoints {
+    pub dns: String,
+    pub port: u16,
+    /// Each endpoint's own cap.
+    #[serde(deserialize_with = "integer::deserialize")]
+    pub max_connections: usize,
+    /// `http` or `https`.
+    #[serde(default = "DnsEndpoints::default_scheme")]
+    pub scheme: String,
+    #[serde(default = "DnsEndpoints::default_interval", with = "humantime_serde")]
+    pub interval: Duration,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nameserver: Option<std::net::SocketAddr>,
+}
+
+impl DnsEndpoints {
+    /// The shortest `interval`: a resolution each time, and a typo such as `1ns` would ask without a pause.
+    pub const MIN_INTERVAL: Duration = Duration::from_millis(100);
+
+    fn default_scheme() -> String {
+        "http".into()
+    }
+
+    fn default_interval() -> Duration {
+        Duration::from_secs(5)
+    }
+
+    /// The scheme every discovered endpoint is dialled with.
+    pub fn scheme(&self) -> Option<Scheme> {
+        match self.scheme.as_str() {
+            "http" => Some(Scheme::Http),
+            "https" => Some(Scheme::Https),
+            _ => None,
+        }
+    }
+
+    /// The upstream's origin as a whole: the name and port (the default Host, and the name TLS verifies).
+    pub fn origin(&self) -> Origin {
+        Origin {
+            scheme: self.scheme().unwrap_or(Scheme::Http),
+            host: self.dns.clone(),
+            port: self.port,
+        }
+    }
+}
+
 /// One named upstream origin and the limits of its pool.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -50,8 +137,9 @@ pub struct UpstreamConfig {
     pub url: String,
     /// Several instances of the service instead of `url` (the file only): each with its own cap. The upstream's
     /// cap in force is then the lower of `max_connections` and their sum.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub endpoints: Vec<EndpointConfig>,
+    /// Or, as a table, endpoints discovered from DNS (see [`DnsEndpoints`]).
+    #[serde(skip_serializing_if = "Endpoints::is_empty")]
+    pub endpoints: Endpoints,
     /// With several endpoints: this many consecutive failed dials eject an endpoint for a while; 0: never.
     #[serde(deserialize_with = "integer::deserialize")]
     pub eject_after: u32,
@@ -345,7 +433,7 @@ impl Default for UpstreamConfig {
     fn default() -> Self {
         UpstreamConfig {
             url: String::new(),
-            endpoints: Vec::new(),
+            endpoints: Endpoints::default(),
             eject_after: 3,
             eject_backoff: Duration::from_secs(1),
             eject_backoff_max: Duration::from_secs(30),
@@ -438,9 +526,45 @@ impl UpstreamConfig {
             }
             (true, false) => {}
         }
+        if let Some(dns) = self.endpoints.dns() {
+            let mut problems = Vec::new();
+            if dns.dns.trim().is_empty() || dns.dns.contains(['/', ':', ' ']) {
+                problems.push(ConfigError::new(key("endpoints.dns"), "must be a DNS name"));
+            }
+            if dns.port == 0 {
+                problems.push(ConfigError::new(key("endpoints.port"), "must be from 1 to 65535"));
+            }
+            if dns.max_connections == 0 {
+                problems.push(ConfigError::new(key("endpoints.max_connections"), "must be at least 1"));
+            }
+            match dns.scheme() {
+                None => problems.push(ConfigError::new(
+                    key("endpoints.scheme"),
+                    "must be \"http\" or \"https\"",
+                )),
+                Some(Scheme::Https) if self.tls_server_name.is_none() => problems.push(ConfigError::new(
+                    key("endpoints.scheme"),
+                    "https:// endpoints found by DNS need tls_server_name (the one name verified)",
+                )),
+                Some(_) => {}
+            }
+            if dns.interval < DnsEndpoints::MIN_INTERVAL {
+                problems.push(ConfigError::new(
+                    key("endpoints.interval"),
+                    format!("must be at least {}ms", DnsEndpoints::MIN_INTERVAL.as_millis()),
+                ));
+            }
+            // Discovered, not listed: the pool starts with none and takes the first resolution's.
+            return if problems.is_empty() {
+                Ok(Vec::new())
+            } else {
+                Err(problems)
+            };
+        }
         let mut problems = Vec::new();
-        let mut list: Vec<(Origin, usize)> = Vec::with_capacity(self.endpoints.len());
-        for (index, endpoint) in self.endpoints.iter().enumerate() {
+        let listed = self.endpoints.listed();
+        let mut list: Vec<(Origin, usize)> = Vec::with_capacity(listed.len());
+        for (index, endpoint) in listed.iter().enumerate() {
             let at = |field: &str| key(&format!("endpoints[{index}].{field}"));
             if endpoint.max_connections == 0 {
                 problems.push(ConfigError::new(at("max_connections"), "must be at least 1"));

@@ -87,6 +87,8 @@ pub struct Metrics {
     tunnel_bytes: Family<Labels, Counter>,
     /// Reads of a replica count refused, by upstream and reason (see `pool::replicas`).
     replica_counts_refused: Family<Labels, Counter>,
+    /// Resolutions of discovered endpoints not taken, by upstream and reason (see `pool::discovery`).
+    discovery_failures: Family<Labels, Counter>,
     /// Per upstream and route, as the client sees it: its request's time and bytes both ways.
     request_duration: Family<Labels, Histogram, fn() -> Histogram>,
     request_bytes: Family<Labels, Counter>,
@@ -146,6 +148,7 @@ impl Metrics {
         let tunnels_refused = Family::<Labels, Counter>::default();
         let tunnel_bytes = Family::<Labels, Counter>::default();
         let replica_counts_refused = Family::<Labels, Counter>::default();
+        let discovery_failures = Family::<Labels, Counter>::default();
         let request_duration =
             Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram as _);
         let request_bytes = Family::<Labels, Counter>::default();
@@ -347,6 +350,12 @@ impl Metrics {
             replica_counts_refused.clone(),
         );
         registry.register(
+            "floodgate_upstream_discovery_failures",
+            "Resolutions of an upstream's discovered endpoints (endpoints = { dns = ... }) that were not taken, by \
+             reason: failed (the name did not resolve) or empty (no address); the endpoints in force stay",
+            discovery_failures.clone(),
+        );
+        registry.register(
             "floodgate_http2_unsolicited_ping_acks",
             "PING acknowledgements HTTP/2 clients sent for PINGs floodgate never sent; a connection that keeps \
              sending them is closed",
@@ -435,6 +444,7 @@ impl Metrics {
             tunnels_refused,
             tunnel_bytes,
             replica_counts_refused,
+            discovery_failures,
             request_duration,
             request_bytes,
             response_bytes,
@@ -502,6 +512,10 @@ impl Metrics {
             tunnels_refused_upstream: self.tunnels_refused.get_or_create_owned(&reason("upstream")),
             tunnel_bytes_to_upstream: self.tunnel_bytes.get_or_create_owned(&direction("to_upstream")),
             tunnel_bytes_to_client: self.tunnel_bytes.get_or_create_owned(&direction("to_client")),
+            discovery: Arc::new(ReplicaCountFamily {
+                upstream: name.to_string(),
+                refused: self.discovery_failures.clone(),
+            }),
             replica_counts: Arc::new(ReplicaCountFamily {
                 upstream: name.to_string(),
                 refused: self.replica_counts_refused.clone(),

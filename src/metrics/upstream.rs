@@ -178,6 +178,8 @@ pub struct UpstreamMetrics {
     pub tunnel_bytes_to_upstream: Counter,
     pub tunnel_bytes_to_client: Counter,
     pub(super) replica_counts: Arc<ReplicaCountFamily>,
+    /// Resolutions of discovered endpoints not taken, by reason (the same shape as the replica counts').
+    pub(super) discovery: Arc<ReplicaCountFamily>,
     pub(super) routes: Arc<RouteFamilies>,
     pub(super) endpoints: Arc<EndpointFamilies>,
 }
@@ -313,6 +315,18 @@ impl UpstreamMetrics {
     /// A replica count read for `reason` was not taken (at most once an `interval`, never on a request's path).
     pub fn replica_count_refused(&self, reason: &'static str) {
         self.replica_counts.counter(reason).inc();
+    }
+
+    /// The upstream's endpoints are discovered: the failure counts of each of `reasons` are present at 0 from now.
+    pub fn discovery_known(&self, reasons: impl IntoIterator<Item = &'static str>) {
+        for reason in reasons {
+            let _ = self.discovery.counter(reason);
+        }
+    }
+
+    /// A resolution of the upstream's endpoints failed for `reason` (at most once an `interval`).
+    pub fn discovery_refused(&self, reason: &'static str) {
+        self.discovery.counter(reason).inc();
     }
 
     /// The endpoint at `address` is one of the upstream's: its counters are present at 0 from now.

@@ -13,6 +13,7 @@ mod budget;
 pub(crate) mod client;
 pub(crate) mod client_h2;
 mod connection;
+mod discovery;
 mod endpoints;
 mod handoff;
 mod health;
@@ -144,6 +145,10 @@ pub struct UpstreamPool {
     replica_watch: std::sync::atomic::AtomicBool,
     /// Why the last count read was not taken (`None` while counts are): what the log last said about the source.
     replica_count_refused: Mutex<Option<replicas::Uncounted>>,
+    /// A task resolves the endpoints (`endpoints = { dns = ... }`).
+    discovering: std::sync::atomic::AtomicBool,
+    /// Why the last resolution was not taken (`None` while they are).
+    discovery_refused: Mutex<Option<discovery::Unresolved>>,
 }
 
 impl UpstreamPool {
@@ -181,14 +186,16 @@ impl UpstreamPool {
         spawner: Spawner,
         replaces: Option<&UpstreamPool>,
     ) -> Arc<Self> {
-        let origin = endpoints.first().map_or_else(
-            || Origin {
+        // Discovered endpoints: the name and port are the upstream's origin, whatever addresses they have now.
+        let origin = match (limits.endpoints.dns(), endpoints.first()) {
+            (Some(dns), _) => dns.origin(),
+            (None, Some((origin, _))) => origin.clone(),
+            (None, None) => Origin {
                 scheme: crate::config::Scheme::Http,
                 host: "0.0.0.0".into(),
                 port: 9,
             },
-            |(origin, _)| origin.clone(),
-        );
+        };
         let endpoint_states = endpoints.iter().map(|_| EndpointState::default()).collect();
         for (origin, _) in &endpoints {
             metrics.endpoint_known(&origin.authority());
@@ -260,6 +267,8 @@ impl UpstreamPool {
             replicas: AtomicUsize::new(replicas),
             replica_watch: std::sync::atomic::AtomicBool::new(false),
             replica_count_refused: Mutex::new(None),
+            discovering: std::sync::atomic::AtomicBool::new(false),
+            discovery_refused: Mutex::new(None),
         });
         {
             let state = pool.lock();
@@ -336,6 +345,15 @@ impl UpstreamPool {
         // so a poisoned lock is still consistent.
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// Whether two endpoint lists hold the same endpoints, whatever their order.
+pub(crate) fn same_set<T: PartialEq>(running: &[T], new: &[T]) -> bool {
+    let count = |list: &[T], endpoint: &T| list.iter().filter(|other| *other == endpoint).count();
+    running.len() == new.len()
+        && running
+            .iter()
+            .all(|endpoint| count(running, endpoint) == count(new, endpoint))
 }
 
 impl PoolState {

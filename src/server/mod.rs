@@ -87,8 +87,10 @@ impl Floodgate {
         let router = Plan::starting(&config, &metrics, &lane)?;
         // With `replicas`, a pool's share comes from the first count, read before anything is served: a replica
         // never starts with the whole total (see pool::replicas).
+        // Discovered endpoints too: the first resolution is waited for as long, so the first requests find them.
         for pool in router.pools().values() {
             let _ = tokio::time::timeout(REPLICA_COUNT_AT_START, pool.count_replicas()).await;
+            let _ = tokio::time::timeout(REPLICA_COUNT_AT_START, pool.discover_endpoints()).await;
         }
         let access_log = config.access_log_format().map(|format| match format {
             crate::config::AccessLogFormat::Combined => crate::access::Style::Combined,

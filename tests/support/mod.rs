@@ -15,6 +15,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod chaos;
+pub mod dns;
 pub mod early;
 pub mod flood;
 pub mod h2_raw;
