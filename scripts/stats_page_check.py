@@ -303,6 +303,11 @@ def check(args, browser):
         if ": " not in shown or "connections" not in shown:
             raise Failed(f"upstream {name} shows no endpoint line: {shown!r}")
         print(f"page: {name}'s endpoints: {shown}")
+    for name in expected:
+        up = page["upstreams"][name]
+        for field in ("min_idle", "long_holds_total", "held_while_down_total", "stalls_total", "retry_budget_tokens"):
+            if up.get(field, "–") == "–":
+                raise Failed(f"upstream {name} shows no {field}: {up.get(field)!r}")
     if args.slow_start and "slow start" not in page["upstreams"][args.slow_start]["endpoints"]:
         raise Failed(f"{args.slow_start}'s ramp is not shown: {page['upstreams'][args.slow_start]['endpoints']!r}")
     if page["viewportWidth"] != PHONE_WIDTH or page["scrollWidth"] > page["viewportWidth"]:

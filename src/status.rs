@@ -46,6 +46,18 @@ pub struct PoolSnapshot {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub adaptive: Option<AdaptiveSnapshot>,
     pub in_use: usize,
+    /// Idle connections kept ready (`min_idle`; 0: none), and how many were dialled for it so far.
+    pub min_idle: usize,
+    pub prewarmed_total: u64,
+    /// Exchanges that held their slot past `hold_warn_after` (0 while it is off).
+    pub long_holds_total: u64,
+    /// Requests held while no endpoint could be dialled (`hold_while_down`).
+    pub held_while_down_total: u64,
+    /// Stalls the stall guard saw (`stall_timeout`).
+    pub stalls_total: u64,
+    /// The retries the clients may still make (`retry_budget`), while a budget is set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_budget_tokens: Option<f64>,
     pub connections_open: usize,
     pub connections_idle: usize,
     pub connections_peak: usize,

@@ -26,6 +26,12 @@ async fn min_idle_connections_are_open_before_the_first_request_and_the_idle_tim
     let proxy = prewarmed(&upstream, 4, "2", &["--idle-timeout", "200ms"]).await;
     wait_until_sync("two connections ready", WAIT, || upstream.connections() == 2).await;
     assert_eq!(upstream.requests(), 0, "opened for no request");
+    let status = proxy.upstream_status("default").await;
+    assert_eq!(
+        (status["min_idle"].as_u64(), status["prewarmed_total"].as_u64()),
+        (Some(2), Some(2)),
+        "{status}"
+    );
     // A burst needs four: two more are dialled, and go again after their idle timeout, down to the floor.
     let burst: Vec<_> = (0..4)
         .map(|_| {

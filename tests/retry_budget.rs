@@ -78,6 +78,9 @@ async fn each_first_attempt_earns_its_ratio_of_a_retry() {
     for _ in 0..5 {
         assert_eq!(attempt(&proxy, false).await.0, StatusCode::OK);
     }
+    // /status shows the balance: the five earned, and what time added meanwhile (one a second).
+    let tokens = proxy.upstream_status("a").await["retry_budget_tokens"].as_f64();
+    assert!(tokens.is_some_and(|tokens| (5.0..7.0).contains(&tokens)), "{tokens:?}");
     for _ in 0..5 {
         assert_eq!(
             attempt(&proxy, true).await.0,

@@ -37,6 +37,19 @@ impl UpstreamPool {
 }
 
 impl RetryTokens {
+    /// The balance now, as time has filled it (without spending or earning).
+    pub(super) fn balance(&self, budget: &RetryBudget) -> f64 {
+        let per_second = f64::from(budget.min_per_second);
+        let most = (10.0 * per_second).max(1000.0);
+        let bucket = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        match *bucket {
+            None => per_second,
+            Some((balance, since)) => {
+                (balance + Instant::now().saturating_duration_since(since).as_secs_f64() * per_second).min(most)
+            }
+        }
+    }
+
     fn spend(&self, budget: &RetryBudget, retry: bool) -> bool {
         let now = Instant::now();
         let per_second = f64::from(budget.min_per_second);

@@ -66,6 +66,16 @@ impl UpstreamPool {
             limit,
             adaptive,
             in_use,
+            min_idle: self.limits().min_idle,
+            prewarmed_total: self.metrics.prewarmed.get(),
+            long_holds_total: self.metrics.long_holds.get(),
+            held_while_down_total: self.metrics.held_while_down.get(),
+            stalls_total: self.metrics.stalls.get(),
+            retry_budget_tokens: self
+                .limits()
+                .retry_budget
+                .as_ref()
+                .map(|budget| (self.retry_tokens.balance(budget) * 10.0).floor() / 10.0),
             connections_open: open,
             connections_idle: idle,
             connections_peak: peak,
