@@ -382,7 +382,10 @@ def main():
 
 
 # The headings of sections no run of run.sh makes: written by hand from their own scripts, kept across reports.
-KEPT_HEADINGS = ("## gRPC upstream (HTTP/2 to the upstream)",)
+KEPT_HEADINGS = (
+    "## gRPC upstream (HTTP/2 to the upstream)",
+    "## Admission that reads the upstream (benches/upstream_aware.py)",
+)
 
 
 def kept_sections(path):
