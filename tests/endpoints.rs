@@ -49,6 +49,18 @@ fn sample_total(a: Arc<Upstream>, b: Arc<Upstream>, stop: Arc<AtomicBool>) -> Jo
     })
 }
 
+/// The addresses of an upstream's endpoints, as `/status` lists them.
+fn addresses(upstream: &serde_json::Value) -> Vec<String> {
+    upstream["endpoints"]
+        .as_array()
+        .map(|list| {
+            list.iter()
+                .filter_map(|endpoint| endpoint["address"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn endpoint_status(upstream: &serde_json::Value, index: usize) -> serde_json::Value {
     upstream["endpoints"][index].clone()
 }
@@ -234,15 +246,11 @@ async fn a_reload_keeps_the_pool_for_the_same_endpoints_and_changes_it_in_place_
     let kept = &status["upstreams"]["a"];
     assert_eq!(kept["max_connections"], 3, "{status}");
     assert_eq!(kept["in_use"], 1, "{status}");
-    let addresses: Vec<&str> = kept["endpoints"]
-        .as_array()
-        .map(|list| {
-            list.iter()
-                .filter_map(|endpoint| endpoint["address"].as_str())
-                .collect()
-        })
-        .unwrap_or_default();
-    assert_eq!(addresses, [a.addr().to_string(), c.addr().to_string()], "{status}");
+    assert_eq!(
+        addresses(kept),
+        [a.addr().to_string(), c.addr().to_string()],
+        "{status}"
+    );
     assert_eq!(get(proxy.listen, "/x").await.status, StatusCode::OK);
     assert_eq!(c.requests(), 1, "the endpoint with nothing in flight is chosen");
     assert_eq!(b.requests(), 0);
@@ -463,16 +471,11 @@ async fn a_reload_that_changes_the_list_keeps_the_kept_endpoints_connections_and
     );
     let status = proxy.status().await;
     assert!(status.get("draining").is_none(), "the pool was replaced: {status}");
-    let endpoints = status["upstreams"]["a"]["endpoints"].clone();
-    let addresses: Vec<&str> = endpoints
-        .as_array()
-        .map(|list| {
-            list.iter()
-                .filter_map(|endpoint| endpoint["address"].as_str())
-                .collect()
-        })
-        .unwrap_or_default();
-    assert_eq!(addresses, [a.addr().to_string(), c.addr().to_string()], "{endpoints}");
+    assert_eq!(
+        addresses(&status["upstreams"]["a"]),
+        [a.addr().to_string(), c.addr().to_string()],
+        "{status}"
+    );
     assert_eq!(status["upstreams"]["a"]["max_connections"], 4);
 
     // c's own cap raised, and b back: the cap in force follows, b is dialled in the place it left.

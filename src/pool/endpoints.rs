@@ -64,27 +64,16 @@ impl UpstreamPool {
     /// exchanges on it finish, and their connections close as they come back. Ready puts it back.
     pub fn set_endpoint_state(self: &Arc<Self>, address: &str, admin: EndpointAdmin) -> Option<EndpointAdmin> {
         let mut state = self.lock();
-        let at = self
-            .endpoints
-            .load()
-            .iter()
-            .enumerate()
-            .position(|(at, (origin, _))| !state.slots.is_gone(at) && origin.authority() == address)?;
+        let at = self.place_of(&state, address)?;
         let health = state.endpoints.get_mut(at)?;
         let was = health.admin;
         health.admin = admin;
         let raised = state.slots.set_drained(at, admin != EndpointAdmin::Ready);
-        let mut closed = Vec::new();
-        if admin != EndpointAdmin::Ready {
-            for idle in std::mem::take(&mut state.idle) {
-                if idle.conn.endpoint == at {
-                    state.start_closing(&idle.conn);
-                    closed.push(idle);
-                } else {
-                    state.idle.push_back(idle);
-                }
-            }
-        }
+        let closed = if admin == EndpointAdmin::Ready {
+            Vec::new()
+        } else {
+            state.close_idle_at(at)
+        };
         self.apply_cap(state, raised);
         // Dropped outside the lock: each connection's task closes it and frees its slot.
         drop(closed);
@@ -245,7 +234,33 @@ impl UpstreamPool {
     }
 }
 
+impl UpstreamPool {
+    /// The place of the endpoint at `address` (`host:port`) among the upstream's endpoints now (not gone ones).
+    pub(super) fn place_of(&self, state: &PoolState, address: &str) -> Option<usize> {
+        self.endpoints
+            .load()
+            .iter()
+            .enumerate()
+            .position(|(at, (origin, _))| !state.slots.is_gone(at) && origin.authority() == address)
+    }
+}
+
 impl PoolState {
+    /// Starts closing `endpoint`'s idle connections and takes them out of the idle list: the caller drops them
+    /// after the lock, and each connection's task then closes it and frees its slot.
+    pub(super) fn close_idle_at(&mut self, endpoint: usize) -> Vec<super::IdleConn> {
+        let mut closed = Vec::new();
+        for idle in std::mem::take(&mut self.idle) {
+            if idle.conn.endpoint == endpoint {
+                self.start_closing(&idle.conn);
+                closed.push(idle);
+            } else {
+                self.idle.push_back(idle);
+            }
+        }
+        closed
+    }
+
     /// Per endpoint, its connections that are not idle: the requests in flight there (and dials, closes).
     pub(super) fn busy(&self) -> Vec<usize> {
         let mut busy: Vec<usize> = self.slots.per_endpoint().map(|(_, open)| open).collect();

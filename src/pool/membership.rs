@@ -26,14 +26,7 @@ impl UpstreamPool {
             }
             raised |= state.slots.set_gone(at, true);
             raised |= self.put_ramp(state, at, None);
-            for idle in std::mem::take(&mut state.idle) {
-                if idle.conn.endpoint == at {
-                    state.start_closing(&idle.conn);
-                    closed.push(idle);
-                } else {
-                    state.idle.push_back(idle);
-                }
-            }
+            closed.extend(state.close_idle_at(at));
             tracing::info!(upstream = %self.name, endpoint = %origin.authority(),
                 "endpoint gone: it drains, its connections closed as they come back");
         }

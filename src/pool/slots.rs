@@ -53,6 +53,20 @@ struct EndpointSlots {
 }
 
 impl EndpointSlots {
+    /// A new endpoint's counts: nothing open, in service.
+    fn new(address: &str, cap: usize) -> EndpointSlots {
+        EndpointSlots {
+            address: address.to_string(),
+            cap,
+            open: 0,
+            closing: 0,
+            ejected: false,
+            ramp: None,
+            drained: false,
+            gone: false,
+        }
+    }
+
     fn in_force(&self) -> usize {
         self.ramp.map_or(self.cap, |ramp| ramp.min(self.cap))
     }
@@ -100,16 +114,7 @@ impl Slots {
         };
         let endpoints = endpoints
             .iter()
-            .map(|(address, cap)| EndpointSlots {
-                address: address.clone(),
-                cap: *cap,
-                open: 0,
-                closing: 0,
-                ejected: false,
-                ramp: None,
-                drained: false,
-                gone: false,
-            })
+            .map(|(address, cap)| EndpointSlots::new(address, *cap))
             .collect();
         let mut slots = Slots {
             open: 0,
@@ -345,16 +350,7 @@ impl Slots {
     /// A new endpoint at `address` with its own `cap`: in the place of a gone one with nothing left there, or a new
     /// place at the end. Its place; the caller puts the cap in force (it never lowers).
     pub(super) fn add_endpoint(&mut self, address: &str, cap: usize) -> usize {
-        let fresh = EndpointSlots {
-            address: address.to_string(),
-            cap,
-            open: 0,
-            closing: 0,
-            ejected: false,
-            ramp: None,
-            drained: false,
-            gone: false,
-        };
+        let fresh = EndpointSlots::new(address, cap);
         self.lineage.set_address_cap(self.generation, address, Some(cap));
         let at = match self.endpoints.iter().position(|at| at.gone && at.open == 0) {
             Some(at) => {

@@ -164,12 +164,7 @@ impl UpstreamPool {
     /// The ramp of the endpoint at `address`, if it is one of this pool's (`Some(None)`: it is, and ramps no more).
     fn ramp_of(&self, address: &str) -> Option<Option<Ramp>> {
         let state = self.lock();
-        let at = self
-            .endpoints
-            .load()
-            .iter()
-            .enumerate()
-            .position(|(at, (origin, _))| !state.slots.is_gone(at) && origin.authority() == address)?;
+        let at = self.place_of(&state, address)?;
         Some(state.endpoints.get(at)?.ramp.clone())
     }
 
