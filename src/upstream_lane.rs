@@ -5,9 +5,10 @@
 //! On a current-thread runtime the lane is part of the `block_on` future ([`crate::server::Floodgate::run`]),
 //! which tokio polls before each batch of `event_interval` tasks: at light load nothing changes threads. With
 //! `--threads` above one, each worker thread is such a runtime with a lane of its own ([`UpstreamLane::make_here`]),
-//! and work is spawned into the lane of the thread that spawns it, so an exchange runs where its client is. On a
-//! multi-thread runtime (a library user's) the lane gets a thread and an I/O driver of its own
-//! ([`UpstreamLane::start_thread`]). It owns no policy: what runs here is decided by the proxy and the pool.
+//! and work is spawned into the lane of the thread that spawns it, so an exchange runs where its client is; a
+//! client's task takes its exchange's first steps itself, inside its thread's lane ([`UpstreamLane::start_here`]),
+//! so starting one costs no wake of the lane. On a multi-thread runtime (a library user's) the lane gets a thread
+//! and an I/O driver of its own ([`UpstreamLane::start_thread`]). It owns no policy: what runs here is decided by the proxy and the pool.
 
 use std::cell::RefCell;
 use std::future::Future;
@@ -65,11 +66,55 @@ impl Spawner {
     }
 }
 
+/// A lane's task as it runs: a panic ends it alone.
+type Guarded = futures_util::future::CatchUnwind<std::panic::AssertUnwindSafe<Task>>;
+
 /// The lane's inbox; [`UpstreamLane::run`] is the future that runs what arrives in it.
 pub struct UpstreamLane {
     inbox: mpsc::UnboundedSender<Task>,
     /// Taken by the one [`UpstreamLane::run`].
     tasks: Mutex<Option<mpsc::UnboundedReceiver<Task>>>,
+    /// What runs, shared with [`UpstreamLane::start_here`], which its own thread's client tasks call.
+    running: Mutex<Running>,
+}
+
+/// Held by a running [`UpstreamLane::run`]: once it ends or is dropped, nothing more starts in the lane directly
+/// and what was running is dropped, as it was when the set lived in that future (a lease goes back, a client
+/// waiting for an answer hears that the upstream side stopped).
+struct Stopped(Arc<UpstreamLane>);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let tasks = {
+            let mut running = self.0.running.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            running.waker = None;
+            std::mem::take(&mut running.tasks)
+        };
+        drop(tasks);
+    }
+}
+
+/// The lane's running tasks and the waker of the future that polls them.
+struct Running {
+    tasks: FuturesUnordered<Guarded>,
+    /// The lane's `run` future's, once it has been polled; `None` again once it has ended.
+    waker: Option<std::task::Waker>,
+}
+
+impl Running {
+    /// Polls every task that is ready; `true` when none is left.
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> bool {
+        loop {
+            match self.tasks.poll_next_unpin(cx) {
+                Poll::Ready(Some(Ok(()))) => {}
+                Poll::Ready(Some(Err(_))) => {
+                    tracing::error!("a task in the upstream lane panicked; its exchange is abandoned")
+                }
+                Poll::Ready(None) => return true,
+                Poll::Pending => return false,
+            }
+        }
+    }
 }
 
 impl UpstreamLane {
@@ -78,6 +123,10 @@ impl UpstreamLane {
         Arc::new(UpstreamLane {
             inbox,
             tasks: Mutex::new(Some(tasks)),
+            running: Mutex::new(Running {
+                tasks: FuturesUnordered::new(),
+                waker: None,
+            }),
         })
     }
 
@@ -97,6 +146,39 @@ impl UpstreamLane {
         });
     }
 
+    /// [`UpstreamLane::spawn_boxed`], with the task's first steps taken now when the caller is on the thread that
+    /// runs the lane it goes to (a client connection's task starting an exchange): the task joins the lane's
+    /// running set and that set's ready tasks are polled here, with the lane's waker, so whatever wakes the task
+    /// later wakes the lane. Nothing crosses a channel and the lane is not woken to start it, which at light load
+    /// saves a wake and an `epoll_wait` that finds nothing; the lane's tasks ready before it still run first.
+    pub fn start_here(&self, task: Task) {
+        let lane = HERE.with_borrow(|here| here.clone());
+        match lane {
+            Some(lane) => {
+                if let Err(task) = lane.run_now(task) {
+                    let _ = lane.inbox.send(task);
+                }
+            }
+            None => {
+                let _ = self.inbox.send(task);
+            }
+        }
+    }
+
+    /// Pushes `task` into the running set and polls the set's ready tasks, unless the set is being polled (a lane
+    /// task calling this) or is not running (not started, or ended).
+    fn run_now(&self, task: Task) -> Result<(), Task> {
+        let Ok(mut running) = self.running.try_lock() else {
+            return Err(task);
+        };
+        let Some(waker) = running.waker.clone() else {
+            return Err(task);
+        };
+        running.tasks.push(std::panic::AssertUnwindSafe(task).catch_unwind());
+        running.poll_ready(&mut std::task::Context::from_waker(&waker));
+        Ok(())
+    }
+
     /// Makes `lane` the one work spawned from this thread runs in; for a worker thread whose runtime's `block_on`
     /// polls `lane.run()`.
     pub fn make_here(lane: Arc<UpstreamLane>) {
@@ -106,25 +188,32 @@ impl UpstreamLane {
     /// Runs the lane's tasks until the returned future is dropped, or the lane is and its last task has ended; to
     /// be polled as (part of) a current-thread runtime's `block_on` future. Once the lane runs (here or on its own
     /// thread), the returned future runs nothing and never ends.
-    pub fn run(&self) -> impl Future<Output = ()> + Send + 'static {
+    pub fn run(self: &Arc<Self>) -> impl Future<Output = ()> + Send + 'static {
         let tasks = self
             .tasks
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .take();
+        let lane = self.clone();
         async move {
             let Some(mut inbox) = tasks else {
                 return std::future::pending().await;
             };
-            let mut running = FuturesUnordered::new();
+            // The thread that polls this is the one whose client tasks may start work here directly.
+            UpstreamLane::make_here(lane.clone());
+            let _stop = Stopped(lane.clone());
             let mut open = true;
             std::future::poll_fn(move |cx| {
+                let mut running = lane.running.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                if !running.waker.as_ref().is_some_and(|waker| waker.will_wake(cx.waker())) {
+                    running.waker = Some(cx.waker().clone());
+                }
                 for round in 0..ROUNDS_PER_POLL {
                     let mut took = false;
                     while open {
                         match inbox.poll_recv(cx) {
                             Poll::Ready(Some(task)) => {
-                                running.push(std::panic::AssertUnwindSafe(task).catch_unwind());
+                                running.tasks.push(std::panic::AssertUnwindSafe(task).catch_unwind());
                                 took = true;
                             }
                             Poll::Ready(None) => open = false,
@@ -136,15 +225,8 @@ impl UpstreamLane {
                     }
                     // Every task that is ready runs now; FuturesUnordered yields by itself after a pass over all
                     // of them, and tokio's cooperative budget bounds the rest.
-                    loop {
-                        match running.poll_next_unpin(cx) {
-                            Poll::Ready(Some(Ok(()))) => {}
-                            Poll::Ready(Some(Err(_))) => {
-                                tracing::error!("a task in the upstream lane panicked; its exchange is abandoned")
-                            }
-                            Poll::Ready(None) if !open => return Poll::Ready(()),
-                            Poll::Ready(None) | Poll::Pending => break,
-                        }
+                    if running.poll_ready(cx) && !open {
+                        return Poll::Ready(());
                     }
                 }
                 // What the last round's tasks spawned waits for the next poll: the inbox, read until it had
@@ -157,7 +239,7 @@ impl UpstreamLane {
 
     /// Runs the lane on a thread of its own, with its own current-thread runtime (and so its own I/O driver for
     /// the upstream sockets, which its tasks open). The thread ends once the lane is dropped and its tasks are done.
-    pub fn start_thread(&self) -> std::io::Result<()> {
+    pub fn start_thread(self: &Arc<Self>) -> std::io::Result<()> {
         let lane = self.run();
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         std::thread::Builder::new()
@@ -168,5 +250,81 @@ impl UpstreamLane {
                 runtime.shutdown_background();
             })?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use super::UpstreamLane;
+
+    /// A current-thread runtime whose `block_on` polls `lane` beside `body`, as a serving thread's does.
+    fn on_serving_thread(lane: &Arc<UpstreamLane>, body: impl std::future::Future<Output = ()>) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a test runtime");
+        let running = lane.run();
+        runtime.block_on(async move {
+            tokio::select! {
+                biased;
+                () = running => panic!("the lane ended while it was still wanted"),
+                () = body => {}
+            }
+        });
+    }
+
+    #[test]
+    fn a_task_started_from_the_lanes_thread_takes_its_first_steps_at_once_and_the_lane_finishes_it() {
+        let lane = UpstreamLane::new();
+        let steps = Arc::new(AtomicUsize::new(0));
+        let (go_on, told) = tokio::sync::oneshot::channel::<()>();
+        let (finished, done) = tokio::sync::oneshot::channel::<()>();
+        let task_steps = steps.clone();
+        on_serving_thread(&lane, async {
+            // The lane has been polled once (it knows its waker) before a client's task starts anything.
+            tokio::task::yield_now().await;
+            let starting = lane.clone();
+            let seen = task_steps.clone();
+            tokio::spawn(async move {
+                starting.start_here(Box::pin(async move {
+                    task_steps.fetch_add(1, Ordering::SeqCst);
+                    let _ = told.await;
+                    task_steps.fetch_add(1, Ordering::SeqCst);
+                    let _ = finished.send(());
+                }));
+                // Taken here and now, not at the lane's next turn.
+                assert_eq!(seen.load(Ordering::SeqCst), 1);
+            })
+            .await
+            .expect("the starting task");
+            // The rest is woken and run by the lane: nobody polls it from here.
+            let _ = go_on.send(());
+            done.await.expect("the lane ran the rest");
+        });
+        assert_eq!(steps.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn once_the_lane_has_stopped_a_task_started_there_is_dropped_unrun() {
+        let lane = UpstreamLane::new();
+        let ran = Arc::new(AtomicUsize::new(0));
+        let (dropped_tx, mut dropped) = tokio::sync::oneshot::channel::<()>();
+        on_serving_thread(&lane, async {
+            tokio::task::yield_now().await;
+        });
+        // The lane's future was dropped with its runtime's block_on: what starts now goes nowhere.
+        let task_ran = ran.clone();
+        lane.start_here(Box::pin(async move {
+            let _held = dropped_tx;
+            task_ran.fetch_add(1, Ordering::SeqCst);
+        }));
+        assert_eq!(ran.load(Ordering::SeqCst), 0);
+        assert!(matches!(
+            dropped.try_recv(),
+            Err(tokio::sync::oneshot::error::TryRecvError::Closed)
+        ));
     }
 }

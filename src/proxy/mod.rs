@@ -404,7 +404,8 @@ impl Proxy {
                 marks,
             },
         };
-        self.lane.spawn_boxed(admitted.start());
+        // Started on this task when it is the lane's own thread's, without a hop (the lane then runs the rest).
+        self.lane.start_here(admitted.start());
         // The upstream side stopped (floodgate is exiting) with the exchange on it.
         let exchanged = answered.await.map_err(|_| ProxyError::Abandoned)?;
         record.admitted(exchanged.admitted);
