@@ -8,8 +8,9 @@ for the whole check, so a number that changes was changed by the page's own poll
 
 Checks, in order: the page loads without script errors or blocked loads, shows every configured upstream by
 name, fits a 375 px wide phone screen without horizontal scrolling; then, while this script sends requests
-through the proxy, its requests/s and queue-wait percentiles show traffic; and once traffic stops, its
-counters equal what this script counted (requests, answered, shed).
+through the proxy, its requests/s and queue-wait percentiles show traffic and its charts (connections, queue,
+rates, latency) hold the readings with the load in them; and once traffic stops, its counters equal what this
+script counted (requests, answered, shed). With --screenshot, a PNG of the page under load.
 """
 
 import argparse
@@ -180,7 +181,18 @@ READ_PAGE = """(() => {
   for (const card of document.querySelectorAll("[data-upstream]")) {
     const fields = { heading: card.querySelector("h2").innerText };
     for (const el of card.querySelectorAll("[data-field]")) fields[el.dataset.field] = el.textContent.trim();
+    fields.charts = {};
+    for (const fig of card.querySelectorAll("[data-chart]")) {
+      fields.charts[fig.dataset.chart] = {
+        points: Number(fig.dataset.points || 0),
+        peak: Number(fig.dataset.peak || 0),
+        drawn: [...fig.querySelectorAll("path")].filter((p) => (p.getAttribute("d") || "").includes("L")).length,
+      };
+    }
     page.upstreams[card.dataset.upstream] = fields;
+  }
+  for (const name of ["version", "uptime", "last_reload"]) {
+    page[name] = document.querySelector(`[data-field="${name}"]`).textContent.trim();
   }
   return page;
 })()"""
@@ -298,6 +310,10 @@ def check(args, browser):
         if name not in page["upstreams"][name]["heading"] or name not in page["text"]:
             raise Failed(f"upstream {name} is not visibly named: {page['upstreams'][name]['heading']!r}")
     print(f"page: live, shows {', '.join(sorted(page['upstreams']))}")
+    if page["version"] in ("", "–") or page["uptime"] in ("", "–") or "start-up, no reload yet" not in page["last_reload"]:
+        raise Failed(f"version, uptime or configuration not shown: {page['version']!r}, {page['uptime']!r}, "
+                     f"{page['last_reload']!r}")
+    print(f"page: version {page['version']}, up {page['uptime']}, configuration {page['last_reload']}")
     for name in expected:
         shown = page["upstreams"][name].get("endpoints", "")
         if ": " not in shown or "connections" not in shown:
@@ -339,6 +355,20 @@ def check(args, browser):
                 for name in expected
             ),
         )
+        # The charts hold the readings taken under load: lines drawn, and the load visible in them.
+        charted = wait_for(
+            browser,
+            "charts with lines for connections, queue, rates and latency, and traffic in them",
+            20,
+            lambda p: all(charts_show_load(p["upstreams"][name]["charts"]) for name in expected),
+        )
+        for name in expected:
+            shown = charted["upstreams"][name]["charts"]
+            print(f"charts, {name}: " + ", ".join(f"{c} {v['points']} points, peak {v['peak']:.4g}" for c, v in shown.items()))
+        if args.screenshot:
+            # Long enough under load for the charts to have a shape.
+            time.sleep(args.screenshot_after)
+            screenshot(browser, args.screenshot)
         if args.shed:
             wait_for(
                 browser,
@@ -390,7 +420,33 @@ def check(args, browser):
     print("page: no script errors, no blocked loads")
 
 
-# The page's percentile arithmetic on histograms whose answer is known: (q, older, newer, expected text).
+CHARTS = ("connections", "queue", "rates", "latency")
+
+
+def charts_show_load(charts):
+    """Every chart has readings and lines drawn; connections, rates and latency rose above zero."""
+    if set(charts) != set(CHARTS):
+        return False
+    if any(charts[c]["points"] < 3 or charts[c]["drawn"] == 0 for c in CHARTS):
+        return False
+    return all(charts[c]["peak"] > 0 for c in ("connections", "rates", "latency"))
+
+
+def screenshot(browser, path):
+    """The page under load at a desktop width, saved as PNG; then back to the phone the checks use."""
+    import base64
+
+    browser.call("Emulation.setDeviceMetricsOverride", {"width": 1000, "height": 640, "deviceScaleFactor": 1, "mobile": False})
+    # Two polls at the new width, so the layout and the charts are redrawn.
+    time.sleep(2.5)
+    shot = browser.call("Page.captureScreenshot", {"format": "png"})
+    with open(path, "wb") as out:
+        out.write(base64.b64decode(shot["data"]))
+    browser.call("Emulation.setDeviceMetricsOverride", {"width": PHONE_WIDTH, "height": 740, "deviceScaleFactor": 2, "mobile": True})
+    print(f"page: screenshot under load saved to {path}")
+
+
+# The page's percentile arithmetic on histograms whose answer is known: (q, older, newer, expected text[, most]).
 LE = [0.0001, 0.0002, 0.0004, 0.0008]
 QUANTILE_CASES = [
     (0.5, {"count": 0, "cumulative": [0, 0, 0, 0]}, {"count": 0, "cumulative": [0, 0, 0, 0]}, None),
@@ -400,13 +456,17 @@ QUANTILE_CASES = [
     # Only the difference between readings counts: the ninety waits before the older reading do not.
     (0.5, {"count": 90, "cumulative": [90, 90, 90, 90]}, {"count": 100, "cumulative": [90, 90, 100, 100]}, "300 µs"),
     (0.99, {"count": 0, "cumulative": [0, 0, 0, 0]}, {"count": 100, "cumulative": [98, 98, 98, 98]}, "> 800 µs"),
+    # Never past the bound a reading cannot exceed (a queue wait's queue_timeout), interpolation or not.
+    (0.99, {"count": 0, "cumulative": [0, 0, 0, 0]}, {"count": 10, "cumulative": [0, 0, 0, 10]}, "500 µs", 0.0005),
+    (0.99, {"count": 0, "cumulative": [0, 0, 0, 0]}, {"count": 100, "cumulative": [98, 98, 98, 98]}, "500 µs", 0.0005),
 ]
 
 
 def check_quantiles(browser):
-    for q, older, newer, expected in QUANTILE_CASES:
+    for q, older, newer, expected, *most in QUANTILE_CASES:
         newer = dict(newer, le=LE)
-        got = browser.evaluate(f"quantile({q}, {json.dumps(older)}, {json.dumps(newer)})")
+        bound = f", {most[0]}" if most else ""
+        got = browser.evaluate(f"quantile({q}, {json.dumps(older)}, {json.dumps(newer)}{bound})")
         if got != expected:
             raise Failed(f"quantile({q}) of {older} -> {newer} shows {got!r}, not {expected!r}")
     print(f"page: queue-wait percentiles right on {len(QUANTILE_CASES)} known histograms")
@@ -428,6 +488,8 @@ def main():
     parser.add_argument("--slow-start", help="the upstream whose endpoint ramps (slow_start) as the page first loads")
     parser.add_argument("--chromium", default="chromium")
     parser.add_argument("--browser-log", default=os.devnull)
+    parser.add_argument("--screenshot", help="save a PNG of the page under load here (desktop width)")
+    parser.add_argument("--screenshot-after", type=float, default=20, help="seconds of load before the screenshot")
     args = parser.parse_args()
 
     # Ended from outside (a CI timeout), the browser is still closed on the way out.

@@ -4,11 +4,12 @@
 # Installs Debian's chromium (and python3, which drives it) with apt when missing, builds floodgate and the
 # counting upstream (examples/bench_upstream.rs, dev profile: the build `cargo test` already made), starts the
 # upstream and floodgate with two upstreams on ephemeral ports, then runs scripts/stats_page_check.py: the page
-# shows both upstreams, fits a phone screen, and its numbers follow the traffic the check sends. Every process
+# shows both upstreams, fits a phone screen, and its numbers and charts follow the traffic the check sends. Every process
 # started here is ended by its PID on exit. Honours CARGO_TARGET_DIR.
 #
 #   scripts/stats_page_test.sh            # about 30 s once chromium is installed and the build is there
 #   KEEP_LOGS=1 scripts/stats_page_test.sh  # keep the temporary directory with every process's output
+#   STATS_SCREENSHOT=docs/stats-page.png scripts/stats_page_test.sh  # also save the page under load (the docs' picture)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -143,5 +144,6 @@ check_started=$SECONDS
 python3 scripts/stats_page_check.py \
     --admin "$admin" --listen "$listen" \
     --upstream alpha=/ --upstream beta=/beta --shed beta --slow-start alpha \
-    --chromium "$chromium" --browser-log "$work/chromium.log"
+    --chromium "$chromium" --browser-log "$work/chromium.log" \
+    ${STATS_SCREENSHOT:+--screenshot "$STATS_SCREENSHOT"}
 say "passed (browser check $((SECONDS - check_started)) s, $((SECONDS - started)) s in all)"

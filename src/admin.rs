@@ -40,6 +40,10 @@ const STATS_PAGE_POLICY: &str = "default-src 'none'; script-src 'unsafe-inline';
 #[derive(serde::Serialize)]
 struct Status {
     ready: bool,
+    version: &'static str,
+    /// Uptime, the configuration's age and the last reload's result.
+    #[serde(flatten)]
+    lifetime: crate::metrics::Lifetime,
     /// The allocator's settings as the running process has them.
     allocator: crate::allocator::Settings,
     client_connections: i64,
@@ -63,6 +67,10 @@ struct UpstreamStatus {
     /// Requests that ended, by the outcome names of `/metrics`; an outcome appears once it has happened.
     outcomes: BTreeMap<&'static str, u64>,
     queue_wait_seconds: WaitHistogram,
+    /// From a request's dispatch to its answer's head, as `floodgate_upstream_response_seconds`.
+    upstream_response_seconds: WaitHistogram,
+    /// The most a request waits in the queue: a reader's percentile of the waits is never past it.
+    queue_timeout_seconds: f64,
 }
 
 impl UpstreamStatus {
@@ -76,6 +84,8 @@ impl UpstreamStatus {
                 .map(|(outcome, total)| (outcome.as_str(), total))
                 .collect(),
             queue_wait_seconds: pool.metrics.queue_wait(),
+            upstream_response_seconds: pool.metrics.response_times(),
+            queue_timeout_seconds: pool.limits().queue_timeout.as_secs_f64(),
         }
     }
 }
@@ -246,6 +256,8 @@ async fn answer(state: &State, request: Request<Incoming>) -> Response<Full<Byte
         "/status" => {
             let status = Status {
                 ready: state.ready.load(Ordering::SeqCst),
+                version: env!("CARGO_PKG_VERSION"),
+                lifetime: state.proxy.metrics.lifetime(),
                 allocator: crate::allocator::settings(),
                 client_connections: state.proxy.metrics.client_connections.get(),
                 upstreams: state

@@ -426,3 +426,60 @@ async fn each_route_counts_its_requests_time_and_bytes_as_the_client_sees_them()
     );
     assert!(metric_sum(&samples, "floodgate_request_duration_seconds_sum", &api) > 0.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_version_uptime_the_last_reload_and_upstream_response_times() {
+    let upstream = Upstream::start().await;
+    let config = |cap: &str| {
+        format!(
+            "[upstreams.api]\nurl = \"{}\"\nmax_connections = {cap}\nqueue_timeout = \"750ms\"\n[[routes]]\nupstream = \"api\"\n",
+            upstream.url()
+        )
+    };
+    let file = TempConfig::new(&config("2"));
+    let proxy = Proxy::start(&["--config", &file.path_str()]).await;
+    let started = proxy.status().await;
+    assert_eq!(started["version"], env!("CARGO_PKG_VERSION"), "{started}");
+    assert!(started["last_reload"].is_null(), "no reload yet: {started}");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let in_force = started["config_in_force_since"].as_f64().unwrap();
+    assert!((now - 60.0..=now).contains(&in_force), "{in_force} against {now}");
+    let api = &started["upstreams"]["api"];
+    assert_eq!(api["queue_timeout_seconds"], 0.75, "{started}");
+    assert_eq!(api["upstream_response_seconds"]["count"], 0, "{started}");
+
+    for _ in 0..3 {
+        assert_eq!(get(proxy.listen, "/delay/30").await.status, StatusCode::OK);
+    }
+    let served = proxy.status().await;
+    let times = &served["upstreams"]["api"]["upstream_response_seconds"];
+    assert_eq!(times["count"], 3, "{served}");
+    let le: Vec<f64> = serde_json::from_value(times["le"].clone()).unwrap();
+    let cumulative: Vec<u64> = serde_json::from_value(times["cumulative"].clone()).unwrap();
+    // Each took the upstream's 30 ms at least: none lies at or below a bound under that.
+    let under = le.iter().rposition(|&bound| bound < 0.03).unwrap();
+    assert_eq!(cumulative[under], 0, "{le:?} {cumulative:?}");
+    assert!(
+        served["uptime_seconds"].as_f64().unwrap() > started["uptime_seconds"].as_f64().unwrap(),
+        "{served}"
+    );
+
+    // A refused reload is shown as such, and the configuration in force stays the one from before.
+    std::fs::write(file.path(), config("\"many\"")).unwrap();
+    let refused = proxy.admin_request(http::Method::POST, "/reload", "", None).await;
+    assert_ne!(refused.status, StatusCode::OK, "{}", refused.text());
+    let after_refusal = proxy.status().await;
+    assert_eq!(after_refusal["last_reload"]["applied"], false, "{after_refusal}");
+    assert_eq!(after_refusal["config_in_force_since"], started["config_in_force_since"]);
+
+    std::fs::write(file.path(), config("3")).unwrap();
+    let applied = proxy.admin_request(http::Method::POST, "/reload", "", None).await;
+    assert_eq!(applied.status, StatusCode::OK, "{}", applied.text());
+    let after = proxy.status().await;
+    assert_eq!(after["last_reload"]["applied"], true, "{after}");
+    assert_eq!(after["last_reload"]["at"], after["config_in_force_since"], "{after}");
+    assert!(after["config_in_force_since"].as_f64().unwrap() >= in_force, "{after}");
+}

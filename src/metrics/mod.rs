@@ -95,6 +95,11 @@ pub struct Metrics {
     response_bytes: Family<Labels, Counter>,
     /// Kept per upstream name, as the families keep their metrics, so asking twice gives the same counts.
     queue_wait_buckets: Mutex<BTreeMap<String, Arc<BucketCounts>>>,
+    /// The upstream response-time histogram's counts again, for `/status` (as `queue_wait_buckets`).
+    response_buckets: Mutex<BTreeMap<String, Arc<BucketCounts>>>,
+    /// When these metrics were made (floodgate's start), and the last reload's attempt, for `/status`.
+    started: std::time::Instant,
+    last_reload: Mutex<Option<LastReload>>,
     pub client_connections: Gauge,
     /// Request and response body bytes held in memory now (moved by `buffer::BufferBudget`).
     pub buffered_bytes: Gauge,
@@ -449,6 +454,9 @@ impl Metrics {
             request_bytes,
             response_bytes,
             queue_wait_buckets: Mutex::default(),
+            response_buckets: Mutex::default(),
+            started: std::time::Instant::now(),
+            last_reload: Mutex::default(),
             client_connections,
             buffered_bytes,
             buffer_fallbacks,
@@ -496,6 +504,14 @@ impl Metrics {
             rtt_baseline: self.adaptive_rtt.get_or_create_owned(&kind("baseline")),
             gradient: self.adaptive_gradient.get_or_create_owned(&labels()),
             response: self.response.get_or_create_owned(&labels()),
+            response_buckets: self
+                .response_buckets
+                .lock()
+                // Only ever inserted into, as above.
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .entry(name.to_string())
+                .or_insert_with(|| Arc::new(BucketCounts::new()))
+                .clone(),
             retried_unsent: self.retries.get_or_create_owned(&reason("unsent")),
             replayed: self.retries.get_or_create_owned(&reason("replayed")),
             request_body_cut: self.bodies_cut.get_or_create_owned(&labels()),
@@ -542,8 +558,20 @@ impl Metrics {
         let result = if applied { "applied" } else { "refused" };
         self.reloads.get_or_create(&vec![("result", result.to_string())]).inc();
         self.last_reload_successful.set(i64::from(applied));
+        let at = unix_time();
         if applied {
-            self.last_reload_success.set(unix_time());
+            self.last_reload_success.set(at);
+        }
+        *self.last_reload.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(LastReload { at, applied });
+    }
+
+    /// How long floodgate has run, the last reload tried (none yet: the start-up configuration is in force) and
+    /// when the configuration in force was put in force, in seconds since the Unix epoch.
+    pub fn lifetime(&self) -> Lifetime {
+        Lifetime {
+            uptime_seconds: self.started.elapsed().as_secs_f64(),
+            config_in_force_since: self.last_reload_success.get(),
+            last_reload: *self.last_reload.lock().unwrap_or_else(|poisoned| poisoned.into_inner()),
         }
     }
 
@@ -606,6 +634,21 @@ fn prometheus_text(openmetrics: &str) -> String {
 }
 
 /// Now, in seconds since the Unix epoch (0 for a clock set before it), as the `*_timestamp_seconds` gauges say it.
+/// A reload's attempt: when (seconds since the Unix epoch), and whether its configuration was put in force.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct LastReload {
+    pub at: f64,
+    pub applied: bool,
+}
+
+/// What `/status` shows of floodgate's own life ([`Metrics::lifetime`]).
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Lifetime {
+    pub uptime_seconds: f64,
+    pub config_in_force_since: f64,
+    pub last_reload: Option<LastReload>,
+}
+
 fn unix_time() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -78,7 +78,7 @@ impl OutcomeCounters {
     }
 }
 
-/// The queue-wait histogram's bucket counts again, where `/status` can read them: prometheus-client keeps its
+/// The queue-wait (or response-time) histogram's bucket counts again, where `/status` can read them: prometheus-client keeps its
 /// own private. Same bounds as the histogram, so the two agree.
 pub(super) struct BucketCounts {
     pub(super) bounds: Vec<f64>,
@@ -154,6 +154,7 @@ pub struct UpstreamMetrics {
     pub(super) rtt_baseline: FloatGauge,
     pub(super) gradient: FloatGauge,
     pub(super) response: Histogram,
+    pub(super) response_buckets: Arc<BucketCounts>,
     pub retried_unsent: Counter,
     pub replayed: Counter,
     /// A request body's rest that could not be sent after the upstream answered.
@@ -257,7 +258,14 @@ impl UpstreamMetrics {
     }
 
     pub fn responded(&self, took: Duration) {
-        self.response.observe(took.as_secs_f64());
+        let seconds = took.as_secs_f64();
+        self.response.observe(seconds);
+        self.response_buckets.observe(seconds);
+    }
+
+    /// The upstream's response times so far, as `/status` shows them.
+    pub fn response_times(&self) -> WaitHistogram {
+        self.response_buckets.snapshot()
     }
 
     /// Sets the state gauges from a snapshot (at scrape time).
