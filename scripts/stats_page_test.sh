@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The stats page (admin listener, GET /) in a real headless browser.
 #
-# Installs Debian's chromium (and python3, which drives it) with apt when missing, builds floodgate and the
-# counting upstream (examples/bench_upstream.rs, dev profile: the build `cargo test` already made), starts the
-# upstream and floodgate with two upstreams on ephemeral ports, then runs scripts/stats_page_check.py: the page
-# shows both upstreams, fits a phone screen, and its numbers and charts follow the traffic the check sends. Every process
-# started here is ended by its PID on exit. Honours CARGO_TARGET_DIR.
+# Installs Debian's chromium, python3 (which drives it) and prometheus (for promtool) with apt when missing, builds
+# floodgate and the counting upstream (examples/bench_upstream.rs, dev profile: the build `cargo test` already made),
+# starts the upstream and floodgate with two upstreams on ephemeral ports, then runs scripts/stats_page_check.py: the
+# page shows both upstreams, fits a phone screen, and its numbers and charts follow the traffic the check sends; then
+# /metrics, with that traffic's series in it, goes through `promtool check metrics`. Every process started here is
+# ended by its PID on exit. Honours CARGO_TARGET_DIR.
 #
 #   scripts/stats_page_test.sh            # about 30 s once chromium is installed and the build is there
 #   KEEP_LOGS=1 scripts/stats_page_test.sh  # keep the temporary directory with every process's output
@@ -34,10 +35,12 @@ find_chromium() {
 missing=()
 [ -n "$(find_chromium)" ] || missing+=(chromium)
 command -v python3 >/dev/null || missing+=(python3)
+# promtool, for the exposition check at the end; Debian ships it in prometheus (its web assets are not needed).
+command -v promtool >/dev/null || missing+=(prometheus)
 if [ ${#missing[@]} -gt 0 ]; then
     say "installing ${missing[*]} with apt"
     as_root apt-get update -qq
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 chromium=$(find_chromium)
 [ -n "$chromium" ] || fail "chromium is not on PATH after installing it"
@@ -146,4 +149,15 @@ python3 scripts/stats_page_check.py \
     --upstream alpha=/ --upstream beta=/beta --shed beta --slow-start alpha \
     --chromium "$chromium" --browser-log "$work/chromium.log" \
     ${STATS_SCREENSHOT:+--screenshot "$STATS_SCREENSHOT"}
-say "passed (browser check $((SECONDS - check_started)) s, $((SECONDS - started)) s in all)"
+say "browser check passed ($((SECONDS - check_started)) s)"
+
+# The metrics the check's traffic left behind (answers, sheds, queue waits, slow start), as Prometheus scrapes them
+# (its text format: promtool does not read OpenMetrics' `info` type): promtool's parse and lint, with nothing to say.
+python3 -c 'import sys, urllib.request; sys.stdout.buffer.write(urllib.request.urlopen(sys.argv[1], timeout=10).read())' \
+    "http://$admin/metrics" >"$work/metrics.txt"
+if ! promtool check metrics <"$work/metrics.txt" >"$work/promtool.log" 2>&1 || [ -s "$work/promtool.log" ]; then
+    cat "$work/promtool.log" >&2
+    fail "promtool check metrics found problems in /metrics"
+fi
+say "promtool check metrics: clean ($(grep -c '^# TYPE' "$work/metrics.txt") families)"
+say "passed ($((SECONDS - started)) s in all)"
