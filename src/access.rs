@@ -2,8 +2,9 @@
 //!
 //! An [`Entry`] exists only while the access log is on, so with it off a request pays for one `None` and no
 //! clock read, allocation or lock. Lines are `tracing` events with the target [`TARGET`], which `main` sends to
-//! their own non-blocking writer: fields named as OpenTelemetry's semantic conventions name them (written as JSON
-//! or `key=value` by `main`), or one Combined Log Format line as the event's message.
+//! their own non-blocking writer as they are: each line is made here, the fields named as OpenTelemetry's semantic
+//! conventions name them, as JSON or `key=value` (the configured ones, and the header fields it captures), or a
+//! Combined Log Format line.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -18,17 +19,144 @@ pub const X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-requ
 /// The target of access-log events; the ordinary log leaves it out.
 pub const TARGET: &str = "floodgate::access";
 
-/// How a line is made: named fields, or a Combined Log Format line.
+/// How a line is made: named fields as one JSON object or as `key=value` pairs after a readable head, or a
+/// Combined Log Format line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Style {
-    Fields,
+    Json,
+    Human,
     Combined,
+}
+
+/// Every field a `json` or `human` line may have, in the order it has them (`access_log_fields` chooses among
+/// them; the captured headers come after).
+pub const FIELDS: [&str; 24] = [
+    "client.address",
+    "client.port",
+    "http.request.header.x-request-id",
+    "http.request.method",
+    "url.path",
+    "url.query",
+    "server.address",
+    "server.port",
+    "url.scheme",
+    "http.route",
+    "user_agent.original",
+    "network.protocol.version",
+    "http.response.status_code",
+    "http.request.body.size",
+    "http.response.body.size",
+    "floodgate.upstream",
+    "floodgate.outcome",
+    "floodgate.queue.duration_us",
+    "floodgate.upstream.duration_us",
+    "floodgate.request.duration_us",
+    "trace_id",
+    "span_id",
+    "floodgate.tunnel.bytes_to_upstream",
+    "floodgate.tunnel.closed_by",
+];
+
+/// Header fields whose values are credentials: a captured one is written `<redacted>` unless
+/// `access_log_unredacted` names it.
+pub const SECRET_HEADERS: [&str; 4] = ["authorization", "proxy-authorization", "cookie", "set-cookie"];
+
+/// What the access log writes, fixed at start-up from the configuration.
+#[derive(Debug)]
+pub struct Settings {
+    pub style: Style,
+    /// Which of [`FIELDS`] a line has, by index; all when `access_log_fields` is empty.
+    chosen: [bool; FIELDS.len()],
+    request_headers: Vec<Captured>,
+    response_headers: Vec<Captured>,
+    /// The most bytes of a captured value written.
+    header_bytes: usize,
+}
+
+/// A header field the access log captures, under the OpenTelemetry name `http.{request,response}.header.NAME`.
+#[derive(Debug)]
+struct Captured {
+    name: http::HeaderName,
+    key: String,
+    redacted: bool,
+}
+
+impl Settings {
+    /// `None` when the access log is off. Names were checked when the configuration was (`config::validate`): one
+    /// that does not parse is left out rather than refused here.
+    pub fn of(config: &crate::config::Config) -> Option<std::sync::Arc<Settings>> {
+        let style = match config.access_log_format()? {
+            crate::config::AccessLogFormat::Combined => Style::Combined,
+            crate::config::AccessLogFormat::Json => Style::Json,
+            _ => Style::Human,
+        };
+        let every = config.access_log_fields.is_empty();
+        let chosen = FIELDS.map(|field| every || config.access_log_fields.iter().any(|name| name == field));
+        let captured = |names: &[String], side: &str| -> Vec<Captured> {
+            names
+                .iter()
+                .filter_map(|name| {
+                    let name = http::HeaderName::from_bytes(name.trim().as_bytes()).ok()?;
+                    let redacted = SECRET_HEADERS.contains(&name.as_str())
+                        && !config
+                            .access_log_unredacted
+                            .iter()
+                            .any(|shown| shown.eq_ignore_ascii_case(name.as_str()));
+                    Some(Captured {
+                        key: format!("http.{side}.header.{name}"),
+                        name,
+                        redacted,
+                    })
+                })
+                .collect()
+        };
+        Some(std::sync::Arc::new(Settings {
+            style,
+            chosen,
+            request_headers: captured(&config.access_log_request_headers, "request"),
+            response_headers: captured(&config.access_log_response_headers, "response"),
+            header_bytes: config.access_log_header_bytes,
+        }))
+    }
+
+    /// The captured values of `headers` for `fields`, cut to `header_bytes` (at a character boundary) and redacted.
+    fn capture(&self, fields: &[Captured], headers: &http::HeaderMap) -> Vec<Option<String>> {
+        fields
+            .iter()
+            .map(|field| {
+                let value = headers.get(&field.name)?;
+                if field.redacted {
+                    return Some("<redacted>".to_string());
+                }
+                let text = String::from_utf8_lossy(value.as_bytes());
+                if text.len() <= self.header_bytes {
+                    return Some(text.into_owned());
+                }
+                let mut end = self.header_bytes;
+                while !text.is_char_boundary(end) {
+                    end -= 1;
+                }
+                Some(format!("{}…", text.get(..end).unwrap_or_default()))
+            })
+            .collect()
+    }
+}
+
+/// A field's value in a line. A `human` line writes text quoted (Rust's escapes) but for a few fields always
+/// written bare, as tracing's own line did for values it displayed.
+enum Value<'a> {
+    Text(&'a str),
+    Bare(&'a str),
+    Number(u64),
 }
 
 /// What is known about a request when it arrives, kept until its answer is done with.
 #[derive(Debug)]
 pub struct Entry {
-    style: Style,
+    settings: std::sync::Arc<Settings>,
+    /// The captured request and response header values, in the order `settings` names them.
+    request_headers: Vec<Option<String>>,
+    response_headers: Vec<Option<String>>,
     client: SocketAddr,
     /// `X-Request-Id` as it went upstream (see `edge`); `-` without one.
     request_id: String,
@@ -57,12 +185,12 @@ pub struct Entry {
 impl Entry {
     /// `None` when the access log is off: the request's path carries nothing for it.
     pub fn start<B>(
-        style: Option<Style>,
+        settings: Option<&std::sync::Arc<Settings>>,
         client: SocketAddr,
         tls: bool,
         request: &http::Request<B>,
     ) -> Option<Box<Entry>> {
-        let style = style?;
+        let settings = settings?.clone();
         let headers = request.headers();
         let text = |value: Option<&http::HeaderValue>| {
             value.map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
@@ -77,7 +205,9 @@ impl Entry {
             None => (None, None),
         };
         Some(Box::new(Entry {
-            style,
+            request_headers: settings.capture(&settings.request_headers, headers),
+            response_headers: Vec::new(),
+            settings,
             client,
             request_id: text(headers.get(X_REQUEST_ID)).unwrap_or_else(|| "-".to_string()),
             method: request.method().clone(),
@@ -113,6 +243,13 @@ impl Entry {
         self.trace = Some((trace_id, span_id));
     }
 
+    /// The answer's head, as the client gets it: its captured fields are taken now.
+    pub fn answered_with(&mut self, headers: &http::HeaderMap) {
+        if !self.settings.response_headers.is_empty() {
+            self.response_headers = self.settings.capture(&self.settings.response_headers, headers);
+        }
+    }
+
     /// The request left the queue at `at`.
     pub fn admitted_at(&mut self, at: Instant) {
         self.admitted = Some(at);
@@ -134,42 +271,63 @@ impl Entry {
         let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         let queue_us = self.admitted.map_or(0, |at| micros(at.duration_since(self.arrived)));
         let upstream_us = self.admitted.map_or(0, |at| micros(now.duration_since(at)));
-        if self.style == Style::Combined {
+        let style = self.settings.style;
+        if style == Style::Combined {
             tracing::info!(target: TARGET, "{}", self.combined(status, bytes));
             return;
         }
-        tracing::info!(
-            target: TARGET,
-            {
-            "client.address" = %self.client.ip(),
-            "client.port" = self.client.port(),
-            "http.request.header.x-request-id" = %self.request_id,
-            "http.request.method" = %self.method,
-            "url.path" = %self.path,
-            "url.query" = self.query.as_deref(),
-            "server.address" = self.host.as_deref(),
-            "server.port" = self.port,
-            "url.scheme" = self.scheme,
-            "http.route" = self.route.as_deref(),
-            "user_agent.original" = self.user_agent.as_deref(),
-            "network.protocol.version" = protocol_version(self.version),
-            "http.response.status_code" = status,
-            "http.request.body.size" = self.request_body.as_ref().map_or(0, |counted| counted.get()),
-            "http.response.body.size" = bytes,
-            "floodgate.upstream" = self.upstream.as_deref().unwrap_or("-"),
-            "floodgate.outcome" = outcome,
-            "floodgate.queue.duration_us" = queue_us,
-            "floodgate.upstream.duration_us" = upstream_us,
-            "floodgate.request.duration_us" = micros(now.duration_since(self.arrived)),
-            "trace_id" = self.trace.as_ref().map(|(trace_id, _)| trace_id.as_str()),
-            "span_id" = self.trace.as_ref().map(|(_, span_id)| span_id.as_str()),
-            "floodgate.tunnel.bytes_to_upstream" = tunnel.map(|(to_upstream, _)| to_upstream),
-            "floodgate.tunnel.closed_by" = tunnel.map(|(_, closed_by)| closed_by),
-            },
-            "{} {} {status}",
-            self.method,
-            self.path,
-        );
+        fn text(value: Option<&str>) -> Option<Value<'_>> {
+            value.map(Value::Text)
+        }
+        let client_ip = self.client.ip().to_string();
+        let method = self.method.as_str();
+        let values: [Option<Value<'_>>; FIELDS.len()] = [
+            Some(Value::Bare(&client_ip)),
+            Some(Value::Number(u64::from(self.client.port()))),
+            Some(Value::Bare(&self.request_id)),
+            Some(Value::Bare(method)),
+            Some(Value::Bare(&self.path)),
+            text(self.query.as_deref()),
+            text(self.host.as_deref()),
+            self.port.map(|port| Value::Number(u64::from(port))),
+            Some(Value::Text(self.scheme)),
+            text(self.route.as_deref()),
+            text(self.user_agent.as_deref()),
+            Some(Value::Text(protocol_version(self.version))),
+            Some(Value::Number(u64::from(status))),
+            Some(Value::Number(
+                self.request_body.as_ref().map_or(0, |counted| counted.get()),
+            )),
+            Some(Value::Number(bytes)),
+            Some(Value::Text(self.upstream.as_deref().unwrap_or("-"))),
+            Some(Value::Text(outcome)),
+            Some(Value::Number(queue_us)),
+            Some(Value::Number(upstream_us)),
+            Some(Value::Number(micros(now.duration_since(self.arrived)))),
+            text(self.trace.as_ref().map(|(trace_id, _)| trace_id.as_str())),
+            text(self.trace.as_ref().map(|(_, span_id)| span_id.as_str())),
+            tunnel.map(|(to_upstream, _)| Value::Number(to_upstream)),
+            tunnel.map(|(_, closed_by)| Value::Text(closed_by)),
+        ];
+        let settings = &self.settings;
+        let chosen = FIELDS
+            .iter()
+            .zip(values)
+            .zip(settings.chosen)
+            .filter_map(|((key, value), chosen)| Some((*key, value.filter(|_| chosen)?)));
+        fn captured<'a>(fields: &'a [Captured], values: &'a [Option<String>]) -> Vec<(&'a str, Value<'a>)> {
+            fields
+                .iter()
+                .zip(values.iter())
+                .filter_map(|(field, value)| Some((field.key.as_str(), Value::Text(value.as_deref()?))))
+                .collect()
+        }
+        let fields = chosen
+            .chain(captured(&settings.request_headers, &self.request_headers))
+            .chain(captured(&settings.response_headers, &self.response_headers));
+        let message = format!("{} {} {status}", self.method, self.path);
+        let line = render(style, &message, fields);
+        tracing::info!(target: TARGET, "{line}");
     }
 
     /// The line in the Combined Log Format: `host ident user [time] "request line" status bytes "referer"
@@ -193,6 +351,43 @@ impl Entry {
             quoted(self.user_agent.as_deref()),
         )
     }
+}
+
+/// A `json` line (an object with `timestamp`, `level`, `message`, the fields, `target`, as tracing's JSON log
+/// writes an event) or a `human` one (`timestamp  INFO target: message key=value ...`, as tracing's line was).
+fn render<'a>(style: Style, message: &str, fields: impl Iterator<Item = (&'a str, Value<'a>)>) -> String {
+    use std::fmt::Write;
+    // RFC 3339 in UTC to the microsecond, as the ordinary log's lines.
+    let format =
+        time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:6]Z");
+    let timestamp = time::OffsetDateTime::now_utc().format(format).unwrap_or_default();
+    let json = |text: &str| serde_json::to_string(text).unwrap_or_else(|_| "\"\"".to_string());
+    let mut line = String::with_capacity(512);
+    if style == Style::Json {
+        let _ = write!(
+            line,
+            "{{\"timestamp\":{},\"level\":\"INFO\",\"message\":{}",
+            json(&timestamp),
+            json(message)
+        );
+        for (key, value) in fields {
+            let _ = match value {
+                Value::Text(text) | Value::Bare(text) => write!(line, ",{}:{}", json(key), json(text)),
+                Value::Number(number) => write!(line, ",{}:{number}", json(key)),
+            };
+        }
+        let _ = write!(line, ",\"target\":{}}}", json(TARGET));
+    } else {
+        let _ = write!(line, "{timestamp}  INFO {TARGET}: {message}");
+        for (key, value) in fields {
+            let _ = match value {
+                Value::Number(number) => write!(line, " {key}={number}"),
+                Value::Text(text) => write!(line, " {key}={text:?}"),
+                Value::Bare(text) => write!(line, " {key}={text}"),
+            };
+        }
+    }
+    line
 }
 
 /// `authority` (`host[:port]`, an IPv6 literal in brackets) as OpenTelemetry's `server.address` (the host, without

@@ -16,7 +16,7 @@ mod cli;
 use cli::signals::{notify_systemd, reload_on_change, reload_on_hangup, shutdown_signal};
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
-use floodgate::config::{AccessLogFormat, AccessLogTarget, Config, Env, LogFormat, Overrides, REDACTED};
+use floodgate::config::{AccessLogTarget, Config, Env, LogFormat, Overrides, REDACTED};
 use floodgate::reload::ConfigSource;
 use floodgate::server::{Floodgate, Workers};
 
@@ -197,7 +197,8 @@ fn main() -> ExitCode {
                 return ExitCode::from(1);
             }
         };
-    let access_log = access_log.zip(config.access_log_format());
+    // Written only while the access log is on (`access` makes each line whole, in its format).
+    let access_log = access_log.filter(|_| config.access_log_format().is_some());
     init_logging(config.log_format, &config.log_level, access_log);
     let runtime = match start_runtime(Flavor::Serving) {
         Ok(runtime) => runtime,
@@ -445,11 +446,7 @@ where
     }
 }
 
-fn init_logging(
-    format: LogFormat,
-    level: &str,
-    access: Option<(tracing_appender::non_blocking::NonBlocking, AccessLogFormat)>,
-) {
+fn init_logging(format: LogFormat, level: &str, access: Option<tracing_appender::non_blocking::NonBlocking>) {
     use std::io::IsTerminal;
     use tracing_subscriber::filter::{filter_fn, LevelFilter, Targets};
     use tracing_subscriber::layer::SubscriberExt;
@@ -491,19 +488,10 @@ fn init_logging(
     };
     layers.push(log.with_filter(filter).boxed());
 
-    if let Some((writer, access_format)) = access {
-        let access = match access_format {
-            AccessLogFormat::Auto | AccessLogFormat::Human => fmt::layer().with_writer(writer).with_ansi(false).boxed(),
-            AccessLogFormat::Json => fmt::layer()
-                .json()
-                .flatten_event(true)
-                .with_current_span(false)
-                .with_span_list(false)
-                .with_writer(writer)
-                .boxed(),
-            // The line is the event's message, and nothing else: web-log tools read it as it is.
-            AccessLogFormat::Combined => fmt::layer().event_format(MessageOnly).with_writer(writer).boxed(),
-        };
+    if let Some(writer) = access {
+        // The line is the event's message, and nothing else: `access` makes it whole, in the format chosen (web-log
+        // tools read a Combined one as it is).
+        let access = fmt::layer().event_format(MessageOnly).with_writer(writer).boxed();
         let only_access = filter_fn(|metadata| metadata.target() == floodgate::access::TARGET);
         layers.push(access.with_filter(only_access).boxed());
     }

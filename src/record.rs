@@ -108,6 +108,13 @@ impl Record {
         self.status = Some(status);
     }
 
+    /// The answer's head fields, for the header fields the access log captures.
+    pub(crate) fn answered_with(&mut self, headers: &http::HeaderMap) {
+        if let Some(entry) = self.access.as_mut() {
+            entry.answered_with(headers);
+        }
+    }
+
     /// Body bytes handed on to the client.
     pub(crate) fn relayed(&mut self, bytes: usize) {
         self.bytes += bytes as u64;

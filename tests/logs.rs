@@ -440,3 +440,92 @@ async fn every_request_ends_in_one_line_and_one_count_served_refused_or_left_by_
         "{output}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_writes_the_fields_chosen_and_captures_headers_bounded_and_redacted() {
+    let upstream = Upstream::start().await;
+    let config = TempConfig::new(&format!(
+        r#"access_log = "stdout"
+log_format = "json"
+access_log_fields = ["http.request.method", "url.path", "http.response.status_code"]
+access_log_request_headers = ["x-api-key", "authorization", "cookie", "x-absent"]
+access_log_response_headers = ["content-length"]
+access_log_header_bytes = 8
+access_log_unredacted = ["cookie"]
+
+[upstreams.default]
+url = "{}"
+
+[[routes]]
+upstream = "default"
+"#,
+        upstream.url()
+    ));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let mut conn = H1Conn::connect(proxy.listen).await;
+    let request = http::Request::get("/bytes/5")
+        .header("x-api-key", "key-0123456789")
+        .header("authorization", "Bearer secret-token")
+        .header("cookie", "session=abc")
+        .body(body_empty())
+        .unwrap();
+    let served = collect(conn.send(request).await.unwrap()).await.unwrap();
+    assert_eq!(served.status, StatusCode::OK);
+    let lines = proxy.access_lines(1).await;
+    let line = lines[0].as_object().unwrap();
+    let mut keys: Vec<&str> = line.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        [
+            "http.request.header.authorization",
+            "http.request.header.cookie",
+            "http.request.header.x-api-key",
+            "http.request.method",
+            "http.response.header.content-length",
+            "http.response.status_code",
+            "level",
+            "message",
+            "target",
+            "timestamp",
+            "url.path",
+        ],
+        "only the chosen fields and the headers that came: {line:?}"
+    );
+    assert_eq!(line["http.request.method"], "GET");
+    assert_eq!(line["url.path"], "/bytes/5");
+    assert_eq!(line["http.response.status_code"], 200);
+    // Cut to access_log_header_bytes; a credential redacted unless named in access_log_unredacted.
+    assert_eq!(line["http.request.header.x-api-key"], "key-0123…");
+    assert_eq!(line["http.request.header.authorization"], "<redacted>");
+    assert_eq!(line["http.request.header.cookie"], "session=…");
+    assert_eq!(line["http.response.header.content-length"], "5");
+    assert!(!proxy.output().contains("secret-token"), "{}", proxy.output());
+}
+
+#[test]
+fn access_log_fields_and_captured_headers_that_cannot_be_stop_start_up_naming_the_key() {
+    for (setting, key) in [
+        ("access_log_fields = [\"url.pathh\"]", "access_log_fields"),
+        (
+            "access_log_request_headers = [\"bad header\"]",
+            "access_log_request_headers",
+        ),
+        (
+            "access_log_response_headers = [\"x(y)\"]",
+            "access_log_response_headers",
+        ),
+        ("access_log_unredacted = [\"x-api-key\"]", "access_log_unredacted"),
+        ("access_log_header_bytes = 0", "access_log_header_bytes"),
+    ] {
+        let config = TempConfig::new(&format!("access_log = \"stdout\"\n{setting}\n"));
+        let path = config.path_str();
+        let mut args = NOWHERE_ARGS.to_vec();
+        args.extend(["--config", &path]);
+        let (status, stdout, stderr) = run_to_exit(&args, Duration::from_secs(10));
+        assert_eq!(status.code(), Some(2), "{setting}: stdout {stdout}\nstderr {stderr}");
+        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{setting}: {stderr}");
+        assert!(lines[0].contains(key), "{setting}: {stderr}");
+    }
+}

@@ -925,7 +925,10 @@ async fn a_reload_reports_exactly_the_restart_only_keys_the_docs_name() {
     let access_log = config.path().with_extension("access.log");
     let changed = format!(
         "threads = 3\nlog_format = \"json\"\nlog_level = \"debug\"\naccess_log = \"{}\"\n\
-         access_log_format = \"combined\"\nproxy_protocol = true\nconfig_watch_interval = \"1h\"\n\
+         access_log_format = \"combined\"\naccess_log_fields = [\"url.path\"]\n\
+         access_log_request_headers = [\"x-a\"]\naccess_log_response_headers = [\"x-b\"]\n\
+         access_log_header_bytes = 64\naccess_log_unredacted = [\"cookie\"]\n\
+         proxy_protocol = true\nconfig_watch_interval = \"1h\"\n\
          otlp_endpoint = \"http://127.0.0.1:9/v1/traces\"\notlp_service_name = \"renamed\"\n{}",
         access_log.display(),
         one_upstream(&upstream.url(), 2)

@@ -89,6 +89,17 @@ pub struct Config {
     pub access_log: String,
     /// How access-log lines are written: `auto` (as `log_format`), `json`, `human` or `combined`.
     pub access_log_format: AccessLogFormat,
+    /// The fields a `json` or `human` access-log line has, by name (`access::FIELDS`); empty: every one.
+    pub access_log_fields: Vec<String>,
+    /// Request and response header fields an access-log line captures, as `http.request.header.NAME` and
+    /// `http.response.header.NAME` (not in `combined` lines).
+    pub access_log_request_headers: Vec<String>,
+    pub access_log_response_headers: Vec<String>,
+    /// The most bytes of a captured header value written; a longer one is cut and ends with `…`.
+    pub access_log_header_bytes: usize,
+    /// Captured credentials (`authorization`, `proxy-authorization`, `cookie`, `set-cookie`) written as they are
+    /// rather than `<redacted>`.
+    pub access_log_unredacted: Vec<String>,
     /// PEM certificate chain (leaf first) the client listener presents; with `tls_key`, the listener speaks TLS
     /// only, and ALPN (`h2`, `http/1.1`) picks the protocol. Paths are not secrets; the key file is never shown.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -198,6 +209,11 @@ impl Default for Config {
             log_level: "info".to_string(),
             access_log: "off".to_string(),
             access_log_format: AccessLogFormat::Auto,
+            access_log_fields: Vec::new(),
+            access_log_request_headers: Vec::new(),
+            access_log_response_headers: Vec::new(),
+            access_log_header_bytes: 256,
+            access_log_unredacted: Vec::new(),
             tls_cert: None,
             tls_key: None,
             admin_token: None,

@@ -32,6 +32,47 @@ impl Config {
         if let Err(err) = super::log_filter(&self.log_level) {
             problems.push("log_level", err);
         }
+        for name in &self.access_log_fields {
+            if !crate::access::FIELDS.contains(&name.as_str()) {
+                problems.push(
+                    "access_log_fields",
+                    format!(
+                        "`{name}` is no access-log field (one of: {})",
+                        crate::access::FIELDS.join(", ")
+                    ),
+                );
+            }
+        }
+        for (key, names) in [
+            ("access_log_request_headers", &self.access_log_request_headers),
+            ("access_log_response_headers", &self.access_log_response_headers),
+        ] {
+            for name in names {
+                if http::HeaderName::from_bytes(name.trim().as_bytes()).is_err() {
+                    problems.push(key, format!("`{name}` is not a header field name"));
+                }
+            }
+            if names.len() > MAX_CAPTURED_HEADERS {
+                problems.push(key, format!("at most {MAX_CAPTURED_HEADERS} header fields"));
+            }
+        }
+        for name in &self.access_log_unredacted {
+            if !crate::access::SECRET_HEADERS
+                .iter()
+                .any(|secret| secret.eq_ignore_ascii_case(name))
+            {
+                problems.push(
+                    "access_log_unredacted",
+                    format!(
+                        "`{name}` is never redacted (only {} are)",
+                        crate::access::SECRET_HEADERS.join(", ")
+                    ),
+                );
+            }
+        }
+        if !(1..=8192).contains(&self.access_log_header_bytes) {
+            problems.push("access_log_header_bytes", "must be from 1 to 8192");
+        }
         if self.access_log.trim().is_empty() {
             problems.push("access_log", "must be off, stdout, stderr or a file path");
         } else if let AccessLogTarget::File(path) = self.access_log_target() {
@@ -402,3 +443,7 @@ pub(super) fn family(key: &str) -> String {
         other => other.to_string(),
     }
 }
+
+/// The most header fields each of `access_log_request_headers` and `access_log_response_headers` may name: a
+/// line's size stays bounded (with `access_log_header_bytes`).
+const MAX_CAPTURED_HEADERS: usize = 32;

@@ -74,7 +74,7 @@ pub struct Proxy {
     /// Pools a reload retired, kept for `/status` and shutdown until they have drained.
     draining: Mutex<Vec<Arc<UpstreamPool>>>,
     /// Whether requests write an access-log line, and in which style.
-    access_log: Option<crate::access::Style>,
+    access_log: Option<Arc<crate::access::Settings>>,
     /// The bound on body bytes held in memory, shared by every request.
     buffers: Arc<BufferBudget>,
     shed_warned_at: AtomicU64,
@@ -187,8 +187,8 @@ impl Proxy {
         self.tracing.as_deref()
     }
 
-    pub fn with_access_log(mut self, style: Option<crate::access::Style>) -> Self {
-        self.access_log = style;
+    pub fn with_access_log(mut self, settings: Option<Arc<crate::access::Settings>>) -> Self {
+        self.access_log = settings;
         self
     }
 
@@ -259,7 +259,7 @@ impl Proxy {
             upstream,
             outcome = tracing::field::Empty,
         );
-        let mut access = Entry::start(self.access_log, client.peer, client.tls, request);
+        let mut access = Entry::start(self.access_log.as_ref(), client.peer, client.tls, request);
         if let (Some(entry), Some(exported)) = (access.as_mut(), &exported) {
             let (trace_id, span_id) = exported.ids();
             entry.traced(trace_id, span_id);
@@ -291,6 +291,7 @@ impl Proxy {
         };
         if !record.is_finished() {
             record.answered(answered.status());
+            record.answered_with(answered.headers());
         }
         answered.map(|body| body.recorded(record))
     }

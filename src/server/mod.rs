@@ -92,10 +92,7 @@ impl Floodgate {
             let _ = tokio::time::timeout(REPLICA_COUNT_AT_START, pool.count_replicas()).await;
             let _ = tokio::time::timeout(REPLICA_COUNT_AT_START, pool.discover_endpoints()).await;
         }
-        let access_log = config.access_log_format().map(|format| match format {
-            crate::config::AccessLogFormat::Combined => crate::access::Style::Combined,
-            _ => crate::access::Style::Fields,
-        });
+        let access_log = crate::access::Settings::of(&config);
         let tracing = match config.otlp_endpoint.as_str() {
             "" => None,
             endpoint => {
