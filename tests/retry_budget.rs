@@ -89,3 +89,59 @@ async fn each_first_attempt_earns_its_ratio_of_a_retry() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_pressure_retries_are_shed_before_first_attempts_with_tokens_to_spare() {
+    // One slot, a queue of 4 and tokens aplenty: a retry waits while the queue is under half full, and is shed at
+    // once once it is half full, where a first attempt still gets a place.
+    let upstream = Upstream::start().await;
+    let config = TempConfig::new(&format!(
+        "[upstreams.a]\nurl = \"{}\"\nmax_connections = 1\nmax_queue = 4\nqueue_timeout = \"10s\"\n\
+         retry_budget = {{ ratio = 1.0, min_per_second = 100 }}\n[[routes]]\nupstream = \"a\"\n",
+        upstream.url()
+    ));
+    let proxy = std::sync::Arc::new(Proxy::start(&["--config", &config.path_str()]).await);
+    let listen = proxy.listen;
+    let send = |path: &'static str, retry: bool| {
+        tokio::spawn(async move {
+            let mut client = H1Conn::connect(listen).await;
+            let mut request = Request::builder().method(Method::GET).uri(path).header("host", "app");
+            if retry {
+                request = request.header("x-retry-attempt", "1");
+            }
+            let response = client
+                .send(request.body(body_empty()).unwrap())
+                .await
+                .expect("an answer");
+            let reason = response
+                .headers()
+                .get("x-floodgate-shed-reason")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            (response.status(), reason)
+        })
+    };
+    let holder = send("/stall", false);
+    wait_until_sync("the slot taken", std::time::Duration::from_secs(5), || {
+        upstream.inflight() == 1
+    })
+    .await;
+    let early_retry = send("/", true);
+    proxy.wait_queue_depth("a", 1, std::time::Duration::from_secs(5)).await;
+    let first = send("/", false);
+    proxy.wait_queue_depth("a", 2, std::time::Duration::from_secs(5)).await;
+    // Half full: a retry goes no further, a first attempt still waits.
+    let pressed = send("/", true).await.unwrap();
+    assert_eq!(
+        pressed,
+        (StatusCode::SERVICE_UNAVAILABLE, Some("retry_budget".to_string()))
+    );
+    let later_first = send("/", false);
+    proxy.wait_queue_depth("a", 3, std::time::Duration::from_secs(5)).await;
+    upstream.release_stalled();
+    for waiting in [holder, early_retry, first, later_first] {
+        assert_eq!(waiting.await.unwrap().0, StatusCode::OK);
+    }
+    assert_eq!(proxy.outcome_count("a", "shed_retry_budget").await, 1.0);
+    assert!(upstream.peak_inflight() <= 1, "peak {}", upstream.peak_inflight());
+}

@@ -1,7 +1,8 @@
 //! The clients' retry budget (`retry_budget`): retries admitted only while first attempts have earned them, so a
 //! storm of clients retrying every shed answer cannot multiply the load on an upstream already at its cap. A
 //! bucket of retry tokens: each first attempt adds `ratio`, time adds `min_per_second`, and it holds ten seconds
-//! of the latter (1,000 tokens at least). It never admits or sheds itself: admission asks it.
+//! of the latter (1,000 tokens at least); while the queue is at least half full, retries are shed first. It never
+//! admits or sheds itself: admission asks it.
 
 use std::sync::Mutex;
 
@@ -20,15 +21,18 @@ impl RetryTokens {
 }
 
 impl UpstreamPool {
-    /// Whether a request that `budget` takes for a retry may go on (and spends a token), or a first attempt
-    /// (which earns one's `ratio`). Without a budget, every request may.
+    /// Whether a request that `budget` takes for a retry may go on (and spends a token; never while the queue is
+    /// at least half full), or a first attempt (which earns one's `ratio`). Without a budget, every request may.
     pub fn retry_budget_allows(&self, headers: &http::HeaderMap) -> bool {
         let limits = self.limits();
         let Some(budget) = limits.retry_budget.as_ref() else {
             return true;
         };
         let retry = budget.headers.iter().any(|name| headers.contains_key(name.as_str()));
-        let allowed = self.retry_tokens.spend(budget, retry);
+        // Under pressure (the queue at least half full) a retry is shed before any first attempt is: the other
+        // half stays for first attempts, and a token is not spent on a wait likely to end in a timeout.
+        let pressed = retry && limits.max_queue > 0 && self.lock().queue.len().saturating_mul(2) >= limits.max_queue;
+        let allowed = !pressed && self.retry_tokens.spend(budget, retry);
         if !allowed {
             self.metrics.retries_over_budget.inc();
         }
