@@ -8,6 +8,8 @@ loopback), each subject side by side in one run, closed-loop keep-alive clients 
            c = its coldness, 1 falling to 0 over its first WARM requests (slow and worse under concurrency while
            cold). Subjects: floodgate at its cap from the start, a time ramp of the cap (1 to N over RAMP s through
            the admin API, as HAProxy's slowstart ramps maxconn), and slow_start. Reports p50/p99 and 2xx.
+  collapse the same upstream, but each request beside another while cold costs the square of the crowding:
+           BASE x (1 + 4c) x (1 + c x (in flight - 1))^2, so its throughput falls as concurrency rises until warm.
   restart  an upstream that stops listening (and drops its connections) for 2 s mid-run: 502s with hold_while_down
            off and on.
   stall    an upstream that stops answering (a deadlock) mid-run: time from the deadlock to floodgate's first
@@ -34,9 +36,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # ---- the upstream ----------------------------------------------------------------------------------------------
 
 class Upstream:
-    def __init__(self, base_ms=10.0, warm=0):
+    def __init__(self, base_ms=10.0, warm=0, collapse=False):
         self.base = base_ms / 1000
         self.warm = warm
+        self.collapse = collapse
         self.served = 0
         self.in_flight = 0
         self.peak = 0
@@ -47,7 +50,10 @@ class Upstream:
 
     def service_time(self):
         cold = max(0.0, 1 - self.served / self.warm) if self.warm else 0.0
-        return self.base * (1 + 4 * cold) * (1 + cold * max(0, self.in_flight - 1))
+        crowding = 1 + cold * max(0, self.in_flight - 1)
+        # Collapsing: each request beside it while cold costs more than its share, so throughput falls as
+        # concurrency rises (a JVM compiling and collecting while its threads contend); otherwise it stays level.
+        return self.base * (1 + 4 * cold) * (crowding ** 2 if self.collapse else crowding)
 
     async def start(self):
         # Handlers cancelled when a scenario's loop ends are expected: nothing to report about them.
@@ -189,8 +195,8 @@ def percentile(values, q):
 
 # ---- the scenarios ----------------------------------------------------------------------------------------------
 
-async def warm(binary, subject):
-    upstream = Upstream(base_ms=10, warm=1500)
+async def warm(binary, subject, collapse=False):
+    upstream = Upstream(base_ms=10, warm=1500, collapse=collapse)
     await upstream.start()
     extra = {"at cap": "max_connections = 8", "time ramp": "max_connections = 1",
              "slow_start": "max_connections = 8\n"
@@ -212,6 +218,10 @@ async def warm(binary, subject):
     first = [end - start for start, end, status in results if status == 200 and start - results[0][0] < 4]
     return {"ok": len(ok), "other": len(results) - len(ok), "p50": percentile(ok, 0.5), "p99": percentile(ok, 0.99),
             "p99_first_4s": percentile(first, 0.99), "peak": upstream.peak}
+
+
+async def collapse(binary, subject):
+    return await warm(binary, subject, collapse=True)
 
 
 async def restart(binary, subject):
@@ -257,6 +267,7 @@ async def stall(binary, subject):
 
 SCENARIOS = {
     "warm": (warm, ["at cap", "time ramp", "slow_start"]),
+    "collapse": (collapse, ["at cap", "time ramp", "slow_start"]),
     "restart": (restart, ["off", "hold_while_down"]),
     "stall": (stall, ["off", "1s"]),
 }
@@ -272,29 +283,43 @@ def ms(seconds):
 
 
 def render(results, reps):
+    """The Markdown section: a table per scenario that ran."""
     lines = ["## Admission that reads the upstream (benches/upstream_aware.py)", "",
              f"`benches/upstream_aware.py -r {reps}` (medians of {reps}; every subject in one run, one after the "
              "other, floodgate `--threads 1`, the upstream and the clients in the script's own asyncio loop on the "
-             "same 2 CPUs). The upstreams are simulated: their shape is in the script's docstring.", "",
-             "**Slow start against a warming upstream** (32 clients, cap 8, 12 s; the upstream takes 10 ms warm, "
-             "up to 5x that cold and more with each request beside it while cold, warm after 1,500 requests; the "
-             "time ramp raises the cap from 1 to 8 over 4 s through the admin API, HAProxy's `slowstart` shape):", "",
-             "| subject | 2xx | p50 ms | p99 ms | p99 ms, first 4 s | upstream peak in flight |",
-             "|---|---|---|---|---|---|"]
-    for subject, runs in results["warm"].items():
-        lines.append(f"| {subject} | {median(runs, 'ok'):.0f} | {ms(median(runs, 'p50'))} | "
-                     f"{ms(median(runs, 'p99'))} | {ms(median(runs, 'p99_first_4s'))} | {median(runs, 'peak'):.0f} |")
-    lines += ["", "**Hold through a restart** (8 clients, cap 4, 10 ms, 7 s; the upstream stops listening and drops "
-              "its connections 2 s in, for 2 s):", "", "| hold_while_down | 2xx | 502 | other |", "|---|---|---|---|"]
-    for subject, runs in results["restart"].items():
-        lines.append(f"| {subject} | {median(runs, 'ok'):.0f} | {median(runs, '502'):.0f} | "
-                     f"{median(runs, 'other'):.0f} |")
-    lines += ["", "**Stall guard against a deadlocked upstream** (8 clients, cap 4, queue_timeout 10 s; the upstream "
-              "stops answering 1 s in):", "", "| stall_timeout | first refusal after the deadlock, s | refusals |",
-              "|---|---|---|"]
-    for subject, runs in results["stall"].items():
-        lines.append(f"| {subject} | {median(runs, 'first_refusal_s'):.2f} | {median(runs, 'refused'):.0f} |")
-    lines.append("")
+             "same 2 CPUs). The upstreams are simulated: their shape is in the script's docstring.", ""]
+    ramps = {
+        "warm": "**Slow start against a warming upstream** (32 clients, cap 8, 12 s; the upstream takes 10 ms warm, "
+                "up to 5x that cold and more with each request beside it while cold, warm after 1,500 requests; the "
+                "time ramp raises the cap from 1 to 8 over 4 s through the admin API, HAProxy's `slowstart` shape):",
+        "collapse": "**Slow start against a warming upstream whose throughput collapses under concurrency** (the "
+                    "same, but the crowding factor squared while cold):",
+    }
+    for name, title in ramps.items():
+        if name not in results:
+            continue
+        lines += [title, "", "| subject | 2xx | p50 ms | p99 ms | p99 ms, first 4 s | upstream peak in flight |",
+                  "|---|---|---|---|---|---|"]
+        for subject, runs in results[name].items():
+            lines.append(f"| {subject} | {median(runs, 'ok'):.0f} | {ms(median(runs, 'p50'))} | "
+                         f"{ms(median(runs, 'p99'))} | {ms(median(runs, 'p99_first_4s'))} | "
+                         f"{median(runs, 'peak'):.0f} |")
+        lines.append("")
+    if "restart" in results:
+        lines += ["**Hold through a restart** (8 clients, cap 4, 10 ms, 7 s; the upstream stops listening and drops "
+                  "its connections 2 s in, for 2 s):", "", "| hold_while_down | 2xx | 502 | other |",
+                  "|---|---|---|---|"]
+        for subject, runs in results["restart"].items():
+            lines.append(f"| {subject} | {median(runs, 'ok'):.0f} | {median(runs, '502'):.0f} | "
+                         f"{median(runs, 'other'):.0f} |")
+        lines.append("")
+    if "stall" in results:
+        lines += ["**Stall guard against a deadlocked upstream** (8 clients, cap 4, queue_timeout 10 s; the upstream "
+                  "stops answering 1 s in):", "", "| stall_timeout | first refusal after the deadlock, s | refusals |",
+                  "|---|---|---|"]
+        for subject, runs in results["stall"].items():
+            lines.append(f"| {subject} | {median(runs, 'first_refusal_s'):.2f} | {median(runs, 'refused'):.0f} |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -302,7 +327,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-r", "--reps", type=int, default=1)
     parser.add_argument("-o", "--out")
-    parser.add_argument("--only", choices=sorted(SCENARIOS))
+    parser.add_argument("--only", choices=sorted(SCENARIOS), help="run one scenario; its table alone is printed")
     args = parser.parse_args()
     subprocess.run(["cargo", "build", "--release", "--locked", "--quiet", "--bin", "floodgate"], cwd=ROOT, check=True)
     target = json.loads(subprocess.run(["cargo", "metadata", "--format-version", "1", "--no-deps"], cwd=ROOT,
@@ -318,8 +343,6 @@ def main():
                 outcome = asyncio.run(run(binary, subject))
                 print(f"{name} / {subject} / rep {rep + 1}: {outcome}", file=sys.stderr)
                 results[name][subject].append(outcome)
-    if args.only:
-        return
     text = render(results, args.reps)
     if args.out:
         with open(args.out, "a") as f:
