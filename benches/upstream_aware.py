@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Admission that reads the upstream: slow start, hold through a restart, the stall guard (issue 30's figures).
 
-Builds floodgate (release) and runs three scenarios against an upstream this script serves itself (asyncio, on
+Builds floodgate (release) and runs its scenarios against an upstream this script serves itself (asyncio, on
 loopback), each subject side by side in one run, closed-loop keep-alive clients written here too:
 
   warm     an upstream that warms up like a JVM: each request takes BASE x (1 + 4c) x (1 + c x (in flight - 1)),
@@ -14,6 +14,10 @@ loopback), each subject side by side in one run, closed-loop keep-alive clients 
            off and on.
   stall    an upstream that stops answering (a deadlock) mid-run: time from the deadlock to floodgate's first
            refusal, stall_timeout off (queue_timeout 10 s) and 1 s.
+  retries  clients that retry every 503 at once (x-retry-attempt), retry_budget off and on: jobs served, attempts
+           per served job.
+  prewarm  a burst of 8 right after a quiet start against an upstream that reads a new connection 100 ms after
+           accepting it: min_idle off and 8.
 
 Usage: benches/upstream_aware.py [-r REPS] [-o FILE]  (-o: write the Markdown section there, else print it)
 """
@@ -36,10 +40,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # ---- the upstream ----------------------------------------------------------------------------------------------
 
 class Upstream:
-    def __init__(self, base_ms=10.0, warm=0, collapse=False):
+    def __init__(self, base_ms=10.0, warm=0, collapse=False, first_on_connection_ms=0.0):
         self.base = base_ms / 1000
         self.warm = warm
         self.collapse = collapse
+        # What a new connection costs before it is read (a thread-per-connection server starting its thread).
+        self.first_on_connection = first_on_connection_ms / 1000
         self.served = 0
         self.in_flight = 0
         self.peak = 0
@@ -75,6 +81,8 @@ class Upstream:
     async def connection(self, reader, writer):
         self.writers.add(writer)
         try:
+            # A new connection is ready to be read only after this (a thread started for it, say).
+            await asyncio.sleep(self.first_on_connection)
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 length = re.search(rb"(?i)content-length:\s*(\d+)", head)
@@ -151,7 +159,7 @@ shutdown_timeout = "1s"
 
 [upstreams.a]
 url = "http://127.0.0.1:{upstream_port}"
-max_queue = 1000
+{"" if "max_queue" in extra else "max_queue = 1000"}
 {extra}
 
 [[routes]]
@@ -265,11 +273,81 @@ async def stall(binary, subject):
             "refused": len(refused)}
 
 
+async def retrying_client(port, until, jobs):
+    """Jobs one after another; each attempt shed (503) is retried at once, marked x-retry-attempt, four times at
+    most. `jobs` gets (served, attempts) per job."""
+    reader = writer = None
+    while time.monotonic() < until:
+        attempts, served = 0, False
+        while attempts < 5 and not served and time.monotonic() < until:
+            retry = b"x-retry-attempt: %d\r\n" % attempts if attempts else b""
+            attempts += 1
+            try:
+                if writer is None:
+                    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(b"GET /x HTTP/1.1\r\nhost: app\r\n" + retry + b"\r\n")
+                await writer.drain()
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = re.search(rb"(?i)content-length:\s*(\d+)", head)
+                if length:
+                    await reader.readexactly(int(length.group(1)))
+                served = int(head.split(b" ", 2)[1]) == 200
+            except (ConnectionError, asyncio.IncompleteReadError, OSError):
+                writer = None
+        jobs.append((served, attempts))
+    if writer is not None:
+        writer.close()
+
+
+async def retries(binary, subject):
+    upstream = Upstream(base_ms=20)
+    await upstream.start()
+    extra = 'max_connections = 4\nmax_queue = 8\nqueue_timeout = "200ms"' + (
+        "\nretry_budget = { ratio = 0.1, min_per_second = 1 }" if subject == "budget" else "")
+    proxy = Floodgate(binary, upstream.port, extra)
+    jobs = []
+    until = time.monotonic() + 8
+    await asyncio.gather(*(retrying_client(proxy.listen, until, jobs) for _ in range(64)))
+    proxy.stop()
+    await upstream.stop_listening()
+    served = [attempts for ok, attempts in jobs if ok]
+    attempts = sum(attempts for _, attempts in jobs)
+    return {"jobs": len(jobs), "served": len(served), "attempts_per_served": attempts / max(1, len(served)),
+            "served_first_time": sum(1 for a in served if a == 1), "upstream_served": upstream.served}
+
+
+async def prewarm(binary, subject):
+    upstream = Upstream(base_ms=5, first_on_connection_ms=100)
+    await upstream.start()
+    extra = "max_connections = 8" + ("\nmin_idle = 8" if subject == "min_idle = 8" else "")
+    proxy = Floodgate(binary, upstream.port, extra)
+    # Time for the connections min_idle asks for; then a burst of 8 after the quiet start.
+    await asyncio.sleep(1)
+    results = []
+
+    async def one_request():
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.listen)
+        start = time.monotonic()
+        writer.write(b"GET /x HTTP/1.1\r\nhost: app\r\n\r\n")
+        await writer.drain()
+        head = await reader.readuntil(b"\r\n\r\n")
+        results.append((start, time.monotonic(), int(head.split(b" ", 2)[1])))
+        writer.close()
+    await asyncio.gather(*(one_request() for _ in range(8)))
+    proxy.stop()
+    await upstream.stop_listening()
+    times = [end - start for start, end, status in results if status == 200]
+    return {"served": len(times), "slowest": max(times) if times else float("nan"),
+            "median": statistics.median(times) if times else float("nan")}
+
+
 SCENARIOS = {
     "warm": (warm, ["at cap", "time ramp", "slow_start"]),
     "collapse": (collapse, ["at cap", "time ramp", "slow_start"]),
     "restart": (restart, ["off", "hold_while_down"]),
     "stall": (stall, ["off", "1s"]),
+    "retries": (retries, ["off", "budget"]),
+    "prewarm": (prewarm, ["off", "min_idle = 8"]),
 }
 
 
@@ -319,6 +397,26 @@ def render(results, reps):
                   "|---|---|---|"]
         for subject, runs in results["stall"].items():
             lines.append(f"| {subject} | {median(runs, 'first_refusal_s'):.2f} | {median(runs, 'refused'):.0f} |")
+        lines.append("")
+    if "retries" in results:
+        lines += ["**Retry budget against clients that retry every shed at once** (64 closed-loop clients, each job "
+                  "retried up to 4 times marked `x-retry-attempt`; cap 4, 20 ms, max_queue 8, queue_timeout 200 ms, 8 s; "
+                  "budget `{ ratio = 0.1, min_per_second = 1 }`):", "",
+                  "| retry_budget | jobs | served | served at the first attempt | attempts per served job | upstream served |",
+                  "|---|---|---|---|---|---|"]
+        for subject, runs in results["retries"].items():
+            lines.append(f"| {subject} | {median(runs, 'jobs'):.0f} | {median(runs, 'served'):.0f} | "
+                         f"{median(runs, 'served_first_time'):.0f} | {median(runs, 'attempts_per_served'):.1f} | "
+                         f"{median(runs, 'upstream_served'):.0f} |")
+        lines.append("")
+    if "prewarm" in results:
+        lines += ["**Prewarmed connections against a burst after a quiet start** (8 requests at once 1 s after "
+                  "start, cap 8; the upstream takes 5 ms, and reads a new connection only 100 ms after accepting it, as a "
+                  "thread-per-connection server starting its thread):", "",
+                  "| min_idle | served | median ms | slowest ms |", "|---|---|---|---|"]
+        for subject, runs in results["prewarm"].items():
+            lines.append(f"| {subject} | {median(runs, 'served'):.0f} | {ms(median(runs, 'median'))} | "
+                         f"{ms(median(runs, 'slowest'))} |")
         lines.append("")
     return "\n".join(lines)
 
