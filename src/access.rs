@@ -28,38 +28,7 @@ pub enum Style {
     Combined,
 }
 
-/// Every field a `json` or `human` line may have, in the order it has them (`access_log_fields` chooses among
-/// them; the captured headers come after).
-pub const FIELDS: [&str; 24] = [
-    "client.address",
-    "client.port",
-    "http.request.header.x-request-id",
-    "http.request.method",
-    "url.path",
-    "url.query",
-    "server.address",
-    "server.port",
-    "url.scheme",
-    "http.route",
-    "user_agent.original",
-    "network.protocol.version",
-    "http.response.status_code",
-    "http.request.body.size",
-    "http.response.body.size",
-    "floodgate.upstream",
-    "floodgate.outcome",
-    "floodgate.queue.duration_us",
-    "floodgate.upstream.duration_us",
-    "floodgate.request.duration_us",
-    "trace_id",
-    "span_id",
-    "floodgate.tunnel.bytes_to_upstream",
-    "floodgate.tunnel.closed_by",
-];
-
-/// Header fields whose values are credentials: a captured one is written `<redacted>` unless
-/// `access_log_unredacted` names it.
-pub const SECRET_HEADERS: [&str; 4] = ["authorization", "proxy-authorization", "cookie", "set-cookie"];
+pub use crate::config::access_log::{FIELDS, SECRET_HEADERS};
 
 /// What the access log writes, fixed at start-up from the configuration.
 #[derive(Debug)]

@@ -5,6 +5,7 @@
 //! the redaction of [`Secret`]s. It never reads the network; the only other files it touches are those it must
 //! check for `floodgate check` to refuse what start-up would (TLS files via [`tls`], the `access_log` file).
 
+pub mod access_log;
 mod env;
 mod errors;
 mod integer;

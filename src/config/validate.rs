@@ -33,12 +33,12 @@ impl Config {
             problems.push("log_level", err);
         }
         for name in &self.access_log_fields {
-            if !crate::access::FIELDS.contains(&name.as_str()) {
+            if !super::access_log::FIELDS.contains(&name.as_str()) {
                 problems.push(
                     "access_log_fields",
                     format!(
                         "`{name}` is no access-log field (one of: {})",
-                        crate::access::FIELDS.join(", ")
+                        super::access_log::FIELDS.join(", ")
                     ),
                 );
             }
@@ -57,7 +57,7 @@ impl Config {
             }
         }
         for name in &self.access_log_unredacted {
-            if !crate::access::SECRET_HEADERS
+            if !super::access_log::SECRET_HEADERS
                 .iter()
                 .any(|secret| secret.eq_ignore_ascii_case(name))
             {
@@ -65,7 +65,7 @@ impl Config {
                     "access_log_unredacted",
                     format!(
                         "`{name}` is never redacted (only {} are)",
-                        crate::access::SECRET_HEADERS.join(", ")
+                        super::access_log::SECRET_HEADERS.join(", ")
                     ),
                 );
             }
