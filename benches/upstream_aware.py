@@ -16,6 +16,7 @@ loopback), each subject side by side in one run, closed-loop keep-alive clients 
            refusal, stall_timeout off (queue_timeout 10 s) and 1 s.
   retries  clients that retry every 503 at once (x-retry-attempt), retry_budget off and on: jobs served, attempts
            per served job.
+  drain    two endpoints, the second taken away mid-run, drained through the admin API first or not: failures.
   prewarm  a burst of 8 right after a quiet start against an upstream that reads a new connection 100 ms after
            accepting it: min_idle off and 8.
 
@@ -158,7 +159,7 @@ threads = 1
 shutdown_timeout = "1s"
 
 [upstreams.a]
-url = "http://127.0.0.1:{upstream_port}"
+{"" if "endpoints" in extra else f'url = "http://127.0.0.1:{upstream_port}"'}
 {"" if "max_queue" in extra else "max_queue = 1000"}
 {extra}
 
@@ -341,6 +342,35 @@ async def prewarm(binary, subject):
             "median": statistics.median(times) if times else float("nan")}
 
 
+async def drain(binary, subject):
+    staying, leaving = Upstream(base_ms=20), Upstream(base_ms=20)
+    await staying.start()
+    await leaving.start()
+    extra = ("max_connections = 8\nendpoints = [\n"
+             f'  {{ url = "http://127.0.0.1:{staying.port}", max_connections = 4 }},\n'
+             f'  {{ url = "http://127.0.0.1:{leaving.port}", max_connections = 4 }},\n]')
+    proxy = Floodgate(binary, staying.port, extra)
+
+    async def take_away():
+        await asyncio.sleep(2)
+        if subject == "drain first":
+            await proxy.admin_put(f"/upstreams/a/endpoints/127.0.0.1:{leaving.port}/state", "drain")
+        await asyncio.sleep(2)
+        await leaving.stop_listening()
+    going = asyncio.ensure_future(take_away())
+    results = await load(proxy.listen, 16, 7)
+    await going
+    proxy.stop()
+    await staying.stop_listening()
+    codes = {}
+    for r in results:
+        codes[r[2]] = codes.get(r[2], 0) + 1
+    first_failure = min((r[0] for r in results if r[2] != 200), default=None)
+    return {"ok": codes.get(200, 0), "failed": sum(n for code, n in codes.items() if code != 200),
+            "left_served": leaving.served, "codes": codes,
+            "first_failure_s": (first_failure - results[0][0]) if first_failure else None}
+
+
 SCENARIOS = {
     "warm": (warm, ["at cap", "time ramp", "slow_start"]),
     "collapse": (collapse, ["at cap", "time ramp", "slow_start"]),
@@ -348,6 +378,7 @@ SCENARIOS = {
     "stall": (stall, ["off", "1s"]),
     "retries": (retries, ["off", "budget"]),
     "prewarm": (prewarm, ["off", "min_idle = 8"]),
+    "drain": (drain, ["taken away", "drain first"]),
 }
 
 
@@ -417,6 +448,15 @@ def render(results, reps):
         for subject, runs in results["prewarm"].items():
             lines.append(f"| {subject} | {median(runs, 'served'):.0f} | {ms(median(runs, 'median'))} | "
                          f"{ms(median(runs, 'slowest'))} |")
+        lines.append("")
+    if "drain" in results:
+        lines += ["**Per-endpoint drain before an endpoint goes away** (two endpoints of 4 connections each, 16 "
+                  "clients, 20 ms, 7 s; the second stops listening and drops its connections 4 s in, drained through "
+                  "the admin API 2 s before that, or not):", "",
+                  "| subject | 2xx | failed | served by the endpoint that left |", "|---|---|---|---|"]
+        for subject, runs in results["drain"].items():
+            lines.append(f"| {subject} | {median(runs, 'ok'):.0f} | {median(runs, 'failed'):.0f} | "
+                         f"{median(runs, 'left_served'):.0f} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -503,3 +503,29 @@ async fn a_reload_that_changes_the_list_keeps_the_kept_endpoints_connections_and
     assert!(a.peak_connections() <= 2 && c.peak_connections() <= 3);
     assert!(b.peak_connections() <= 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_endpoints_room_leaves_the_cap_in_force_so_more_clients_than_the_rest_can_take_wait_not_fail() {
+    let a = Upstream::start().await;
+    let b = Upstream::start().await;
+    let endpoints = [(a.url(), 2), (b.url(), 2)];
+    let file = TempConfig::new(&config(&endpoints, 4, ""));
+    let proxy = Proxy::start(&["--config", &file.path_str()]).await;
+    let b_address = b.url().trim_start_matches("http://").to_owned();
+    let path = format!("/upstreams/a/endpoints/{b_address}/state");
+    let drained = proxy.admin_request(http::Method::PUT, &path, "drain", None).await;
+    assert_eq!(drained.status, StatusCode::OK, "{}", drained.text());
+    let status = proxy.upstream_status("a").await;
+    assert_eq!(status["max_connections"], 2, "only a's room is in force: {status}");
+    // Four times what a can take at once: they queue for a's two connections; none is sent to dial nowhere.
+    let listen = proxy.listen;
+    let clients: Vec<_> = (0..8)
+        .map(|_| tokio::spawn(async move { get(listen, "/delay/50").await.status }))
+        .collect();
+    for client in clients {
+        assert_eq!(client.await.unwrap(), StatusCode::OK);
+    }
+    assert_eq!(b.requests(), 0, "nothing reached the drained endpoint");
+    assert!(a.peak_connections() <= 2, "a's peak {}", a.peak_connections());
+    assert_eq!(proxy.outcome_count("a", "upstream_error").await, 0.0);
+}

@@ -388,13 +388,15 @@ impl Slots {
         raised
     }
 
-    /// The configured cap, and no more than the endpoints not ejected can take between them (all endpoints' caps
-    /// when every one is ejected: trying them beats shedding everything).
+    /// The configured cap, and no more than the endpoints in service and not ejected can take between them (all
+    /// in service when every one is ejected: trying them beats shedding everything). A drained endpoint (drain,
+    /// maint) takes no new connection, so its room is none: counting it let requests be admitted to dial where no
+    /// endpoint would take them, each a `502`.
     fn cap_allowed(&self) -> usize {
         let room = |ejected_too: bool| {
             self.endpoints
                 .iter()
-                .filter(|at| !at.gone && (ejected_too || !at.ejected))
+                .filter(|at| !at.gone && !at.drained && (ejected_too || !at.ejected))
                 .fold(0usize, |sum, at| sum.saturating_add(at.in_force()))
         };
         let healthy = room(false);
