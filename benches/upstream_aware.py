@@ -391,72 +391,63 @@ def ms(seconds):
     return f"{seconds * 1000:.0f}"
 
 
+def count(value):
+    return f"{value:.0f}"
+
+
+RAMP_COLUMNS = [("subject", None, None), ("2xx", "ok", count), ("p50 ms", "p50", ms), ("p99 ms", "p99", ms),
+                ("p99 ms, first 4 s", "p99_first_4s", ms), ("upstream peak in flight", "peak", count)]
+
+# Each scenario's table in the report: its title, then (column, the run's key, how it is written); the first
+# column is the subject.
+TABLES = [
+    ("warm", "**Slow start against a warming upstream** (32 clients, cap 8, 12 s; the upstream takes 10 ms warm, up "
+             "to 5x that cold and more with each request beside it while cold, warm after 1,500 requests; the time "
+             "ramp raises the cap from 1 to 8 over 4 s through the admin API, HAProxy's `slowstart` shape):",
+     RAMP_COLUMNS),
+    ("collapse", "**Slow start against a warming upstream whose throughput collapses under concurrency** (the same, "
+                 "but the crowding factor squared while cold):", RAMP_COLUMNS),
+    ("restart", "**Hold through a restart** (8 clients, cap 4, 10 ms, 7 s; the upstream stops listening and drops "
+                "its connections 2 s in, for 2 s):",
+     [("hold_while_down", None, None), ("2xx", "ok", count), ("502", "502", count), ("other", "other", count)]),
+    ("stall", "**Stall guard against a deadlocked upstream** (8 clients, cap 4, queue_timeout 10 s; the upstream "
+              "stops answering 1 s in):",
+     [("stall_timeout", None, None), ("first refusal after the deadlock, s", "first_refusal_s", "{:.2f}".format),
+      ("refusals", "refused", count)]),
+    ("retries", "**Retry budget against clients that retry every shed at once** (64 closed-loop clients, each job "
+                "retried up to 4 times marked `x-retry-attempt`; cap 4, 20 ms, max_queue 8, queue_timeout 200 ms, "
+                "8 s; budget `{ ratio = 0.1, min_per_second = 1 }`):",
+     [("retry_budget", None, None), ("jobs", "jobs", count), ("served", "served", count),
+      ("served at the first attempt", "served_first_time", count),
+      ("attempts per served job", "attempts_per_served", "{:.1f}".format),
+      ("upstream served", "upstream_served", count)]),
+    ("prewarm", "**Prewarmed connections against a burst after a quiet start** (8 requests at once 1 s after start, "
+                "cap 8; the upstream takes 5 ms, and reads a new connection only 100 ms after accepting it, as a "
+                "thread-per-connection server starting its thread):",
+     [("min_idle", None, None), ("served", "served", count), ("median ms", "median", ms),
+      ("slowest ms", "slowest", ms)]),
+    ("drain", "**Per-endpoint drain before an endpoint goes away** (two endpoints of 4 connections each, 16 clients, "
+              "20 ms, 7 s; the second stops listening and drops its connections 4 s in, drained through the admin "
+              "API 2 s before that, or not):",
+     [("subject", None, None), ("2xx", "ok", count), ("failed", "failed", count),
+      ("served by the endpoint that left", "left_served", count)]),
+]
+
+
 def render(results, reps):
     """The Markdown section: a table per scenario that ran."""
     lines = ["## Admission that reads the upstream (benches/upstream_aware.py)", "",
              f"`benches/upstream_aware.py -r {reps}` (medians of {reps}; every subject in one run, one after the "
              "other, floodgate `--threads 1`, the upstream and the clients in the script's own asyncio loop on the "
              "same 2 CPUs). The upstreams are simulated: their shape is in the script's docstring.", ""]
-    ramps = {
-        "warm": "**Slow start against a warming upstream** (32 clients, cap 8, 12 s; the upstream takes 10 ms warm, "
-                "up to 5x that cold and more with each request beside it while cold, warm after 1,500 requests; the "
-                "time ramp raises the cap from 1 to 8 over 4 s through the admin API, HAProxy's `slowstart` shape):",
-        "collapse": "**Slow start against a warming upstream whose throughput collapses under concurrency** (the "
-                    "same, but the crowding factor squared while cold):",
-    }
-    for name, title in ramps.items():
+    for name, title, columns in TABLES:
         if name not in results:
             continue
-        lines += [title, "", "| subject | 2xx | p50 ms | p99 ms | p99 ms, first 4 s | upstream peak in flight |",
-                  "|---|---|---|---|---|---|"]
+        lines += [title, "", "| " + " | ".join(column for column, _, _ in columns) + " |",
+                  "|" + "---|" * len(columns)]
         for subject, runs in results[name].items():
-            lines.append(f"| {subject} | {median(runs, 'ok'):.0f} | {ms(median(runs, 'p50'))} | "
-                         f"{ms(median(runs, 'p99'))} | {ms(median(runs, 'p99_first_4s'))} | "
-                         f"{median(runs, 'peak'):.0f} |")
-        lines.append("")
-    if "restart" in results:
-        lines += ["**Hold through a restart** (8 clients, cap 4, 10 ms, 7 s; the upstream stops listening and drops "
-                  "its connections 2 s in, for 2 s):", "", "| hold_while_down | 2xx | 502 | other |",
-                  "|---|---|---|---|"]
-        for subject, runs in results["restart"].items():
-            lines.append(f"| {subject} | {median(runs, 'ok'):.0f} | {median(runs, '502'):.0f} | "
-                         f"{median(runs, 'other'):.0f} |")
-        lines.append("")
-    if "stall" in results:
-        lines += ["**Stall guard against a deadlocked upstream** (8 clients, cap 4, queue_timeout 10 s; the upstream "
-                  "stops answering 1 s in):", "", "| stall_timeout | first refusal after the deadlock, s | refusals |",
-                  "|---|---|---|"]
-        for subject, runs in results["stall"].items():
-            lines.append(f"| {subject} | {median(runs, 'first_refusal_s'):.2f} | {median(runs, 'refused'):.0f} |")
-        lines.append("")
-    if "retries" in results:
-        lines += ["**Retry budget against clients that retry every shed at once** (64 closed-loop clients, each job "
-                  "retried up to 4 times marked `x-retry-attempt`; cap 4, 20 ms, max_queue 8, queue_timeout 200 ms, 8 s; "
-                  "budget `{ ratio = 0.1, min_per_second = 1 }`):", "",
-                  "| retry_budget | jobs | served | served at the first attempt | attempts per served job | upstream served |",
-                  "|---|---|---|---|---|---|"]
-        for subject, runs in results["retries"].items():
-            lines.append(f"| {subject} | {median(runs, 'jobs'):.0f} | {median(runs, 'served'):.0f} | "
-                         f"{median(runs, 'served_first_time'):.0f} | {median(runs, 'attempts_per_served'):.1f} | "
-                         f"{median(runs, 'upstream_served'):.0f} |")
-        lines.append("")
-    if "prewarm" in results:
-        lines += ["**Prewarmed connections against a burst after a quiet start** (8 requests at once 1 s after "
-                  "start, cap 8; the upstream takes 5 ms, and reads a new connection only 100 ms after accepting it, as a "
-                  "thread-per-connection server starting its thread):", "",
-                  "| min_idle | served | median ms | slowest ms |", "|---|---|---|---|"]
-        for subject, runs in results["prewarm"].items():
-            lines.append(f"| {subject} | {median(runs, 'served'):.0f} | {ms(median(runs, 'median'))} | "
-                         f"{ms(median(runs, 'slowest'))} |")
-        lines.append("")
-    if "drain" in results:
-        lines += ["**Per-endpoint drain before an endpoint goes away** (two endpoints of 4 connections each, 16 "
-                  "clients, 20 ms, 7 s; the second stops listening and drops its connections 4 s in, drained through "
-                  "the admin API 2 s before that, or not):", "",
-                  "| subject | 2xx | failed | served by the endpoint that left |", "|---|---|---|---|"]
-        for subject, runs in results["drain"].items():
-            lines.append(f"| {subject} | {median(runs, 'ok'):.0f} | {median(runs, 'failed'):.0f} | "
-                         f"{median(runs, 'left_served'):.0f} |")
+            cells = [subject] + [written(median(runs, key)) for _, key, written in columns[1:]]
+            lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
 

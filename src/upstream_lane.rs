@@ -152,17 +152,15 @@ impl UpstreamLane {
     /// later wakes the lane. Nothing crosses a channel and the lane is not woken to start it, which at light load
     /// saves a wake and an `epoll_wait` that finds nothing; the lane's tasks ready before it still run first.
     pub fn start_here(&self, task: Task) {
-        let lane = HERE.with_borrow(|here| here.clone());
-        match lane {
-            Some(lane) => {
-                if let Err(task) = lane.run_now(task) {
-                    let _ = lane.inbox.send(task);
-                }
+        // Borrowed, not cloned: no reference count moves per request. A lane task polled here that spawns borrows
+        // it too, which a RefCell allows.
+        HERE.with_borrow(|here| {
+            let lane = here.as_deref().unwrap_or(self);
+            let task = if here.is_some() { lane.run_now(task) } else { Err(task) };
+            if let Err(task) = task {
+                let _ = lane.inbox.send(task);
             }
-            None => {
-                let _ = self.inbox.send(task);
-            }
-        }
+        });
     }
 
     /// Pushes `task` into the running set and polls the set's ready tasks, unless the set is being polled (a lane

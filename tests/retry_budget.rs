@@ -26,8 +26,13 @@ upstream = "a"
 
 /// A GET marked as the client's retry (`x-retry-attempt`), or not; its status and shed reason.
 async fn attempt(proxy: &Proxy, retry: bool) -> (StatusCode, Option<String>) {
-    let mut client = H1Conn::connect(proxy.listen).await;
-    let mut request = Request::builder().method(Method::GET).uri("/").header("host", "app");
+    attempt_at(proxy.listen, "/", retry).await
+}
+
+/// [`attempt`] of `path` at `listen`, for a request sent from a task of its own.
+async fn attempt_at(listen: std::net::SocketAddr, path: &str, retry: bool) -> (StatusCode, Option<String>) {
+    let mut client = H1Conn::connect(listen).await;
+    let mut request = Request::builder().method(Method::GET).uri(path).header("host", "app");
     if retry {
         request = request.header("x-retry-attempt", "1");
     }
@@ -100,27 +105,9 @@ async fn under_pressure_retries_are_shed_before_first_attempts_with_tokens_to_sp
          retry_budget = {{ ratio = 1.0, min_per_second = 100 }}\n[[routes]]\nupstream = \"a\"\n",
         upstream.url()
     ));
-    let proxy = std::sync::Arc::new(Proxy::start(&["--config", &config.path_str()]).await);
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
     let listen = proxy.listen;
-    let send = |path: &'static str, retry: bool| {
-        tokio::spawn(async move {
-            let mut client = H1Conn::connect(listen).await;
-            let mut request = Request::builder().method(Method::GET).uri(path).header("host", "app");
-            if retry {
-                request = request.header("x-retry-attempt", "1");
-            }
-            let response = client
-                .send(request.body(body_empty()).unwrap())
-                .await
-                .expect("an answer");
-            let reason = response
-                .headers()
-                .get("x-floodgate-shed-reason")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned);
-            (response.status(), reason)
-        })
-    };
+    let send = |path: &'static str, retry: bool| tokio::spawn(attempt_at(listen, path, retry));
     let holder = send("/stall", false);
     wait_until_sync("the slot taken", std::time::Duration::from_secs(5), || {
         upstream.inflight() == 1

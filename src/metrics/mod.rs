@@ -486,14 +486,7 @@ impl Metrics {
                 family: self.queue_wait_by_class.clone(),
                 resolved: Default::default(),
             }),
-            queue_wait_buckets: self
-                .queue_wait_buckets
-                .lock()
-                // Only ever inserted into; a panic elsewhere cannot leave it half-changed.
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .entry(name.to_string())
-                .or_insert_with(|| Arc::new(BucketCounts::new()))
-                .clone(),
+            queue_wait_buckets: buckets_of(&self.queue_wait_buckets, name),
             active: self.connections.get_or_create_owned(&state("active")),
             idle: self.connections.get_or_create_owned(&state("idle")),
             opened: self.opened.get_or_create_owned(&labels()),
@@ -504,14 +497,7 @@ impl Metrics {
             rtt_baseline: self.adaptive_rtt.get_or_create_owned(&kind("baseline")),
             gradient: self.adaptive_gradient.get_or_create_owned(&labels()),
             response: self.response.get_or_create_owned(&labels()),
-            response_buckets: self
-                .response_buckets
-                .lock()
-                // Only ever inserted into, as above.
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .entry(name.to_string())
-                .or_insert_with(|| Arc::new(BucketCounts::new()))
-                .clone(),
+            response_buckets: buckets_of(&self.response_buckets, name),
             retried_unsent: self.retries.get_or_create_owned(&reason("unsent")),
             replayed: self.retries.get_or_create_owned(&reason("replayed")),
             request_body_cut: self.bodies_cut.get_or_create_owned(&labels()),
@@ -634,6 +620,18 @@ fn prometheus_text(openmetrics: &str) -> String {
 }
 
 /// Now, in seconds since the Unix epoch (0 for a clock set before it), as the `*_timestamp_seconds` gauges say it.
+/// `name`'s bucket counts in `by_upstream`, made the first time: one set per upstream, kept across reloads as its
+/// exported histogram is.
+fn buckets_of(by_upstream: &Mutex<BTreeMap<String, Arc<BucketCounts>>>, name: &str) -> Arc<BucketCounts> {
+    by_upstream
+        .lock()
+        // Only ever inserted into; a panic elsewhere cannot leave it half-changed.
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .entry(name.to_string())
+        .or_insert_with(|| Arc::new(BucketCounts::new()))
+        .clone()
+}
+
 /// A reload's attempt: when (seconds since the Unix epoch), and whether its configuration was put in force.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct LastReload {
