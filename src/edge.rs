@@ -78,10 +78,12 @@ fn set_request_id(request: &mut Request<ClientBody>, trusted: bool) -> Option<He
         if let Some(id) = headers.get(X_REQUEST_ID) {
             return Some(id.clone());
         }
-    } else {
-        headers.remove(X_REQUEST_ID);
     }
-    let id = make_id()?;
+    // An untrusted peer's ID is replaced: `insert` drops every value the name had.
+    let Some(id) = make_id() else {
+        headers.remove(X_REQUEST_ID);
+        return None;
+    };
     headers.insert(X_REQUEST_ID, id.clone());
     Some(id)
 }

@@ -10,7 +10,7 @@ mod stall;
 pub(crate) use client::{discard_received, Reading};
 pub(crate) use client::{ClientBody, ClientBodyError, Http1Body};
 pub(crate) use progress::UploadProgress;
-pub use request::{CutOff, RequestBody};
+pub use request::{CutOff, RequestBody, UpstreamRequest};
 pub use stall::BodyStalled;
 pub(crate) use stall::IdleTimer;
 

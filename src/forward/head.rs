@@ -13,7 +13,7 @@ use crate::error::ProxyError;
 use crate::h1::connection_options;
 use crate::pool::UpstreamPool;
 
-use super::RequestBody;
+use super::{RequestBody, UpstreamRequest};
 use crate::body::ClientBody;
 
 /// What the proxy knows about the client connection a request came on; made once per connection.
@@ -95,11 +95,11 @@ pub fn to_upstream(
     request: Request<ClientBody>,
     client: &ClientInfo,
     pool: &UpstreamPool,
-) -> Result<Request<RequestBody>, ProxyError> {
+) -> Result<UpstreamRequest, ProxyError> {
     let (mut parts, body) = request.into_parts();
     upstream_head(&mut parts, client, &pool.authority)?;
     let body = RequestBody::new(body, pool.limits().body_idle_timeout);
-    Ok(Request::from_parts(parts, body))
+    Ok(Box::new(Request::from_parts(parts, body)))
 }
 
 /// The head half of [`to_upstream`]; `default_host` is the Host given to an HTTP/1.0 request that has none.

@@ -18,7 +18,7 @@ mod tests;
 
 pub use crate::admission::is_grpc;
 use crate::body::IdleTimer;
-pub use crate::body::{BodyStalled, BoxError, CutOff, RequestBody};
+pub use crate::body::{BodyStalled, BoxError, CutOff, RequestBody, UpstreamRequest};
 pub(crate) use crate::h1::connection_options;
 pub use crate::h1::keeps_alive;
 pub use crate::h1::UpstreamError;

@@ -136,7 +136,7 @@ async fn on_request(proxy: &Proxy, client: &ClientInfo, request: Request<Incomin
                 chunked(&client_head.headers) <= 1,
                 "a body chunked twice is forwarded: {client_head:?}"
             );
-            let (sent, body) = upstream_request.into_parts();
+            let (sent, body) = (*upstream_request).into_parts();
             upstream_head::check(&client_head.as_routed(&routed), &sent, client, &pool.authority);
             // hyper has already resolved the framing: one Content-Length, a plain number.
             let lengths: Vec<_> = sent.headers.get_all(header::CONTENT_LENGTH).iter().collect();

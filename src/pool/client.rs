@@ -14,12 +14,12 @@ use std::task::{ready, Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
-use http::{Method, Request, Response};
+use http::{Method, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 
 use super::wire::{self, Wire};
-use crate::body::{BodyStalled, BoxError, ClientBodyError, RequestBody};
+use crate::body::{BodyStalled, BoxError, ClientBodyError, RequestBody, UpstreamRequest};
 use crate::error::{ProxyError, UpstreamError};
 use crate::h1::body::{BodyFault, Delimited};
 use crate::h1::chunked::ChunkedDecoder;
@@ -45,10 +45,10 @@ pub type Upload = Pin<Box<dyn Future<Output = Result<(), ProxyError>> + Send>>;
 /// Sends `request` on `wire` and reads the answer's head. The answer's body reads the same wire as it is taken.
 pub(crate) async fn send(
     wire: &Arc<Wire>,
-    request: Request<RequestBody>,
+    request: UpstreamRequest,
 ) -> Result<(Response<UpstreamIncoming>, Option<Upload>), ProxyError> {
     wire.take_for_exchange();
-    let (mut parts, mut body) = request.into_parts();
+    let (mut parts, mut body) = (*request).into_parts();
     let declared = body.size_hint().exact();
     // What of the body is already read goes out with the head, as one piece (one chunk); a large piece goes out as
     // it is, between its framing (in `out` before it, in `tail` after it). Read before the head is written, so

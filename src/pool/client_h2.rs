@@ -19,7 +19,7 @@ use http_body_util::BodyExt;
 use super::client::{client_body_error, Upload, UpstreamIncoming};
 use super::session::Session;
 use super::StreamLive;
-use crate::body::RequestBody;
+use crate::body::{RequestBody, UpstreamRequest};
 use crate::error::{ProxyError, UpstreamError};
 
 /// Headers that mean something only on one HTTP/1 connection (RFC 9113 §8.2.2): an HTTP/2 request carrying one is
@@ -39,11 +39,11 @@ pub(crate) async fn send(
     session: &Arc<Session>,
     live: StreamLive,
     scheme: &'static str,
-    request: Request<RequestBody>,
+    request: UpstreamRequest,
     unsent: Option<&Unsent>,
     kept: Option<Arc<Kept>>,
 ) -> Result<(Response<UpstreamIncoming>, Option<Upload>), ProxyError> {
-    let (mut parts, body) = request.into_parts();
+    let (mut parts, body) = (*request).into_parts();
     let authority = parts
         .headers
         .remove(header::HOST)
@@ -78,7 +78,7 @@ pub(crate) async fn send(
             let going = matches!(refused, ProxyError::Upstream(UpstreamError::NotProcessed(_))) || session.is_gone();
             if let (true, Some(unsent)) = (going, unsent) {
                 *unsent.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
-                    Some(Request::from_parts(parts, body));
+                    Some(Box::new(Request::from_parts(parts, body)));
             }
             return Err(refused);
         }
@@ -124,7 +124,7 @@ pub(crate) async fn send(
 }
 
 /// Where a request that opened no stream is handed back.
-pub(crate) type Unsent = std::sync::Mutex<Option<Request<RequestBody>>>;
+pub(crate) type Unsent = std::sync::Mutex<Option<UpstreamRequest>>;
 
 /// A copy of a request body as it went out, while it stays small: to send again on another connection if the
 /// upstream says it did not process the stream (above its GOAWAY's last id, `REFUSED_STREAM`).

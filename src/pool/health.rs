@@ -75,10 +75,12 @@ async fn exchange(
             let sent = async {
                 let scheme = pool.origin.scheme.as_str();
                 let (response, rest) = match (conn.open_stream(), conn.wire()) {
-                    (Some((session, live)), _) => super::client_h2::send(&session, live, scheme, request, None, None)
-                        .await
-                        .ok()?,
-                    (None, Some(wire)) => super::client::send(wire, request).await.ok()?,
+                    (Some((session, live)), _) => {
+                        super::client_h2::send(&session, live, scheme, Box::new(request), None, None)
+                            .await
+                            .ok()?
+                    }
+                    (None, Some(wire)) => super::client::send(wire, Box::new(request)).await.ok()?,
                     (None, None) => return None,
                 };
                 // A GET without a body has nothing left to send.

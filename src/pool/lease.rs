@@ -128,13 +128,14 @@ impl Lease {
         self.abandoned = true;
     }
 
-    /// With `hold_warn_after` set: once this lease has held its slot that long, one warning names `request_id` and
+    /// With `hold_warn_after` set: once this lease has held its slot that long, one warning names the request's ID and
     /// the hold is counted. Nothing runs without it.
-    pub fn warn_if_held_past(&mut self, request_id: Option<&http::HeaderValue>) {
+    pub fn warn_if_held_past(&mut self, request: &http::HeaderMap) {
         let limit = self.pool.limits().hold_warn_after;
         if limit.is_zero() {
             return;
         }
+        let request_id = request.get(crate::access::X_REQUEST_ID);
         let (over, held) = tokio::sync::oneshot::channel::<()>();
         self.alarm = Some(over);
         let pool = self.pool.clone();

@@ -16,7 +16,7 @@ use crate::admission::{Patience, Shed};
 use crate::body::UploadProgress;
 use crate::buffer::BufferBudget;
 use crate::error::{ProxyError, UpstreamError};
-use crate::forward::{self, RequestBody, ResponseBody, UpstreamIncoming};
+use crate::forward::{self, RequestBody, ResponseBody, UpstreamIncoming, UpstreamRequest};
 use crate::net;
 use crate::pool::{Admitted, Lease, LeaseTaker, Refused, UpstreamPool};
 use crate::route::RouteSettings;
@@ -80,7 +80,7 @@ pub(super) struct Rest {
     pub(super) recheck_client: Option<Arc<tokio::net::TcpStream>>,
     /// A queued HTTP/2 upload's stream window, counted in the buffer budget until the request leaves the queue.
     pub(super) window_held: Option<crate::buffer::Reservation>,
-    pub(super) request: Request<RequestBody>,
+    pub(super) request: UpstreamRequest,
     pub(super) answer: oneshot::Sender<Exchanged>,
     pub(super) watch_body: bool,
     pub(super) buffers: Arc<BufferBudget>,
@@ -160,7 +160,7 @@ impl Rest {
         // own would be moved, kilobytes of it, into this one's state.
         let pool = lease.pool().clone();
         let mut lease = lease;
-        lease.warn_if_held_past(request.headers().get(crate::access::X_REQUEST_ID));
+        lease.warn_if_held_past(request.headers());
         let client_left = || answer.is_closed();
         let answered = match send(
             &pool,
@@ -238,7 +238,7 @@ impl LeaseTaker for Handover {
 pub(super) async fn send(
     pool: &Arc<UpstreamPool>,
     mut lease: Lease,
-    request: Request<RequestBody>,
+    request: UpstreamRequest,
     request_timeout: Option<std::time::Duration>,
     buffers: &Arc<BufferBudget>,
     hold_until: tokio::time::Instant,
@@ -470,8 +470,8 @@ async fn finish_upload(pool: Arc<UpstreamPool>, rest: forward::Upload) {
 }
 
 /// A bodiless request's head, to send again if an HTTP/2 upstream refuses its stream unprocessed.
-fn copy_head(request: &Request<RequestBody>) -> Request<RequestBody> {
-    let mut copy = Request::new(RequestBody::empty());
+fn copy_head(request: &Request<RequestBody>) -> UpstreamRequest {
+    let mut copy = Box::new(Request::new(RequestBody::empty()));
     *copy.method_mut() = request.method().clone();
     *copy.uri_mut() = request.uri().clone();
     *copy.version_mut() = request.version();
@@ -506,9 +506,7 @@ pub(super) async fn readmit(pool: &Arc<UpstreamPool>, fresh: bool) -> Result<Lea
 
 /// What an attempt sends: the request, or the head of a bodiless GET or HEAD as it went out on a connection the
 /// upstream closed under it.
-// The request is nearly every attempt's: boxing it to shrink the rare replay would cost each one an allocation.
-#[allow(clippy::large_enum_variant)]
 enum Outgoing {
-    Request(Request<RequestBody>),
+    Request(UpstreamRequest),
     Replay(forward::SentHead),
 }

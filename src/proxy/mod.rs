@@ -366,7 +366,7 @@ impl Proxy {
             Ok(admitted) => admitted,
             Err(refused) => {
                 if body_unread && !is_http1 {
-                    drain_refused(upstream_request.into_body());
+                    drain_refused((*upstream_request).into_body());
                 }
                 return Err(refused);
             }
@@ -445,7 +445,7 @@ impl Proxy {
         &self,
         mut request: Request<ClientBody>,
         client: &ClientInfo,
-    ) -> Result<(Arc<UpstreamPool>, Picked, Request<forward::RequestBody>), ProxyError> {
+    ) -> Result<(Arc<UpstreamPool>, Picked, forward::UpstreamRequest), ProxyError> {
         let (pool, picked) = self.route(&mut request)?;
         let upstream_request = forward::to_upstream(request, client, &pool)?;
         Ok((pool, picked, upstream_request))

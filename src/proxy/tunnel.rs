@@ -36,7 +36,7 @@ async fn open(
         let Some(wire) = conn.wire().cloned() else {
             return Err(ProxyError::TunnelsOff);
         };
-        match tokio::time::timeout(limit, forward::send(&wire, request)).await {
+        match tokio::time::timeout(limit, forward::send(&wire, Box::new(request))).await {
             // The socket (and its slot) goes to the closing task, which waits for the upstream's side.
             Err(_) => Err(ProxyError::UpstreamTimeout(limit)),
             Ok(Err(err)) => Err(err),
@@ -73,7 +73,7 @@ impl Proxy {
         let on_upgrade = request.extensions_mut().remove::<hyper::upgrade::OnUpgrade>();
         let hold = request.extensions_mut().remove::<tunnel::Hold>();
         let upstream_request = forward::to_upstream(request, client, pool)?;
-        let (mut parts, body) = upstream_request.into_parts();
+        let (mut parts, body) = (*upstream_request).into_parts();
         forward::drop_underscore_aliases(&mut parts.headers, &picked.settings.guarded_request);
         picked.settings.edit_request(&mut parts.uri, &mut parts.headers);
         let mut upstream_request = Request::from_parts(parts, body);

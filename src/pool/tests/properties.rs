@@ -1047,7 +1047,7 @@ mod connection_level {
         let conn = lease.connection().await.map_err(drop)?;
         let (response, _) = crate::pool::client::send(
             conn.wire().expect("an HTTP/1 test connection"),
-            http::Request::new(RequestBody::empty()),
+            Box::new(http::Request::new(RequestBody::empty())),
         )
         .await
         .map_err(drop)?;
