@@ -48,6 +48,9 @@ struct Args {
     /// Pads the one request's head with an `x-pad` header of this many bytes (a client that once sent a large head).
     #[arg(long, default_value_t = 0)]
     pad_bytes: usize,
+    /// HTTP/2 with prior knowledge (h2c) instead of HTTP/1.1: one stream on each connection, then idle.
+    #[arg(long)]
+    h2: bool,
 }
 
 enum Outcome {
@@ -57,7 +60,20 @@ enum Outcome {
     TimedOut,
 }
 
-type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
+/// What keeps a connection open: hyper closes one whose sender is gone.
+enum Sender {
+    Http1(hyper::client::conn::http1::SendRequest<Empty<Bytes>>),
+    Http2(hyper::client::conn::http2::SendRequest<Empty<Bytes>>),
+}
+
+impl Sender {
+    async fn send(&mut self, request: Request<Empty<Bytes>>) -> hyper::Result<hyper::Response<hyper::body::Incoming>> {
+        match self {
+            Sender::Http1(sender) => sender.send_request(request).await,
+            Sender::Http2(sender) => sender.send_request(request).await,
+        }
+    }
+}
 
 /// Connects and makes the one request; on success hands back what keeps the connection open.
 async fn open_one(
@@ -65,6 +81,7 @@ async fn open_one(
     path: Uri,
     pad: Option<hyper::header::HeaderValue>,
     limit: Duration,
+    h2: bool,
 ) -> Result<(Outcome, Sender, tokio::task::JoinHandle<()>), Outcome> {
     let started = Instant::now();
     let stream = match timeout(limit, TcpStream::connect(addr)).await {
@@ -73,23 +90,44 @@ async fn open_one(
         Err(_) => return Err(Outcome::ConnectFailed("connect timed out".into())),
     };
     let _ = stream.set_nodelay(true);
-    let mut request = Request::get(path).header(header::HOST, addr.to_string());
+    let mut request = Request::get(path);
+    if !h2 {
+        request = request.header(header::HOST, addr.to_string());
+    } else {
+        request = request.uri(
+            format!("http://{addr}/")
+                .parse::<Uri>()
+                .map_err(|e| Outcome::RequestFailed(e.to_string()))?,
+        );
+    }
     if let Some(pad) = pad {
         request = request.header("x-pad", pad);
     }
     let request = request
         .body(Empty::<Bytes>::new())
         .map_err(|e| Outcome::RequestFailed(e.to_string()))?;
-    // An HTTP/1 handshake does no I/O; it only ties the sender to the connection task.
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| Outcome::RequestFailed(e.to_string()))?;
-    // The connection task ends when the server closes the connection: that is how a close is seen later.
-    let conn = tokio::spawn(async move {
-        let _ = conn.await;
-    });
+    // An HTTP/1 handshake does no I/O; it only ties the sender to the connection task. The connection task ends
+    // when the server closes the connection: that is how a close is seen later.
+    let (mut sender, conn) = if h2 {
+        let (sender, conn) =
+            hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .map_err(|e| Outcome::RequestFailed(e.to_string()))?;
+        let conn = tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        (Sender::Http2(sender), conn)
+    } else {
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| Outcome::RequestFailed(e.to_string()))?;
+        let conn = tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        (Sender::Http1(sender), conn)
+    };
     let exchange = async {
-        let response = sender.send_request(request).await?;
+        let response = sender.send(request).await?;
         let status = response.status().as_u16();
         response.into_body().collect().await?;
         Ok::<_, hyper::Error>(status)
@@ -142,7 +180,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 let path = path.clone();
                 let pad = pad.clone();
                 tokio::spawn(async move {
-                    let result = open_one(args.addr, path, pad, limit).await;
+                    let result = open_one(args.addr, path, pad, limit, args.h2).await;
                     drop(permit);
                     match result {
                         Ok((outcome, sender, conn)) => {

@@ -385,6 +385,7 @@ def main():
 KEPT_HEADINGS = (
     "## gRPC upstream (HTTP/2 to the upstream)",
     "## Admission that reads the upstream (benches/upstream_aware.py)",
+    "## Idle HTTP/2 clients (benches/h2_idle_clients.sh)",
 )
 
 
