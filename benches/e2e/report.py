@@ -157,7 +157,7 @@ def render(meta, runs, plot_name):
         "- Versions: " + "; ".join(f"{k}: {v[k]}" for k in sorted(v)),
         "- Settings: " + ", ".join(f"{k} = {s[k]}" for k in sorted(s)),
         "- Subjects: `direct` (the load generator straight at the upstream); `floodgate-T` (`--threads T "
-        "--max-connections N`); `haproxy-T` (`nbthread T`, `server … maxconn N`, `http-reuse always`, "
+        "--max-connections N`, the build of `floodgate_profile`: dist is what packages ship); `haproxy-T` (`nbthread T`, `server … maxconn N`, `http-reuse always`, "
         "`option abortonclose`, 503 when the backend queue holds the bound, `timeout queue`); `nginx-W` "
         "(`worker_processes W`, `max_conns=N`, `keepalive N`, `zone`; nginx OSS cannot queue and answers 502 when all "
         "N are busy). Every run starts a fresh upstream and a fresh proxy; the configurations are written by "
@@ -385,7 +385,7 @@ def main():
 KEPT_HEADINGS = (
     "## gRPC upstream (HTTP/2 to the upstream)",
     "## Admission that reads the upstream (benches/upstream_aware.py)",
-    "## Idle HTTP/2 clients (benches/h2_idle_clients.sh)",
+    "## Idle HTTP/2 clients (benches/h2_idle.sh clients)",
 )
 
 

@@ -74,7 +74,9 @@ Options:
   -B           do not build (use the binaries already in the cargo target dir)
   -h           this help
 
-Environment: CARGO_TARGET_DIR is honoured for the build and the binaries.
+Environment: CARGO_TARGET_DIR is honoured for the build and the binaries. floodgate is measured as it is shipped
+(packaging/deb.sh, docker/Dockerfile): the dist profile with the otlp feature; FLOODGATE_PROFILE=release measures
+what `cargo build --release` makes instead (3-4 % more instructions per response, docs/data-path.md).
 Example (a short run): benches/e2e/run.sh -d 5 -r 1 -c 200
 Overload control only: benches/e2e/run.sh -x "overload fairness adaptive slow-readers retry-after endpoints" -L shared -d 8 -r 3
 Report only, from an earlier results directory: python3 benches/e2e/report.py DIR docs/benchmarks.md
@@ -173,13 +175,17 @@ PATH="$PATH:/usr/sbin:/sbin"
 
 # --- build -----------------------------------------------------------------------------------------------------------
 target_dir=${CARGO_TARGET_DIR:-$repo/target}
-floodgate_bin=$target_dir/release/floodgate
+floodgate_profile=${FLOODGATE_PROFILE:-dist}
+floodgate_bin=$target_dir/$floodgate_profile/floodgate
 upstream_bin=$target_dir/release/examples/bench_upstream
 if ((build)); then
-  log "building floodgate and the upstream (release) into $target_dir"
-  (cd "$repo" && cargo build --release --quiet --bin floodgate $(printf -- ' --example %s' "${cargo_examples[@]}"))
+  log "building floodgate ($floodgate_profile) and the upstream and tools (release) into $target_dir"
+  features=()
+  [[ $floodgate_profile == dist ]] && features=(--features otlp)
+  (cd "$repo" && cargo build --profile "$floodgate_profile" "${features[@]}" --quiet --bin floodgate)
+  (cd "$repo" && cargo build --release --quiet $(printf -- ' --example %s' "${cargo_examples[@]}"))
 fi
-[[ -x $floodgate_bin && -x $upstream_bin ]] || die "binaries not found under $target_dir/release"
+[[ -x $floodgate_bin && -x $upstream_bin ]] || die "binaries not found under $target_dir/$floodgate_profile and $target_dir/release"
 for s in $scenarios; do
   if declare -F "build_$s" >/dev/null; then "build_$s"; fi
 done
@@ -210,7 +216,7 @@ scenario_vars=()
 for s in $scenarios; do
   mapfile -t -O "${#scenario_vars[@]}" scenario_vars < <(compgen -v "${s//-/_}_" || true)
 done
-for v in cap queue queue_timeout duration warmup reps wrk_threads upstream_threads scenarios layouts pinned_scenarios subjects \
+for v in floodgate_profile cap queue queue_timeout duration warmup reps wrk_threads upstream_threads scenarios layouts pinned_scenarios subjects \
   ${!closed_*} "${scenario_vars[@]}"; do
   export "E2E_S_$v=${!v}"
 done

@@ -21,7 +21,13 @@
 // counts as they were before.
 //
 // Usage: java [-Xms256m -Xmx256m -Xss256k ...] -cp DIR JvmUpstream [--delay-ms MS] [--listen HOST:PORT]
-//        [--control HOST:PORT] [--max-conns N] [--backlog N]
+//        [--control HOST:PORT] [--max-conns N] [--backlog N] [--cold-keys K --cold-work ROUNDS]
+//
+// --cold-keys makes it a service that warms up (benches/upstream_aware.py, scenario jvm-warm): each request's target
+// names one of K keys, whose value is computed on a miss (ROUNDS of SHA-256 over 1 KiB, real CPU, interpreted until
+// the JIT has compiled it) and then cached, without single-flight: concurrent misses on one key each compute it, as
+// a cache that does not lock its loads does (Spring's @Cacheable without sync = true, a get-then-put map). Cold, it
+// is slow, and slower the more requests it is sent at once; once every key is cached, only --delay-ms is left.
 // Prints "jvm upstream ready listen=HOST:PORT control=HOST:PORT ..." once both listeners are bound.
 //
 // --max-conns bounds the threads it can start: a connection beyond it is closed at once and counted as refused,
@@ -41,8 +47,11 @@ import java.net.Socket;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.security.MessageDigest;
+import java.security.NoSuchAlgorithmException;
 import java.util.List;
 import java.util.Locale;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicLong;
 
 public final class JvmUpstream {
@@ -122,6 +131,42 @@ public final class JvmUpstream {
     static volatile int baseThreads;
     static volatile boolean hwmResets = true;
     static long delayMs;
+    static int coldKeys;
+    static int coldWork;
+    static final ConcurrentHashMap<Integer, byte[]> cache = new ConcurrentHashMap<>();
+    static final AtomicLong computed = new AtomicLong();
+
+    /** The value of a key as a cold service computes it on a miss: CPU work, and the same work for every caller. */
+    static byte[] compute(int key) {
+        try {
+            MessageDigest digest = MessageDigest.getInstance("SHA-256");
+            byte[] block = new byte[1024];
+            block[0] = (byte) key;
+            byte[] value = block;
+            for (int round = 0; round < coldWork; round++) {
+                digest.update(block);
+                value = digest.digest(value);
+            }
+            computed.incrementAndGet();
+            return value;
+        } catch (NoSuchAlgorithmException e) {
+            throw new IllegalStateException(e);
+        }
+    }
+
+    /** The cached value of the key `target` names (its last path segment's number, else its hash), computed on a
+     *  miss without a lock: a miss seen by two callers at once is computed twice. */
+    static void lookUp(String target) {
+        int key;
+        try {
+            key = Math.floorMod(Integer.parseInt(target.substring(target.lastIndexOf('/') + 1)), coldKeys);
+        } catch (NumberFormatException e) {
+            key = Math.floorMod(target.hashCode(), coldKeys);
+        }
+        if (cache.get(key) == null) {
+            cache.put(key, compute(key));
+        }
+    }
 
     static final int MAX_LINE = 8192;
     static final int MAX_HEADERS = 100;
@@ -279,6 +324,9 @@ public final class JvmUpstream {
                 inflight.up();
                 levels.change(true);
                 try {
+                    if (coldKeys > 0) {
+                        lookUp(req.target());
+                    }
                     if (delayMs > 0) {
                         Thread.sleep(delayMs);
                     }
@@ -326,11 +374,11 @@ public final class JvmUpstream {
                 "{" + levels.read(resetLevels) + ",\"conns\":%d,\"peak_conns\":%d,\"inflight\":%d,\"peak_inflight\":%d,\"accepted\":%d,\"served\":%d,"
                         + "\"refused\":%d,\"conn_threads\":%d,\"peak_conn_threads\":%d,\"threads\":%d,"
                         + "\"peak_threads\":%d,\"base_threads\":%d,\"os_threads\":%d,\"rss_kb\":%d,\"hwm_kb\":%d,"
-                        + "\"hwm_window\":%b,\"delay_ms\":%d}",
+                        + "\"hwm_window\":%b,\"delay_ms\":%d,\"cold_computed\":%d}",
                 conns.now.get(), conns.peak.get(), inflight.now.get(), inflight.peak.get(), accepted.get(),
                 served.get(), refused.get(), connThreads.now.get(), connThreads.peak.get(), mx.getThreadCount(),
                 mx.getPeakThreadCount(), baseThreads, procStatusKb("Threads"), procStatusKb("VmRSS"),
-                procStatusKb("VmHWM"), hwmResets, delayMs);
+                procStatusKb("VmHWM"), hwmResets, delayMs, computed.get());
     }
 
     static String reset() {
@@ -417,6 +465,8 @@ public final class JvmUpstream {
                 case "--control" -> controlAddr = parseAddr(value);
                 case "--max-conns" -> maxConns = Integer.parseInt(value);
                 case "--backlog" -> backlog = Integer.parseInt(value);
+                case "--cold-keys" -> coldKeys = Integer.parseInt(value);
+                case "--cold-work" -> coldWork = Integer.parseInt(value);
                 default -> {
                     System.err.println("jvm upstream: unknown option " + args[i - 1]);
                     System.exit(2);
