@@ -8,8 +8,10 @@
 #
 #   benches/instructions.sh BINARY... [-- FEW MANY CLIENTS]   (defaults 1000 5000 4)
 #
-# Needs valgrind (apt-get install valgrind) and oha (cargo install oha); bench_upstream (cargo build --release
-# --examples) answers at once. Extra proxy flags go in FLOODGATE_FLAGS (e.g. "--log-level warn").
+# A BINARY may be the word `haproxy`: HAProxy (nbthread 1, http-reuse always, server maxconn 8), counted the same
+# way for the same requests. Needs valgrind (apt-get install valgrind) and oha (cargo install oha); bench_upstream
+# (cargo build --release --examples) answers at once. Extra proxy flags go in FLOODGATE_FLAGS (e.g. "--log-level
+# warn").
 set -euo pipefail
 binaries=()
 while [ $# -gt 0 ] && [ "$1" != -- ]; do binaries+=("$1"); shift; done
@@ -17,7 +19,7 @@ while [ $# -gt 0 ] && [ "$1" != -- ]; do binaries+=("$1"); shift; done
 few=${1:-1000}
 many=${2:-5000}
 clients=${3:-4}
-[ ${#binaries[@]} -gt 0 ] || { sed -n '2,12p' "$0" >&2; exit 2; }
+[ ${#binaries[@]} -gt 0 ] || { sed -n '2,14p' "$0" >&2; exit 2; }
 target=${CARGO_TARGET_DIR:-$(dirname "$0")/../target}
 upstream="$target/release/examples/bench_upstream"
 [ -x "$upstream" ] || { echo "build it first: cargo build --release --examples" >&2; exit 2; }
@@ -32,22 +34,61 @@ work=$(mktemp -d)
 trap 'kill $up_pid 2>/dev/null || true; rm -rf "$work"' EXIT
 sleep 0.5
 
-# Total instructions of one run of $1 serving $2 requests.
-count() {
-  local binary=$1 requests=$2 listen admin pid
-  listen=$(port); admin=$(port)
+# Starts floodgate $1 under valgrind in the background on $2, its admin on $3; returns once it is healthy.
+start_floodgate() {
   # The allocator's tuning given here: floodgate would otherwise start itself again with it (src/allocator.rs),
   # through /proc/self/exe, which under valgrind is valgrind's own binary.
   # shellcheck disable=SC2086
   _RJEM_MALLOC_CONF=${_RJEM_MALLOC_CONF:-dirty_decay_ms:1000,muzzy_decay_ms:0} \
     valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file="$work/out" \
-    "$binary" --listen "127.0.0.1:$listen" --admin "127.0.0.1:$admin" --upstream "http://127.0.0.1:$up_port" \
+    "$1" --listen "127.0.0.1:$2" --admin "127.0.0.1:$3" --upstream "http://127.0.0.1:$up_port" \
     --max-connections 8 --threads 1 ${FLOODGATE_FLAGS:-} >"$work/log" 2>&1 &
   pid=$!
   for _ in $(seq 1 200); do
-    curl -fs "http://127.0.0.1:$admin/healthz" >/dev/null 2>&1 && break
+    curl -fs "http://127.0.0.1:$3/healthz" >/dev/null 2>&1 && break
     sleep 0.1
   done
+}
+
+# Starts HAProxy under valgrind in the background on $1; returns once it answers (a request both FEW and MANY count).
+start_haproxy() {
+  cat >"$work/haproxy.cfg" <<CFG
+global
+    nbthread 1
+    maxconn 5000
+defaults
+    mode http
+    maxconn 5000
+    timeout connect 2s
+    timeout client 60s
+    timeout server 60s
+    timeout http-keep-alive 60s
+    timeout queue 2s
+    http-reuse always
+frontend fe
+    bind 127.0.0.1:$1
+    default_backend be
+backend be
+    server app 127.0.0.1:$up_port maxconn 8
+CFG
+  valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file="$work/out" haproxy -db -f "$work/haproxy.cfg" \
+    >"$work/log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 200); do
+    curl -fs "http://127.0.0.1:$1/" >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+}
+
+# Total instructions of one run of $1 serving $2 requests.
+count() {
+  local binary=$1 requests=$2 listen admin pid
+  listen=$(port); admin=$(port)
+  if [ "$binary" = haproxy ]; then
+    start_haproxy "$listen"
+  else
+    start_floodgate "$binary" "$listen" "$admin"
+  fi
   oha -n "$requests" -c "$clients" --no-tui "http://127.0.0.1:$listen/" >"$work/oha" 2>&1
   grep -q "\[200\] $requests responses" "$work/oha" || { echo "not every request was served:" >&2; cat "$work/oha" >&2; exit 1; }
   kill -TERM "$pid"

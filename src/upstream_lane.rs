@@ -13,6 +13,7 @@
 use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 
@@ -76,6 +77,9 @@ pub struct UpstreamLane {
     tasks: Mutex<Option<mpsc::UnboundedReceiver<Task>>>,
     /// What runs, shared with [`UpstreamLane::start_here`], which its own thread's client tasks call.
     running: Mutex<Running>,
+    /// Tasks sent here or started here and not yet ended: how busy the lane is, read without its lock by whoever
+    /// chooses between lanes ([`UpstreamLane::load`]).
+    load: AtomicUsize,
 }
 
 /// Held by a running [`UpstreamLane::run`]: once it ends or is dropped, nothing more starts in the lane directly
@@ -91,6 +95,7 @@ impl Drop for Stopped {
             std::mem::take(&mut running.tasks)
         };
         drop(tasks);
+        self.0.load.store(0, Ordering::Relaxed);
     }
 }
 
@@ -102,10 +107,14 @@ struct Running {
 }
 
 impl Running {
-    /// Polls every task that is ready; `true` when none is left.
-    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> bool {
+    /// Polls every task that is ready, counting those that end off `load`; `true` when none is left.
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>, load: &AtomicUsize) -> bool {
         loop {
-            match self.tasks.poll_next_unpin(cx) {
+            let polled = self.tasks.poll_next_unpin(cx);
+            if matches!(polled, Poll::Ready(Some(_))) {
+                load.fetch_sub(1, Ordering::Relaxed);
+            }
+            match polled {
                 Poll::Ready(Some(Ok(()))) => {}
                 Poll::Ready(Some(Err(_))) => {
                     tracing::error!("a task in the upstream lane panicked; its exchange is abandoned")
@@ -127,7 +136,33 @@ impl UpstreamLane {
                 tasks: FuturesUnordered::new(),
                 waker: None,
             }),
+            load: AtomicUsize::new(0),
         })
+    }
+
+    /// The lane of the worker thread the caller is on, if it is one (`server::workers`).
+    pub fn here() -> Option<Arc<UpstreamLane>> {
+        HERE.with_borrow(Option::clone)
+    }
+
+    /// How many tasks this lane has been given and not yet ended: a measure of how busy its thread is with upstream
+    /// work, for choosing between lanes.
+    pub fn load(&self) -> usize {
+        self.load.load(Ordering::Relaxed)
+    }
+
+    /// Runs `task` in this lane, whichever thread the caller is on: its thread is woken to take it.
+    pub fn spawn_on(&self, task: Task) {
+        self.send(task);
+    }
+
+    fn send(&self, task: Task) {
+        self.load.fetch_add(1, Ordering::Relaxed);
+        if let Err(refused) = self.inbox.send(task) {
+            // The lane has stopped: the task is dropped unrun, and never counted as running.
+            drop(refused);
+            self.load.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     /// Runs `task` in the lane of the worker thread the caller is on, else in this lane: an exchange stays on its
@@ -141,9 +176,7 @@ impl UpstreamLane {
 
     /// [`UpstreamLane::spawn`] for work already boxed (made in its box: see `boxed!` in the crate's root).
     pub fn spawn_boxed(&self, task: Task) {
-        HERE.with_borrow(|here| {
-            let _ = here.as_deref().unwrap_or(self).inbox.send(task);
-        });
+        HERE.with_borrow(|here| here.as_deref().unwrap_or(self).send(task));
     }
 
     /// [`UpstreamLane::spawn_boxed`], with the task's first steps taken now when the caller is on the thread that
@@ -158,7 +191,7 @@ impl UpstreamLane {
             let lane = here.as_deref().unwrap_or(self);
             let task = if here.is_some() { lane.run_now(task) } else { Err(task) };
             if let Err(task) = task {
-                let _ = lane.inbox.send(task);
+                lane.send(task);
             }
         });
     }
@@ -172,8 +205,9 @@ impl UpstreamLane {
         let Some(waker) = running.waker.clone() else {
             return Err(task);
         };
+        self.load.fetch_add(1, Ordering::Relaxed);
         running.tasks.push(std::panic::AssertUnwindSafe(task).catch_unwind());
-        running.poll_ready(&mut std::task::Context::from_waker(&waker));
+        running.poll_ready(&mut std::task::Context::from_waker(&waker), &self.load);
         Ok(())
     }
 
@@ -223,7 +257,7 @@ impl UpstreamLane {
                     }
                     // Every task that is ready runs now; FuturesUnordered yields by itself after a pass over all
                     // of them, and tokio's cooperative budget bounds the rest.
-                    if running.poll_ready(cx) && !open {
+                    if running.poll_ready(cx, &lane.load) && !open {
                         return Poll::Ready(());
                     }
                 }
@@ -324,5 +358,28 @@ mod tests {
             dropped.try_recv(),
             Err(tokio::sync::oneshot::error::TryRecvError::Closed)
         ));
+    }
+
+    #[test]
+    fn a_lanes_load_counts_the_tasks_it_was_given_until_each_ends() {
+        let lane = UpstreamLane::new();
+        let (finish, finished) = tokio::sync::oneshot::channel::<()>();
+        let (ended_tx, ended) = tokio::sync::oneshot::channel::<()>();
+        // Sent from a thread that is not the lane's: counted at once, before the lane has even run.
+        lane.spawn_on(Box::pin(async move {
+            let _ = finished.await;
+            let _ = ended_tx.send(());
+        }));
+        assert_eq!(lane.load(), 1);
+        let counted = lane.clone();
+        on_serving_thread(&lane, async move {
+            tokio::task::yield_now().await;
+            assert_eq!(counted.load(), 1, "taken in and still running");
+            let _ = finish.send(());
+            ended.await.expect("the lane ran the task to its end");
+            // The lane counts the end when it next polls its set, right after the task's last step.
+            tokio::task::yield_now().await;
+            assert_eq!(counted.load(), 0);
+        });
     }
 }

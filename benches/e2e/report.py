@@ -103,14 +103,15 @@ def invariant(runs):
 # What limits floodgate where it misses a target, keyed by the start of the target's text: what profiling and
 # measurement showed (docs/benchmarks.md prints it under the targets table, only for targets this run missed).
 LIMITS = {
-    "Cost": "Per response floodgate spends more CPU than HAProxy, all of it in its own code: it makes the same socket "
+    "Cost": "Per response floodgate spends more CPU than HAProxy, most of it in its own code: it makes fewer socket "
     "calls (`benches/syscalls.sh`, perf on the proxy's PID: 2 `recvfrom`, 2 `sendto`, 1.8 `epoll_wait` per response "
-    "at 1,000 req/s, as HAProxy) and `perf record` puts the same kernel time on both (about 33 us per response at "
-    "1,000 req/s), but floodgate's user time is 17 us to HAProxy's 10. `benches/instructions.sh` counts 44,000 "
-    "instructions per response (55,300 before the system-call work); by callgrind they go to the `http` crate's "
-    "header maps and values (hashing, an allocation per value), futures of kilobytes boxed and moved per request "
-    "(the exchange's is 4.3 KB), and the hop into the upstream lane (a task and a oneshot per request). "
-    "Running the exchange on the client's task instead was measured and lost capacity (docs/data-path.md).",
+    "at 1,000 req/s, as HAProxy, and none of HAProxy's other calls), but counts 36,600 instructions per response in "
+    "user space as shipped (the dist profile; 38,400 in the release profile) against HAProxy's 28,000 by the same "
+    "count (cachegrind, one thread each). By callgrind the rest goes to the `http` crate's header maps (34 hashes a "
+    "request), the request's futures and the values moved between them, tokio's scheduling and the hop into the "
+    "upstream lane (a oneshot and a slot in its running set per request); saturated, its kernel time per response "
+    "is also higher than HAProxy's (docs/data-path.md, *Status*). Running the exchange on the client's task instead "
+    "was measured and lost capacity (docs/data-path.md).",
     "Capacity": "The proxy-bound case is the CPU cost (the Cost target) at saturation: with every process on 2 shared cores, "
     "more CPU per response is fewer responses per second.",
     "Hand-off gap": "Between a response leaving the upstream and the next request reaching it, the exchange in the "
