@@ -10,7 +10,7 @@ use http::{Method, Request, Uri, Version};
 use tokio::net::TcpStream;
 
 use crate::error::ProxyError;
-use crate::h1::connection_options;
+use crate::h1::{connection_options, Present};
 use crate::pool::UpstreamPool;
 
 use super::{RequestBody, UpstreamRequest};
@@ -112,10 +112,19 @@ pub fn upstream_head(
     default_host: &HeaderValue,
 ) -> Result<(), ProxyError> {
     check_target(&parts.method, &parts.uri)?;
-    let host = match (parts.uri.authority(), parts.headers.get(header::HOST)) {
+    let present = Present::of(&parts.headers);
+    let mut host_lines = parts.headers.get_all(header::HOST).iter();
+    let given = host_lines.next();
+    // The Host line goes on untouched when it is the one line and the name it states is the upstream's.
+    let mut as_given = given.is_some() && host_lines.next().is_none();
+    let host = match (parts.uri.authority(), given) {
         // RFC 9110 §4.2.4: userinfo in a request target is an error; it must never become the upstream's Host.
         (Some(authority), _) if authority.as_str().contains('@') => return Err(ProxyError::InvalidHost),
-        (Some(authority), _) => HeaderValue::from_str(authority.as_str()).map_err(|_| ProxyError::MissingHost)?,
+        (Some(authority), given) => {
+            let host = HeaderValue::from_str(authority.as_str()).map_err(|_| ProxyError::MissingHost)?;
+            as_given &= given == Some(&host);
+            host
+        }
         (None, Some(host)) => host.clone(),
         // HTTP/1.0 had no Host; the upstream still gets one.
         (None, None) if parts.version == Version::HTTP_10 => default_host.clone(),
@@ -123,25 +132,39 @@ pub fn upstream_head(
     };
     // Routing matched the name without its root dot; the upstream is given that name, so it cannot read another.
     let host = match without_root_dot(host.as_bytes()) {
-        Some(bare) => HeaderValue::from_bytes(&bare).unwrap_or(host),
+        Some(bare) => {
+            as_given = false;
+            HeaderValue::from_bytes(&bare).unwrap_or(host)
+        }
         None => host,
     };
     // RFC 9113 §8.2.3 (RFC 9114 §4.2.1 for HTTP/3): a cookie split into fields goes to HTTP/1.1 as one line.
-    if matches!(parts.version, Version::HTTP_2 | Version::HTTP_3) {
+    if present.cookie && matches!(parts.version, Version::HTTP_2 | Version::HTTP_3) {
         join_cookie(&mut parts.headers);
     }
     // A message with both framings is a smuggling attempt's tell; the upstream only ever sees one of them.
-    if parts.headers.contains_key(header::TRANSFER_ENCODING) {
+    if present.transfer_encoding {
         parts.headers.remove(header::CONTENT_LENGTH);
-    } else {
+    } else if present.content_length {
         canonical_length(&mut parts.headers);
     }
-    strip_hop_by_hop(&mut parts.headers);
-    drop_underscore_aliases(&mut parts.headers, &SET_HERE);
+    // Every step from here removes fields or replaces one it found: what `present` says is absent stays absent.
+    if present.hop_by_hop() {
+        strip_hop_by_hop(&mut parts.headers);
+        // `Connection` may have named Host itself.
+        as_given = false;
+    }
+    if present.x_underscore {
+        drop_underscore_aliases(&mut parts.headers, &SET_HERE);
+    }
     // We answer `Expect: 100-continue` ourselves once admitted (hyper sends 100 when the body is first read).
-    parts.headers.remove(header::EXPECT);
-    parts.headers.insert(header::HOST, host.clone());
-    set_forwarded(&mut parts.headers, client, host);
+    if present.expect {
+        parts.headers.remove(header::EXPECT);
+    }
+    if !as_given {
+        parts.headers.insert(header::HOST, host.clone());
+    }
+    set_forwarded(&mut parts.headers, client, host, &present);
     parts.uri = origin_form(&parts.uri, &parts.method);
     parts.version = Version::HTTP_11;
     Ok(())
@@ -193,8 +216,9 @@ fn stated_length(headers: &HeaderMap) -> Option<u64> {
 }
 
 /// The fields floodgate sets on every request, by names with a `-`: `set_forwarded`'s and the request ID that
-/// `edge` sets. (Host, `Forwarded` and the trace context's `traceparent`/`tracestate` have no `-` to alias.)
-const SET_HERE: [HeaderName; 4] = [
+/// `edge` sets. (Host, `Forwarded` and the trace context's `traceparent`/`tracestate` have no `-` to alias.) Each
+/// begins with `x-`: [`Present::x_underscore`] looks for aliases only among names that begin with `x`.
+pub(super) const SET_HERE: [HeaderName; 4] = [
     X_FORWARDED_FOR,
     X_FORWARDED_PROTO,
     X_FORWARDED_HOST,
@@ -257,8 +281,10 @@ pub(super) fn origin_form(uri: &Uri, method: &Method) -> Uri {
     }
 }
 
-pub(super) fn set_forwarded(headers: &mut HeaderMap, client: &ClientInfo, host: HeaderValue) {
-    let previous: Vec<&str> = if client.trusted {
+pub(super) fn set_forwarded(headers: &mut HeaderMap, client: &ClientInfo, host: HeaderValue, present: &Present) {
+    // A trusted hop's own values are read only when it sent some; an untrusted one's are replaced.
+    let trusted_sent = client.trusted && present.x_forwarded;
+    let previous: Vec<&str> = if trusted_sent {
         // Every field line counts: earlier hops may have sent theirs separately.
         headers
             .get_all(&X_FORWARDED_FOR)
@@ -277,12 +303,12 @@ pub(super) fn set_forwarded(headers: &mut HeaderMap, client: &ClientInfo, host: 
     headers.insert(X_FORWARDED_FOR, value);
     // A trusted hop's own values stay, as one line each: with several, the upstream might read another one than
     // the hop meant.
-    let proto = client.trusted.then(|| one_line(headers, &X_FORWARDED_PROTO)).flatten();
+    let proto = trusted_sent.then(|| one_line(headers, &X_FORWARDED_PROTO)).flatten();
     let scheme = if client.tls { "https" } else { "http" };
     headers.insert(X_FORWARDED_PROTO, proto.unwrap_or(HeaderValue::from_static(scheme)));
-    let forwarded_host = client.trusted.then(|| one_line(headers, &X_FORWARDED_HOST)).flatten();
+    let forwarded_host = trusted_sent.then(|| one_line(headers, &X_FORWARDED_HOST)).flatten();
     headers.insert(X_FORWARDED_HOST, forwarded_host.unwrap_or(host));
-    if !client.trusted {
+    if !client.trusted && present.forwarded {
         headers.remove(header::FORWARDED);
     }
 }
@@ -313,21 +339,23 @@ pub(super) fn join_cookie(headers: &mut HeaderMap) {
 
 /// RFC 9112 §3.2: more than one Host line, or a target host (Host, or the URI's authority that wins over it) that
 /// is not a valid `host[:port]`, is a bad request: the proxy would route by one reading of it while the upstream
-/// might act on another. A missing Host is decided by [`to_upstream`] (HTTP/1.0 may omit it).
-pub fn check_host(uri: &Uri, headers: &HeaderMap) -> Result<(), ProxyError> {
-    let authority_ok = uri
-        .authority()
-        .is_none_or(|authority| valid_authority(authority.as_str().as_bytes()));
+/// might act on another. A missing Host is decided by [`to_upstream`] (HTTP/1.0 may omit it). Passed, the host
+/// the request is for, as [`target_host`] gives it (read here once for both).
+pub fn check_host<'a>(uri: &'a Uri, headers: &'a HeaderMap) -> Result<Option<&'a str>, ProxyError> {
+    let authority = uri.authority();
+    let authority_ok = authority.is_none_or(|authority| valid_authority(authority.as_str().as_bytes()));
     let mut lines = headers.get_all(header::HOST).iter();
-    let host_ok = match lines.next() {
+    let host = lines.next();
+    let host_ok = match host {
         Some(host) => lines.next().is_none() && valid_authority(host.as_bytes()),
         None => true,
     };
-    if authority_ok && host_ok {
-        Ok(())
-    } else {
-        Err(ProxyError::InvalidHost)
+    if !(authority_ok && host_ok) {
+        return Err(ProxyError::InvalidHost);
     }
+    Ok(authority
+        .map(|authority| authority.as_str())
+        .or_else(|| host.and_then(|host| host.to_str().ok())))
 }
 
 /// A `host[:port]` every reader takes the same way: no userinfo; a port, when there is one, is a 16-bit number

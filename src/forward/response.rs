@@ -16,6 +16,7 @@ use http_body_util::BodyExt;
 use crate::admission::Shed;
 use crate::buffer::{self, BufferBudget, ReadError};
 use crate::error::{Outcome, ProxyError, ShedAdvice};
+use crate::h1::Present;
 use crate::pool::Lease;
 use crate::record::Record;
 
@@ -159,19 +160,24 @@ pub(super) const FIRST_FRAME_WAIT: Duration = Duration::from_millis(1);
 /// unrecoverable error, a 502 for a proxy), its content coded in a way it cannot declare to the client, or it
 /// switches protocols when nothing asked it to (floodgate forwards no upgrade). A Content-Length that lists one
 /// number several times goes on as that number (RFC 9110 §8.6).
-pub(super) fn malformed(parts: &mut http::response::Parts) -> Option<&'static str> {
+pub(super) fn malformed(parts: &mut http::response::Parts, present: &Present) -> Option<&'static str> {
     if parts.status == StatusCode::SWITCHING_PROTOCOLS {
         return Some("101 Switching Protocols to a request that asked for no upgrade");
     }
-    if parts.headers.contains_key(header::TRANSFER_ENCODING) && parts.headers.contains_key(header::CONTENT_LENGTH) {
+    if present.transfer_encoding && present.content_length {
         return Some("both Content-Length and Transfer-Encoding");
     }
     // Transfer-Encoding is hop-by-hop and stops here: content in a coding hyper does not decode (gzip) would reach
     // the client as if it had none, and a body chunked twice is decoded once, its inner framing taken for content.
-    match check_transfer_coding(&parts.headers) {
-        Ok(()) => {}
-        Err(ProxyError::ChunkedTwice) => return Some("chunked more than once"),
-        Err(_) => return Some("a transfer coding other than chunked"),
+    if present.transfer_encoding {
+        match check_transfer_coding(&parts.headers) {
+            Ok(()) => {}
+            Err(ProxyError::ChunkedTwice) => return Some("chunked more than once"),
+            Err(_) => return Some("a transfer coding other than chunked"),
+        }
+    }
+    if !present.content_length {
+        return None;
     }
     // hyper checks it only where it frames the body: HEAD, 204 and 304 answers would carry it on as it came.
     match content_length(&parts.headers) {
@@ -241,18 +247,26 @@ pub(crate) async fn to_client(
     route: RouteEdits<'_>,
 ) -> Result<Response<ResponseBody>, ProxyError> {
     let (mut parts, mut body) = response.into_parts();
-    if let Some(malformed) = malformed(&mut parts) {
+    let present = Present::of(&parts.headers);
+    if let Some(malformed) = malformed(&mut parts, &present) {
         // Nothing has reached the client yet: it gets a 502, not a response that lies about itself.
         lease.forbid_reuse();
         return Err(ProxyError::UpstreamMalformed(malformed));
     }
-    // An HTTP/2 answer never ends its connection; an HTTP/1 one may.
-    if parts.version != Version::HTTP_2 && !keeps_alive(parts.version, &parts.headers) {
+    // An HTTP/2 answer never ends its connection; an HTTP/1 one may (without `Connection`, HTTP/1.1 does not).
+    let kept = match parts.version {
+        Version::HTTP_2 => true,
+        version if present.connection => keeps_alive(version, &parts.headers),
+        version => version == Version::HTTP_11,
+    };
+    if !kept {
         lease.forbid_reuse();
     }
-    strip_hop_by_hop(&mut parts.headers);
+    if present.hop_by_hop() {
+        strip_hop_by_hop(&mut parts.headers);
+    }
     // RFC 9110 §8.6: a 204 has no Content-Length (a 304's states its representation's length, and stays).
-    if parts.status == StatusCode::NO_CONTENT {
+    if parts.status == StatusCode::NO_CONTENT && present.content_length {
         parts.headers.remove(header::CONTENT_LENGTH);
     }
     (route.edit_response)(&mut parts.headers);

@@ -1,7 +1,9 @@
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Uri, Version};
 
-use super::head::{plain_host, plainly_valid, valid_authority, valid_authority_in_full, without_root_dot, KEEP_ALIVE};
+use super::head::{
+    plain_host, plainly_valid, valid_authority, valid_authority_in_full, without_root_dot, KEEP_ALIVE, SET_HERE,
+};
 use super::response::{content_length, ContentLength};
 use super::*;
 
@@ -128,6 +130,10 @@ fn the_uri_authority_wins_over_host_and_host_is_the_fallback() {
     let origin: Uri = "/x".parse().unwrap();
     assert_eq!(target_host(&origin, &headers), Some("spoofed.example"));
     assert_eq!(target_host(&origin, &HeaderMap::new()), None);
+    // Routing reads it from the check that passes it.
+    for (uri, headers) in [(&absolute, &headers), (&origin, &headers), (&origin, &HeaderMap::new())] {
+        assert_eq!(check_host(uri, headers).ok(), Some(target_host(uri, headers)));
+    }
 }
 
 #[test]
@@ -177,4 +183,80 @@ fn an_answer_is_small_to_move_between_the_exchange_and_the_clients_task() {
     // It crosses a channel and several futures per request: the relay behind its body is boxed, not inline
     // (640 bytes when it was, docs/data-path.md).
     assert!(std::mem::size_of::<http::Response<ResponseBody>>() <= 192);
+}
+
+/// The rewrite skips what a head does not carry (`Present`); these are the heads where skipping would go wrong.
+#[test]
+fn the_upstream_head_is_rewritten_the_same_whatever_its_fields_let_be_skipped() {
+    let rewrite = |lines: &[(&str, &str)], trusted: bool| {
+        let (mut parts, ()) = http::Request::new(()).into_parts();
+        for (name, value) in lines {
+            parts.headers.append(
+                http::header::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        let client = ClientInfo::new("192.0.2.7:5000".parse().unwrap(), trusted, None);
+        upstream_head(&mut parts, &client, &HeaderValue::from_static("up.example")).unwrap();
+        parts.headers
+    };
+    // `Connection` may name Host: it is stripped, and the upstream still gets the one the request was for.
+    let named_host = rewrite(&[("host", "app.example"), ("connection", "host")], false);
+    assert_eq!(
+        named_host.get_all(header::HOST).iter().collect::<Vec<_>>(),
+        ["app.example"]
+    );
+    assert!(!named_host.contains_key(header::CONNECTION));
+    // A plain Host goes on as the one line it was; a root dot is dropped.
+    let plain = rewrite(&[("host", "app.example")], false);
+    assert_eq!(plain.get_all(header::HOST).iter().collect::<Vec<_>>(), ["app.example"]);
+    let dotted = rewrite(&[("host", "app.example.:81")], false);
+    assert_eq!(
+        dotted.get_all(header::HOST).iter().collect::<Vec<_>>(),
+        ["app.example:81"]
+    );
+    // Aliases of the X- fields floodgate sets go; another name with `_` stays.
+    let aliased = rewrite(
+        &[
+            ("host", "a"),
+            ("x_forwarded_for", "6.6.6.6"),
+            ("x-request_id", "forged"),
+            ("my_field", "kept"),
+        ],
+        false,
+    );
+    assert!(!aliased.contains_key("x_forwarded_for") && !aliased.contains_key("x-request_id"));
+    assert_eq!(aliased["my_field"], "kept");
+    assert_eq!(aliased["x-forwarded-for"], "192.0.2.7");
+    // A trusted hop's X-Forwarded-For is extended; an untrusted one's, and its Forwarded, replaced or dropped.
+    let hop = [
+        ("host", "a"),
+        ("x-forwarded-for", "198.51.100.1"),
+        ("forwarded", "for=1.2.3.4"),
+    ];
+    assert_eq!(rewrite(&hop, true)["x-forwarded-for"], "198.51.100.1, 192.0.2.7");
+    assert!(rewrite(&hop, true).contains_key(header::FORWARDED));
+    assert_eq!(rewrite(&hop, false)["x-forwarded-for"], "192.0.2.7");
+    assert!(!rewrite(&hop, false).contains_key(header::FORWARDED));
+    // Both framings: the length goes; a length alone is made canonical; Expect is ours to answer.
+    let framed = rewrite(
+        &[
+            ("host", "a"),
+            ("content-length", "5"),
+            ("transfer-encoding", "chunked"),
+            ("expect", "100-continue"),
+        ],
+        false,
+    );
+    assert!(!framed.contains_key(header::CONTENT_LENGTH) && !framed.contains_key(header::EXPECT));
+    assert_eq!(
+        rewrite(&[("host", "a"), ("content-length", "005")], false)["content-length"],
+        "5"
+    );
+    for own in SET_HERE {
+        assert!(
+            own.as_str().starts_with("x-"),
+            "{own}: Present::x_underscore would miss its aliases"
+        );
+    }
 }

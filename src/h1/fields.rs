@@ -117,3 +117,57 @@ pub(super) fn tokenizer_error(err: httparse::Error) -> &'static str {
         httparse::Error::TooManyHeaders => "too many header lines",
     }
 }
+
+/// Which of the fields floodgate reads or rewrites a head carries, found by one look at each of its names: most
+/// heads carry few of them, and each lookup in a [`HeaderMap`] hashes the name it looks for, present or not.
+/// Valid for the map it was made of until that map changes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Present {
+    pub connection: bool,
+    /// A field only `Connection` can make hop-by-hop is not counted: [`Present::hop_by_hop`] is true with it.
+    pub other_hop_by_hop: bool,
+    pub transfer_encoding: bool,
+    pub content_length: bool,
+    pub expect: bool,
+    pub cookie: bool,
+    pub forwarded: bool,
+    pub x_forwarded: bool,
+    /// A name that begins with `x` and has an `_`: it may alias an `X-` field floodgate sets (its own all begin so).
+    pub x_underscore: bool,
+}
+
+impl Present {
+    pub fn of(headers: &HeaderMap) -> Present {
+        let mut present = Present::default();
+        for name in headers.keys() {
+            present.note(name);
+        }
+        present
+    }
+
+    fn note(&mut self, name: &HeaderName) {
+        match *name {
+            header::CONNECTION => self.connection = true,
+            header::TRANSFER_ENCODING => self.transfer_encoding = true,
+            header::CONTENT_LENGTH => self.content_length = true,
+            header::EXPECT => self.expect = true,
+            header::COOKIE => self.cookie = true,
+            header::FORWARDED => self.forwarded = true,
+            header::TE | header::TRAILER | header::UPGRADE => self.other_hop_by_hop = true,
+            _ => {
+                let name = name.as_str().as_bytes();
+                if name.first() == Some(&b'x') {
+                    self.x_forwarded |= name.starts_with(b"x-forwarded-");
+                    self.x_underscore |= name.contains(&b'_');
+                } else if name == b"keep-alive" || name == b"proxy-connection" {
+                    self.other_hop_by_hop = true;
+                }
+            }
+        }
+    }
+
+    /// Any field of RFC 9110 §7.6.1's hop-by-hop set (a `Connection` line may name more).
+    pub fn hop_by_hop(&self) -> bool {
+        self.connection || self.transfer_encoding || self.other_hop_by_hop
+    }
+}

@@ -16,6 +16,7 @@ use std::io;
 
 use http::{header, HeaderMap, StatusCode, Version};
 
+pub use fields::Present;
 use response_head::{MAX_INTERIM_HEADS, MAX_RESPONSE_HEAD_BYTES};
 
 /// How many header lines a head may have, as hyper's default; more is answered `431`.

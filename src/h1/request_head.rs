@@ -104,7 +104,12 @@ pub(crate) fn take(received: &mut BytesMut, max_head_bytes: usize) -> Result<Opt
     // A message framed both ways was an attempt to confuse some hop: nothing more is read after it.
     let framed_twice = meaning.coded.is_some() && meaning.length_seen;
     Ok(Some(RequestHead {
-        keep_alive: keeps_alive(version, &parts.headers) && !framed_twice,
+        // Without a `Connection` line, HTTP/1.1 persists and HTTP/1.0 does not: no lookup needed.
+        keep_alive: if meaning.connection {
+            keeps_alive(version, &parts.headers)
+        } else {
+            version == Version::HTTP_11
+        } && !framed_twice,
         parts,
         body,
         expects_continue: meaning.expects_continue,
@@ -122,6 +127,8 @@ struct Meaning {
     length: Option<u64>,
     expects_continue: bool,
     wants_upgrade: bool,
+    /// A `Connection` line was seen.
+    connection: bool,
 }
 
 impl Meaning {
@@ -134,6 +141,7 @@ impl Meaning {
             length: None,
             expects_continue: false,
             wants_upgrade: connect,
+            connection: false,
         }
     }
 
@@ -168,6 +176,7 @@ impl Meaning {
             }
             header::EXPECT => self.expects_continue = value.as_bytes().eq_ignore_ascii_case(b"100-continue"),
             header::UPGRADE => self.wants_upgrade = self.http11,
+            header::CONNECTION => self.connection = true,
             _ => {}
         }
         Ok(true)

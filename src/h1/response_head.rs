@@ -8,7 +8,7 @@
 //! relay (both framings, a `101` it did not ask for) is decided later, as for hyper's reading.
 
 use bytes::{Bytes, BytesMut};
-use http::header;
+use http::header::{self, HeaderName};
 use http::{HeaderMap, Method, Response, StatusCode, Version};
 
 use super::fields::{self, last_coding_is_chunked, stated_length};
@@ -106,12 +106,14 @@ fn take_one(
     let version = fields::version(minor);
     // Room for what the proxy adds (a request ID, the shed and retry fields): growing a map rehashes it.
     let mut headers = HeaderMap::with_capacity(lines.len() + ADDED_FIELDS);
+    let mut seen = Seen::default();
     for (name, value) in lines {
         let name = head.get(name).unwrap_or_default();
         let (name, value) = fields::shared_field(name, head.slice(value)).map_err(HeadError::Malformed)?;
+        seen.note(&name);
         headers.append(name, value);
     }
-    let Some((body, upgrade)) = framing(status, version, method, &headers)? else {
+    let Some((body, upgrade)) = framing(status, version, method, &headers, seen)? else {
         return Ok(Some(None));
     };
     let (mut parts, ()) = Response::new(()).into_parts();
@@ -119,12 +121,37 @@ fn take_one(
     parts.version = version;
     parts.headers = headers;
     Ok(Some(Some(ResponseHead {
-        keep_alive: keeps_alive(version, &parts.headers) && !upgrade,
+        // Without a `Connection` line, HTTP/1.1 persists and HTTP/1.0 does not: no lookup needed.
+        keep_alive: if seen.connection {
+            keeps_alive(version, &parts.headers)
+        } else {
+            version == Version::HTTP_11
+        } && !upgrade,
         parts,
         reason: reason.and_then(|reason| head.get(reason.clone()).map(|_| head.slice(reason))),
         body,
         upgrade,
     })))
+}
+
+/// Which of the fields that frame a response or keep its connection its head has, noted as its lines are read:
+/// each lookup of an absent one would hash its name for nothing.
+#[derive(Clone, Copy, Default)]
+struct Seen {
+    connection: bool,
+    transfer_encoding: bool,
+    content_length: bool,
+}
+
+impl Seen {
+    fn note(&mut self, name: &HeaderName) {
+        match *name {
+            header::CONNECTION => self.connection = true,
+            header::TRANSFER_ENCODING => self.transfer_encoding = true,
+            header::CONTENT_LENGTH => self.content_length = true,
+            _ => {}
+        }
+    }
 }
 
 /// RFC 9112 §6.3 for a response: its body's framing and whether it leaves HTTP; `None` for an interim `1xx`.
@@ -133,6 +160,7 @@ fn framing(
     version: Version,
     method: &Method,
     headers: &HeaderMap,
+    seen: Seen,
 ) -> Result<Option<(Framing, bool)>, HeadError> {
     match status.as_u16() {
         101 => return Ok(Some((Framing::Length(0), true))),
@@ -146,7 +174,10 @@ fn framing(
     if *method == Method::CONNECT && status.is_success() {
         return Ok(Some((Framing::Length(0), true)));
     }
-    if let Some(last) = headers.get_all(header::TRANSFER_ENCODING).iter().next_back() {
+    let coding = seen
+        .transfer_encoding
+        .then(|| headers.get_all(header::TRANSFER_ENCODING).iter().next_back());
+    if let Some(last) = coding.flatten() {
         if version == Version::HTTP_10 {
             return Err(HeadError::Malformed("Transfer-Encoding in an HTTP/1.0 response"));
         }
@@ -158,7 +189,7 @@ fn framing(
         };
         return Ok(Some((body, false)));
     }
-    if !headers.contains_key(header::CONTENT_LENGTH) {
+    if !seen.content_length {
         return Ok(Some((Framing::UntilClose, false)));
     }
     let length = stated_length(headers)

@@ -462,9 +462,8 @@ impl Proxy {
         // Before routing: an authority-form target must not pick a route by its authority.
         forward::check_target(request.method(), request.uri())?;
         forward::resolve_dot_segments(request.uri_mut())?;
-        forward::check_host(request.uri(), request.headers())?;
+        let host = forward::check_host(request.uri(), request.headers())?;
         forward::check_transfer_coding(request.headers())?;
-        let host = forward::target_host(request.uri(), request.headers());
         let router = self.router();
         let (pool, picked) = router
             .pick_route(host, request.uri().path())
