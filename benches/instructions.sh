@@ -9,7 +9,8 @@
 #   benches/instructions.sh BINARY... [-- FEW MANY CLIENTS]   (defaults 1000 5000 4)
 #
 # A BINARY may be the word `haproxy`: HAProxy (nbthread 1, http-reuse always, server maxconn 8), counted the same
-# way for the same requests. Needs valgrind (apt-get install valgrind) and oha (cargo install oha); bench_upstream
+# way for the same requests; or `haproxy-headers`: the same HAProxy also doing the header work floodgate does by
+# default (benches/haproxy_headers.cfg: X-Forwarded-For, -Proto and -Host, a request ID on both messages). Needs valgrind (apt-get install valgrind) and oha (cargo install oha); bench_upstream
 # (cargo build --release --examples) answers at once. Extra proxy flags go in FLOODGATE_FLAGS (e.g. "--log-level
 # warn").
 set -euo pipefail
@@ -19,7 +20,7 @@ while [ $# -gt 0 ] && [ "$1" != -- ]; do binaries+=("$1"); shift; done
 few=${1:-1000}
 many=${2:-5000}
 clients=${3:-4}
-[ ${#binaries[@]} -gt 0 ] || { sed -n '2,14p' "$0" >&2; exit 2; }
+[ ${#binaries[@]} -gt 0 ] || { sed -n '2,15p' "$0" >&2; exit 2; }
 target=${CARGO_TARGET_DIR:-$(dirname "$0")/../target}
 upstream="$target/release/examples/bench_upstream"
 [ -x "$upstream" ] || { echo "build it first: cargo build --release --examples" >&2; exit 2; }
@@ -50,7 +51,8 @@ start_floodgate() {
   done
 }
 
-# Starts HAProxy under valgrind in the background on $1; returns once it answers (a request both FEW and MANY count).
+# Starts HAProxy under valgrind in the background on $1, with the frontend lines $2; returns once it answers (a
+# request both FEW and MANY count).
 start_haproxy() {
   cat >"$work/haproxy.cfg" <<CFG
 global
@@ -68,6 +70,7 @@ defaults
 frontend fe
     bind 127.0.0.1:$1
     default_backend be
+${2:-}
 backend be
     server app 127.0.0.1:$up_port maxconn 8
 CFG
@@ -80,12 +83,16 @@ CFG
   done
 }
 
+haproxy_headers=$(cat "$(dirname "$0")/haproxy_headers.cfg")
+
 # Total instructions of one run of $1 serving $2 requests.
 count() {
   local binary=$1 requests=$2 listen admin pid
   listen=$(port); admin=$(port)
   if [ "$binary" = haproxy ]; then
     start_haproxy "$listen"
+  elif [ "$binary" = haproxy-headers ]; then
+    start_haproxy "$listen" "$haproxy_headers"
   else
     start_floodgate "$binary" "$listen" "$admin"
   fi

@@ -30,6 +30,8 @@ pub(crate) struct RequestHead {
     pub expects_continue: bool,
     /// `CONNECT`, or `Upgrade` on HTTP/1.1: the client asks to leave HTTP.
     pub wants_upgrade: bool,
+    /// A `TE` line names `trailers`: the client takes an answer's trailers (gRPC's status travels in them).
+    pub takes_trailers: bool,
 }
 
 /// How the request's body is delimited (RFC 9112 §6.3): never by the connection's end, which is what sets it apart
@@ -103,6 +105,7 @@ pub(crate) fn take(received: &mut BytesMut, max_head_bytes: usize) -> Result<Opt
     parts.headers = headers;
     // A message framed both ways was an attempt to confuse some hop: nothing more is read after it.
     let framed_twice = meaning.coded.is_some() && meaning.length_seen;
+    let takes_trailers = meaning.te && super::write::accepts_trailers(&parts.headers);
     Ok(Some(RequestHead {
         // Without a `Connection` line, HTTP/1.1 persists and HTTP/1.0 does not: no lookup needed.
         keep_alive: if meaning.connection {
@@ -114,6 +117,7 @@ pub(crate) fn take(received: &mut BytesMut, max_head_bytes: usize) -> Result<Opt
         body,
         expects_continue: meaning.expects_continue,
         wants_upgrade: meaning.wants_upgrade,
+        takes_trailers,
     }))
 }
 
@@ -129,6 +133,8 @@ struct Meaning {
     wants_upgrade: bool,
     /// A `Connection` line was seen.
     connection: bool,
+    /// A `TE` line was seen.
+    te: bool,
 }
 
 impl Meaning {
@@ -142,6 +148,7 @@ impl Meaning {
             expects_continue: false,
             wants_upgrade: connect,
             connection: false,
+            te: false,
         }
     }
 
@@ -177,6 +184,7 @@ impl Meaning {
             header::EXPECT => self.expects_continue = value.as_bytes().eq_ignore_ascii_case(b"100-continue"),
             header::UPGRADE => self.wants_upgrade = self.http11,
             header::CONNECTION => self.connection = true,
+            header::TE => self.te = true,
             _ => {}
         }
         Ok(true)

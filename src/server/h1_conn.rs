@@ -142,8 +142,8 @@ impl Conn<'_> {
             shutdown,
         } = self;
         let write_stall_limit = config.client_write_stall_limit();
-        let head_timer = tokio::time::sleep_until(head_until);
-        tokio::pin!(head_timer);
+        // Made only when the head must wait for bytes: most heads are whole when their first bytes come.
+        let mut head_timer = None;
         let head = loop {
             match request_head::take(&mut received, config.max_header_bytes) {
                 Ok(Some(head)) => break head,
@@ -161,13 +161,15 @@ impl Conn<'_> {
                     Ok(_) => {}
                     Err(err) => return Err(Ended::Error(err)),
                 },
-                () = head_timer.as_mut() => return Err(Ended::HeaderTimeout),
+                () = head_timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(head_until))).as_mut() => {
+                    return Err(Ended::HeaderTimeout)
+                }
             }
         };
         let method = head.parts.method.clone();
         let version = head.parts.version;
         // A client that says it takes trailers (gRPC's status travels in them) is sent an answer's trailers.
-        let trailers = write::accepts_trailers(&head.parts.headers) && version == Version::HTTP_11;
+        let trailers = head.takes_trailers && version == Version::HTTP_11;
         let framing = match head.body {
             BodyFraming::Length(length) => Delimited::Length(length),
             BodyFraming::Chunked => Delimited::Chunked(ChunkedDecoder::for_request(config.max_header_bytes)),
