@@ -338,6 +338,31 @@ async fn hung_upstream_answers_every_queued_request_504_within_request_timeout_a
     assert_settled(&proxy, &upstream, 2).await;
 }
 
+/// An upstream connection keeps one answer timer for its exchanges, set for the first and moved on when it fires
+/// early: each exchange still has its whole `request_timeout` from its own dispatch, however long the one before
+/// it took.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_timeout_runs_from_each_exchanges_own_dispatch_on_a_reused_connection() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &["--request-timeout", "2s"]).await;
+    // The first exchange's deadline passes while the second, dispatched 1.2 s later, is still within its own.
+    assert_eq!(get(proxy.listen, "/delay/1200?first").await.status, StatusCode::OK);
+    assert_eq!(get(proxy.listen, "/delay/1500?second").await.status, StatusCode::OK);
+    // And one over its own deadline is cut at it, not sooner.
+    let started = std::time::Instant::now();
+    assert_eq!(
+        get(proxy.listen, "/delay/4000?third").await.status,
+        StatusCode::GATEWAY_TIMEOUT
+    );
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(2),
+        "cut {took:?} after dispatch, request_timeout 2s"
+    );
+    // One connection carried the first two: the timer was the connection's.
+    assert_eq!(upstream.accepted(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_connects_answer_502_at_once_and_service_resumes_when_the_upstream_listens_again() {
     let upstream = Upstream::start().await;

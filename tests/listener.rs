@@ -155,6 +155,36 @@ async fn idle_keep_alive_client_is_closed_after_client_idle_timeout() {
     assert_eq!(upstream.connections(), 1);
 }
 
+/// The connection keeps one idle timer, set at its start and moved on when it fires early: each idle spell still
+/// lasts the whole `client_idle_timeout` from its own last answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_spell_runs_from_the_last_answer_not_from_an_earlier_one() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &["--client-idle-timeout", "600ms"]).await;
+    let mut conn = RawConn::connect(proxy.listen).await;
+    let request = b"GET / HTTP/1.1\r\nHost: client.test\r\n\r\n";
+    conn.write(request).await.unwrap();
+    assert_eq!(
+        conn.read_response(false, Duration::from_secs(5)).await.unwrap().status,
+        200
+    );
+    // The client's own pause: its next request comes before the first idle spell would have ended.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let sent = Instant::now();
+    conn.write(request).await.unwrap();
+    assert_eq!(
+        conn.read_response(false, Duration::from_secs(5)).await.unwrap().status,
+        200
+    );
+    let (_, end) = conn.read_until_close(Duration::from_secs(5)).await;
+    assert_ne!(end, ReadEnd::Timeout, "idle client still open after 5 s");
+    assert!(
+        sent.elapsed() >= Duration::from_millis(580),
+        "closed {:?} after the second request, before its 600ms client_idle_timeout",
+        sent.elapsed()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_client_connections_holds_further_clients_back_until_one_closes() {
     let upstream = Upstream::start().await;

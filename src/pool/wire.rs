@@ -6,6 +6,8 @@
 //! closing task to look (the upstream closing it, or speaking unasked): no task per connection, and nothing to
 //! wake when an exchange takes it or gives it back.
 //!
+//! Between exchanges it also keeps the timer they bound their wait for an answer with.
+//!
 //! It never frames HTTP (`pool::client` does) and never counts connections (the connection's slot does).
 
 use std::io::{self, ErrorKind};
@@ -84,6 +86,9 @@ pub(crate) struct WireState {
     /// The connection's right to exist, given back by whoever closes the socket first: the connection when it is
     /// let go of, or its watch when the upstream closes it first.
     slot: Option<Slot>,
+    /// The timer the exchanges on the connection bound their wait for an answer with, one at a time, kept between
+    /// them: moved on when it fires early, it costs no registration per request.
+    pub(crate) answer_timer: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl Wire {
@@ -107,6 +112,7 @@ impl Wire {
                 gone: false,
                 sent_head: None,
                 slot: None,
+                answer_timer: None,
             }),
             upload_over: Notify::new(),
             socket,

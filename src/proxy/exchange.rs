@@ -365,10 +365,32 @@ pub(super) async fn send(
                 _ => Err(ProxyError::Connect("no connection to send on".into())),
             }
         });
-        let answered = tokio::select! {
-            answered = &mut responded => Ok(answered),
-            () = tokio::time::sleep(limit) => Err(()),
+        // The connection's timer when it has one: set for an earlier exchange, it fires early at most once and is
+        // moved on then (a later deadline) or at once (an earlier one, a route's shorter `request_timeout`).
+        let deadline = tokio::time::Instant::from_std(dispatched) + limit;
+        let mut timer = wire
+            .as_ref()
+            .and_then(|wire| wire.lock().answer_timer.take())
+            .unwrap_or_else(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if timer.deadline() > deadline {
+            timer.as_mut().reset(deadline);
+        }
+        // In order, no random pick: an answer there by the deadline is taken.
+        let answered = loop {
+            tokio::select! {
+                biased;
+                answered = &mut responded => break Ok(answered),
+                () = timer.as_mut() => {
+                    if tokio::time::Instant::now() >= deadline {
+                        break Err(());
+                    }
+                    timer.as_mut().reset(deadline);
+                }
+            }
         };
+        if let (Ok(_), Some(wire)) = (&answered, &wire) {
+            wire.lock().answer_timer = Some(timer);
+        }
         match answered {
             Err(()) => {
                 // The upstream was ready for more body and the client had not sent it: the client is the slow one.

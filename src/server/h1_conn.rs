@@ -71,6 +71,10 @@ where
         shutdown,
     };
     let mut received = BytesMut::with_capacity(HEAD_ROOM);
+    // One idle timer for the connection's life, moved on only when it fires early (the connection was busy since
+    // it was set): re-set at each idle spell, a timer costs a registration and a removal per request.
+    let idle_timer = tokio::time::sleep_until(Instant::now() + config.client_idle_timeout);
+    tokio::pin!(idle_timer);
     loop {
         // The head's deadline runs from its first byte.
         let head_until = Instant::now() + config.header_read_timeout;
@@ -94,16 +98,23 @@ where
         }
         // Idle: no buffer is held until the client sends again.
         let idle_until = Instant::now() + config.client_idle_timeout;
-        received = tokio::select! {
-            biased;
-            waited = std::future::poll_fn(|cx| wire.poll_next_bytes(cx, HEAD_ROOM)) => match waited {
-                Ok(Some(received)) => received,
-                Ok(None) => return Ended::Closed,
-                Err(err) => return Ended::Error(err),
-            },
-            // HTTP/1 has no goodbye to send: an idle connection past its time is closed.
-            () = tokio::time::sleep_until(idle_until) => return Ended::Closed,
-            () = shutdown.cancelled() => return Ended::Closed,
+        received = loop {
+            tokio::select! {
+                biased;
+                waited = std::future::poll_fn(|cx| wire.poll_next_bytes(cx, HEAD_ROOM)) => match waited {
+                    Ok(Some(received)) => break received,
+                    Ok(None) => return Ended::Closed,
+                    Err(err) => return Ended::Error(err),
+                },
+                () = idle_timer.as_mut() => {
+                    // HTTP/1 has no goodbye to send: an idle connection past its time is closed.
+                    if Instant::now() >= idle_until {
+                        return Ended::Closed;
+                    }
+                    idle_timer.as_mut().reset(idle_until);
+                }
+                () = shutdown.cancelled() => return Ended::Closed,
+            }
         };
     }
 }
