@@ -130,13 +130,8 @@ async fn incomplete_request_head_is_closed_after_header_read_timeout() {
     assert_eq!(get(proxy.listen, "/").await.status, StatusCode::OK);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn idle_keep_alive_client_is_closed_after_client_idle_timeout() {
-    let upstream = Upstream::start().await;
-    let proxy = Proxy::for_upstream(&upstream, 1, &["--client-idle-timeout", "400ms"]).await;
-    let mut conn = RawConn::connect(proxy.listen).await;
-    // Idle time starts after this instant (once the response is written), so the lower bound holds under load.
-    let sent = Instant::now();
+/// One `GET /` on `conn`, answered 200.
+async fn served(conn: &mut RawConn) {
     conn.write(b"GET / HTTP/1.1\r\nHost: client.test\r\n\r\n")
         .await
         .unwrap();
@@ -144,12 +139,28 @@ async fn idle_keep_alive_client_is_closed_after_client_idle_timeout() {
         conn.read_response(false, Duration::from_secs(5)).await.unwrap().status,
         200
     );
+}
+
+/// [`served`], then the connection left idle until the proxy closes it: how long after the request that came.
+/// Idle time starts after the request is sent (once the response is written), so a lower bound on it holds under
+/// load.
+async fn served_then_closed_after(conn: &mut RawConn) -> Duration {
+    let sent = Instant::now();
+    served(conn).await;
     let (_, end) = conn.read_until_close(Duration::from_secs(5)).await;
     assert_ne!(end, ReadEnd::Timeout, "idle client still open after 5 s");
+    sent.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_keep_alive_client_is_closed_after_client_idle_timeout() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, 1, &["--client-idle-timeout", "400ms"]).await;
+    let mut conn = RawConn::connect(proxy.listen).await;
+    let closed_after = served_then_closed_after(&mut conn).await;
     assert!(
-        sent.elapsed() >= Duration::from_millis(380),
-        "closed {:?} after the request, before the 400ms client_idle_timeout",
-        sent.elapsed()
+        closed_after >= Duration::from_millis(380),
+        "closed {closed_after:?} after the request, before the 400ms client_idle_timeout"
     );
     // The upstream connection is not tied to the client's.
     assert_eq!(upstream.connections(), 1);
@@ -162,26 +173,13 @@ async fn an_idle_spell_runs_from_the_last_answer_not_from_an_earlier_one() {
     let upstream = Upstream::start().await;
     let proxy = Proxy::for_upstream(&upstream, 1, &["--client-idle-timeout", "600ms"]).await;
     let mut conn = RawConn::connect(proxy.listen).await;
-    let request = b"GET / HTTP/1.1\r\nHost: client.test\r\n\r\n";
-    conn.write(request).await.unwrap();
-    assert_eq!(
-        conn.read_response(false, Duration::from_secs(5)).await.unwrap().status,
-        200
-    );
+    served(&mut conn).await;
     // The client's own pause: its next request comes before the first idle spell would have ended.
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let sent = Instant::now();
-    conn.write(request).await.unwrap();
-    assert_eq!(
-        conn.read_response(false, Duration::from_secs(5)).await.unwrap().status,
-        200
-    );
-    let (_, end) = conn.read_until_close(Duration::from_secs(5)).await;
-    assert_ne!(end, ReadEnd::Timeout, "idle client still open after 5 s");
+    let closed_after = served_then_closed_after(&mut conn).await;
     assert!(
-        sent.elapsed() >= Duration::from_millis(580),
-        "closed {:?} after the second request, before its 600ms client_idle_timeout",
-        sent.elapsed()
+        closed_after >= Duration::from_millis(580),
+        "closed {closed_after:?} after the second request, before its 600ms client_idle_timeout"
     );
 }
 
