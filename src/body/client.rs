@@ -113,8 +113,9 @@ pub(crate) struct Reading {
     pub(crate) framing: Delimited,
     /// Of the `100 Continue` owed to a client that asked for it before sending its body: bytes still to write.
     continue_left: usize,
-    /// Told once the body has been read to its end (or given up on).
-    over: Arc<tokio::sync::Notify>,
+    /// Told once the body has been read to its end (or given up on); none for a body over before it began (no
+    /// body at all, most requests), which has nothing to tell.
+    over: Option<Arc<tokio::sync::Notify>>,
     /// Pieces of the body were dropped rather than taken by the body's reader: from here the body only fails.
     cut: bool,
     /// The `100 Continue` is (being) written and may still be in a TLS session.
@@ -124,31 +125,22 @@ pub(crate) struct Reading {
 impl Reading {
     /// `expects_continue`: the client waits for a `100` before it sends the body; it is sent when the body is
     /// first wanted.
-    pub(crate) fn new(
-        wire: Arc<ClientWire>,
-        received: BytesMut,
-        framing: Delimited,
-        expects_continue: bool,
-        over: Arc<tokio::sync::Notify>,
-    ) -> Self {
-        let continue_left = if expects_continue && !framing.is_over() {
-            CONTINUE.len()
-        } else {
-            0
-        };
-        let reading = Reading {
+    pub(crate) fn new(wire: Arc<ClientWire>, received: BytesMut, framing: Delimited, expects_continue: bool) -> Self {
+        let over = framing.is_over();
+        Reading {
             wire,
             received,
             framing,
-            continue_left,
-            over,
+            continue_left: if expects_continue && !over { CONTINUE.len() } else { 0 },
+            over: (!over).then(Arc::default),
             cut: false,
             flushing: false,
-        };
-        if reading.framing.is_over() {
-            reading.over.notify_one();
         }
-        reading
+    }
+
+    /// What is told once the body has been read to its end; `None`: it was over before it began.
+    pub(crate) fn body_over(&self) -> Option<Arc<tokio::sync::Notify>> {
+        self.over.clone()
     }
 
     /// A panic while the lock was held left the state as it was; reading on from it is safe.
@@ -184,7 +176,9 @@ impl Reading {
         let was_over = self.framing.is_over();
         let piece = self.framing.next_piece(&mut self.received);
         if !was_over && self.framing.is_over() {
-            self.over.notify_one();
+            if let Some(over) = &self.over {
+                over.notify_one();
+            }
         }
         piece.map_err(|fault| match fault {
             BodyFault::Broken => ClientBodyError::Gone,
@@ -275,7 +269,6 @@ mod tests {
                 received,
                 Delimited::Chunked(ChunkedDecoder::new(1024)),
                 false,
-                Arc::default(),
             );
             assert!(discard_received(&mut reading));
             assert_eq!(&reading.received[..], b"GET / HTTP/1.1\r\n");
@@ -297,7 +290,6 @@ mod tests {
                 received,
                 Delimited::Chunked(ChunkedDecoder::new(1024)),
                 false,
-                Arc::default(),
             )));
             let mut body = ClientBody::Http1(Http1Body::new(reading.clone()));
             // The upload has taken the first chunk when the answer comes; the connection drops the rest.

@@ -185,14 +185,14 @@ impl Conn<'_> {
             BodyFraming::Length(length) => Delimited::Length(length),
             BodyFraming::Chunked => Delimited::Chunked(ChunkedDecoder::for_request(config.max_header_bytes)),
         };
-        let body_over = Arc::new(tokio::sync::Notify::new());
-        let reading = Arc::new(Mutex::new(Reading::new(
+        let reading = Reading::new(
             wire.clone(),
             received,
             framing,
             head.expects_continue && version == Version::HTTP_11,
-            body_over.clone(),
-        )));
+        );
+        let body_over = reading.body_over();
+        let reading = Arc::new(Mutex::new(reading));
         let request = Request::from_parts(head.parts, ClientBody::Http1(Http1Body::new(reading.clone())));
         let answering = match service.ready().await {
             Ok(ready) => ready.call(request),
@@ -201,7 +201,9 @@ impl Conn<'_> {
         // A client that leaves while its answer is awaited abandons the request (its exchange runs on, see
         // `proxy`); while its body is still being read, the body's reader sees it go instead.
         let watch = async {
-            body_over.notified().await;
+            if let Some(body_over) = &body_over {
+                body_over.notified().await;
+            }
             if wire.is_tls() {
                 tls_client_left(wire, &reading).await;
             } else {
