@@ -368,24 +368,36 @@ pub(super) fn valid_authority(bytes: &[u8]) -> bool {
 /// aside), with a port of digits that fits 16 bits: nearly every Host, judged in one pass. `false` says nothing:
 /// [`valid_authority_in_full`] decides then.
 pub(super) fn plainly_valid(bytes: &[u8]) -> bool {
-    let (mut label, mut name_len, mut port) = (0usize, 0usize, None::<u32>);
+    // The name, to the first `:`: a byte at a time, each a range test.
+    let mut label = 0usize;
+    let mut name_len = 0usize;
     for &byte in bytes {
-        match port.as_mut() {
-            None => match byte {
-                b'.' if label > 0 => label = 0,
-                b':' => port = Some(0),
-                b'-' | b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' => label += 1,
-                _ => return false,
-            },
-            Some(value) if byte.is_ascii_digit() => *value = (*value * 10 + u32::from(byte - b'0')).min(1 << 16),
-            Some(_) => return false,
+        match byte {
+            b'-' | b'a'..=b'z' | b'0'..=b'9' | b'A'..=b'Z' => label += 1,
+            b'.' if label > 0 => label = 0,
+            b':' => break,
+            _ => return false,
         }
-        name_len += usize::from(port.is_none());
+        name_len += 1;
     }
-    let port_ok = port.is_none_or(|value| value <= u32::from(u16::MAX)) && !bytes.ends_with(b":");
     // A label ends with a dot or the name; only the last may be empty, after the root's trailing dot.
     let labels_ok = label > 0 || (name_len > 0 && bytes.get(name_len - 1) == Some(&b'.'));
-    port_ok && labels_ok
+    let port_ok = match bytes.get(name_len + 1..) {
+        // No `:`, so no port.
+        None => true,
+        Some(digits) => {
+            !digits.is_empty()
+                && digits
+                    .iter()
+                    .try_fold(0u32, |value, &digit| {
+                        digit
+                            .is_ascii_digit()
+                            .then(|| (value * 10 + u32::from(digit - b'0')).min(1 << 16))
+                    })
+                    .is_some_and(|value| value <= u32::from(u16::MAX))
+        }
+    };
+    labels_ok && port_ok
 }
 
 /// [`valid_authority`], every rule checked on its own.
