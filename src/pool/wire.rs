@@ -87,8 +87,17 @@ pub(crate) struct WireState {
     /// let go of, or its watch when the upstream closes it first.
     slot: Option<Slot>,
     /// The timer the exchanges on the connection bound their wait for an answer with, one at a time, kept between
-    /// them: moved on when it fires early, it costs no registration per request.
-    pub(crate) answer_timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// them: moved on when it fires early, it costs no registration per request. With the thread it was made on:
+    /// it fires from that thread's runtime, which may end before another thread's.
+    answer_timer: Option<(std::thread::ThreadId, AnswerTimer)>,
+}
+
+/// A timer an exchange bounds its wait for the upstream's answer with.
+pub(crate) type AnswerTimer = Pin<Box<tokio::time::Sleep>>;
+
+thread_local! {
+    /// This thread's id, read once: `thread::current()` clones a handle each time.
+    static THREAD: std::thread::ThreadId = std::thread::current().id();
 }
 
 impl Wire {
@@ -131,6 +140,17 @@ impl Wire {
 
     pub(crate) fn is_spent(&self) -> bool {
         self.lock().spent
+    }
+
+    /// The timer the last exchange on the connection left, if it was made on this thread.
+    pub(crate) fn take_answer_timer(&self) -> Option<AnswerTimer> {
+        let (made_on, timer) = self.lock().answer_timer.take()?;
+        (made_on == THREAD.with(|here| *here)).then_some(timer)
+    }
+
+    /// Keeps `timer`, made on this thread, for the next exchange on the connection.
+    pub(crate) fn keep_answer_timer(&self, timer: AnswerTimer) {
+        self.lock().answer_timer = Some((THREAD.with(|here| *here), timer));
     }
 
     /// Waits until no request body is going out on the connection any more.

@@ -370,7 +370,7 @@ pub(super) async fn send(
         let deadline = tokio::time::Instant::from_std(dispatched) + limit;
         let mut timer = wire
             .as_ref()
-            .and_then(|wire| wire.lock().answer_timer.take())
+            .and_then(|wire| wire.take_answer_timer())
             .unwrap_or_else(|| Box::pin(tokio::time::sleep_until(deadline)));
         if timer.deadline() > deadline {
             timer.as_mut().reset(deadline);
@@ -389,7 +389,7 @@ pub(super) async fn send(
             }
         };
         if let (Ok(_), Some(wire)) = (&answered, &wire) {
-            wire.lock().answer_timer = Some(timer);
+            wire.keep_answer_timer(timer);
         }
         match answered {
             Err(()) => {
