@@ -172,13 +172,17 @@ set_layout() { # shared | pinned
 # Client connections a peer holds at most; a scenario with more clients sets it `local` (storm: 16,000 clients).
 peer_maxconn=9000
 # HAProxy variants: fast-shed (haproxy-T: 503 once the backend queue holds $queue, queued ones wait at most
-# $queue_timeout) and queue-everything (haproxyq-T: no bound on the queue, and a queue timeout of a minute: every
-# client waits its turn, the way HAProxy keeps its goodput in a retry storm).
-write_haproxy_cfg() { # FILE THREADS LISTEN_PORT UPSTREAM_ADDR [queue-everything]
+# $queue_timeout), queue-everything (haproxyq-T: no bound on the queue, and a queue timeout of a minute: every
+# client waits its turn, the way HAProxy keeps its goodput in a retry storm) and with-headers (haproxyh-T: fast-shed
+# also doing the header work floodgate does by default, benches/haproxy_headers.cfg).
+write_haproxy_cfg() { # FILE THREADS LISTEN_PORT UPSTREAM_ADDR [queue-everything | with-headers]
   local queue_timeout_s=$queue_timeout deny="    http-request deny deny_status 503 if { queue(be_app) ge $queue }"
+  local headers=""
   if [[ ${5:-} == queue-everything ]]; then
     queue_timeout_s=60
     deny="    # queue-everything: no bound on the backend queue"
+  elif [[ ${5:-} == with-headers ]]; then
+    headers=$(cat "$here/../haproxy_headers.cfg")
   fi
   cat >"$1" <<EOF
 global
@@ -201,6 +205,7 @@ defaults
 frontend fe
     bind 127.0.0.1:$3
     default_backend be_app
+$headers
 
 backend be_app
     # server maxqueue does not bound the backend queue when there is one server; this does.
@@ -310,10 +315,12 @@ start_subject() { # SUBJECT UPSTREAM_ADDR RUN_DIR
       subject_port=$(sed -n 's/.* listen=[^ ]*:\([0-9]*\) .*/\1/p' <<<"$line")
       admin_addr=$(sed -n 's/.* admin=\([^ ]*\).*/\1/p' <<<"$line")
       ;;
-    haproxy-* | haproxyq-*)
+    haproxy-* | haproxyq-* | haproxyh-*)
       subject_port=$(free_port)
-      write_haproxy_cfg "$dir/haproxy.cfg" "$threads" "$subject_port" "$up" \
-        "$([[ $subject == haproxyq-* ]] && echo queue-everything)"
+      local variant=""
+      [[ $subject == haproxyq-* ]] && variant=queue-everything
+      [[ $subject == haproxyh-* ]] && variant=with-headers
+      write_haproxy_cfg "$dir/haproxy.cfg" "$threads" "$subject_port" "$up" "$variant"
       "${pin_serve[@]}" haproxy -db -f "$dir/haproxy.cfg" >"$dir/proxy.out" 2>"$dir/proxy.err" &
       pid=$!; pids+=("$pid")
       ;;

@@ -46,7 +46,9 @@ Overload-control scenarios (not in the default -x; their report is docs/overload
   after them (overload_factors="2" ...; see each file's head). They run in the shared layout only.
 
 Subjects: direct (no proxy), floodgate-1, floodgate-2 (--threads 1/2), haproxy-1, haproxy-2 (nbthread 1/2),
-nginx-1, nginx-2 (worker_processes 1/2); a -4 of each (4 threads) for the cores scenario. Each run starts a fresh upstream and a fresh subject.
+nginx-1, nginx-2 (worker_processes 1/2); a -4 of each (4 threads) for the cores scenario. Not in the defaults:
+haproxyq-T (HAProxy queueing everything, the storm's) and haproxyh-T (HAProxy also setting X-Forwarded-* and a
+request ID, floodgate's default header work: benches/haproxy_headers.cfg). Each run starts a fresh upstream and a fresh subject.
 
 Options:
   -n N         connection cap for every proxy (floodgate --max-connections, HAProxy server maxconn,
@@ -129,7 +131,7 @@ for v in "$cap" "$queue" "$queue_timeout" "$duration" "$warmup" "$reps" "$wrk_th
   [[ $v =~ ^[0-9]+$ ]] || { echo "run.sh: not a whole number: $v" >&2; exit 2; }
 done
 for s in $subjects; do
-  case $s in direct | floodgate-[124] | haproxy-[124] | haproxyq-[124] | nginx-[124]) ;;
+  case $s in direct | floodgate-[124] | haproxy-[124] | haproxyq-[124] | haproxyh-[124] | nginx-[124]) ;;
     *) echo "run.sh: unknown subject: $s" >&2; exit 2 ;;
   esac
 done
