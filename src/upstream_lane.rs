@@ -153,10 +153,6 @@ impl UpstreamLane {
 
     /// Runs `task` in this lane, whichever thread the caller is on: its thread is woken to take it.
     pub fn spawn_on(&self, task: Task) {
-        self.send(task);
-    }
-
-    fn send(&self, task: Task) {
         self.load.fetch_add(1, Ordering::Relaxed);
         if let Err(refused) = self.inbox.send(task) {
             // The lane has stopped: the task is dropped unrun, and never counted as running.
@@ -176,7 +172,7 @@ impl UpstreamLane {
 
     /// [`UpstreamLane::spawn`] for work already boxed (made in its box: see `boxed!` in the crate's root).
     pub fn spawn_boxed(&self, task: Task) {
-        HERE.with_borrow(|here| here.as_deref().unwrap_or(self).send(task));
+        HERE.with_borrow(|here| here.as_deref().unwrap_or(self).spawn_on(task));
     }
 
     /// [`UpstreamLane::spawn_boxed`], with the task's first steps taken now when the caller is on the thread that
@@ -191,7 +187,7 @@ impl UpstreamLane {
             let lane = here.as_deref().unwrap_or(self);
             let task = if here.is_some() { lane.run_now(task) } else { Err(task) };
             if let Err(task) = task {
-                lane.send(task);
+                lane.spawn_on(task);
             }
         });
     }

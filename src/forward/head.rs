@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::Authority;
 use http::{Method, Request, Uri, Version};
 use tokio::net::TcpStream;
 
@@ -85,9 +86,14 @@ const HOP_BY_HOP: [HeaderName; 7] = [
 /// The host a request is for: the URI's authority (absolute form, HTTP/2 `:authority`) wins over `Host`, as
 /// RFC 9112 §3.2.2 asks of a proxy. Routing and the upstream's Host header both use it.
 pub fn target_host<'a>(uri: &'a Uri, headers: &'a HeaderMap) -> Option<&'a str> {
-    uri.authority()
-        .map(|authority| authority.as_str())
-        .or_else(|| headers.get(header::HOST).and_then(|host| host.to_str().ok()))
+    chosen_host(uri.authority(), headers.get(header::HOST))
+}
+
+/// The authority when there is one, else the Host line (as text).
+fn chosen_host<'a>(authority: Option<&'a Authority>, host: Option<&'a HeaderValue>) -> Option<&'a str> {
+    authority
+        .map(Authority::as_str)
+        .or_else(|| host.and_then(|host| host.to_str().ok()))
 }
 
 /// The request as it goes upstream: HTTP/1.1, origin form, with Host and `X-Forwarded-*`.
@@ -353,9 +359,7 @@ pub fn check_host<'a>(uri: &'a Uri, headers: &'a HeaderMap) -> Result<Option<&'a
     if !(authority_ok && host_ok) {
         return Err(ProxyError::InvalidHost);
     }
-    Ok(authority
-        .map(|authority| authority.as_str())
-        .or_else(|| host.and_then(|host| host.to_str().ok())))
+    Ok(chosen_host(authority, host))
 }
 
 /// A `host[:port]` every reader takes the same way: no userinfo; a port, when there is one, is a 16-bit number

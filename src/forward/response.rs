@@ -16,11 +16,11 @@ use http_body_util::BodyExt;
 use crate::admission::Shed;
 use crate::buffer::{self, BufferBudget, ReadError};
 use crate::error::{Outcome, ProxyError, ShedAdvice};
-use crate::h1::Present;
+use crate::h1::{keeps_alive_given, Present};
 use crate::pool::Lease;
 use crate::record::Record;
 
-use super::{check_transfer_coding, keeps_alive, strip_hop_by_hop, BoxError, UpstreamBody, UpstreamIncoming};
+use super::{check_transfer_coding, strip_hop_by_hop, BoxError, UpstreamBody, UpstreamIncoming};
 
 /// The body of every answer floodgate sends: the upstream's, or a short one of its own.
 pub struct ResponseBody {
@@ -253,13 +253,8 @@ pub(crate) async fn to_client(
         lease.forbid_reuse();
         return Err(ProxyError::UpstreamMalformed(malformed));
     }
-    // An HTTP/2 answer never ends its connection; an HTTP/1 one may (without `Connection`, HTTP/1.1 does not).
-    let kept = match parts.version {
-        Version::HTTP_2 => true,
-        version if present.connection => keeps_alive(version, &parts.headers),
-        version => version == Version::HTTP_11,
-    };
-    if !kept {
+    // An HTTP/2 answer never ends its connection; an HTTP/1 one may.
+    if parts.version != Version::HTTP_2 && !keeps_alive_given(parts.version, &parts.headers, present.connection) {
         lease.forbid_reuse();
     }
     if present.hop_by_hop() {

@@ -122,22 +122,22 @@ pub(super) fn tokenizer_error(err: httparse::Error) -> &'static str {
 /// heads carry few of them, and each lookup in a [`HeaderMap`] hashes the name it looks for, present or not.
 /// Valid for the map it was made of until that map changes.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Present {
-    pub connection: bool,
+pub(crate) struct Present {
+    pub(crate) connection: bool,
     /// A field only `Connection` can make hop-by-hop is not counted: [`Present::hop_by_hop`] is true with it.
-    pub other_hop_by_hop: bool,
-    pub transfer_encoding: bool,
-    pub content_length: bool,
-    pub expect: bool,
-    pub cookie: bool,
-    pub forwarded: bool,
-    pub x_forwarded: bool,
+    pub(crate) other_hop_by_hop: bool,
+    pub(crate) transfer_encoding: bool,
+    pub(crate) content_length: bool,
+    pub(crate) expect: bool,
+    pub(crate) cookie: bool,
+    pub(crate) forwarded: bool,
+    pub(crate) x_forwarded: bool,
     /// A name that begins with `x` and has an `_`: it may alias an `X-` field floodgate sets (its own all begin so).
-    pub x_underscore: bool,
+    pub(crate) x_underscore: bool,
 }
 
 impl Present {
-    pub fn of(headers: &HeaderMap) -> Present {
+    pub(crate) fn of(headers: &HeaderMap) -> Present {
         let mut present = Present::default();
         for name in headers.keys() {
             present.note(name);
@@ -145,7 +145,8 @@ impl Present {
         present
     }
 
-    fn note(&mut self, name: &HeaderName) {
+    /// Notes one name, for a reader that looks at each as it reads the head.
+    pub(super) fn note(&mut self, name: &HeaderName) {
         match *name {
             header::CONNECTION => self.connection = true,
             header::TRANSFER_ENCODING => self.transfer_encoding = true,
@@ -167,7 +168,7 @@ impl Present {
     }
 
     /// Any field of RFC 9110 §7.6.1's hop-by-hop set (a `Connection` line may name more).
-    pub fn hop_by_hop(&self) -> bool {
+    pub(crate) fn hop_by_hop(&self) -> bool {
         self.connection || self.transfer_encoding || self.other_hop_by_hop
     }
 }

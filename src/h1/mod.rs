@@ -16,7 +16,7 @@ use std::io;
 
 use http::{header, HeaderMap, StatusCode, Version};
 
-pub use fields::Present;
+pub(crate) use fields::Present;
 use response_head::{MAX_INTERIM_HEADS, MAX_RESPONSE_HEAD_BYTES};
 
 /// How many header lines a head may have, as hyper's default; more is answered `431`.
@@ -123,6 +123,15 @@ pub(crate) fn connection_options(headers: &HeaderMap) -> impl Iterator<Item = &[
 /// Whether the peer keeps the connection open after this message (HTTP/1.1 unless `close`, HTTP/1.0 only with
 /// `keep-alive`).
 pub fn keeps_alive(version: Version, headers: &HeaderMap) -> bool {
+    keeps_alive_given(version, headers, true)
+}
+
+/// [`keeps_alive`] for a message whose reader knows whether it has a `Connection` line: without one, HTTP/1.1
+/// persists and HTTP/1.0 does not, and no lookup is needed.
+pub(crate) fn keeps_alive_given(version: Version, headers: &HeaderMap, has_connection: bool) -> bool {
+    if !has_connection {
+        return version == Version::HTTP_11;
+    }
     let connection_has =
         |token: &str| connection_options(headers).any(|option| option.eq_ignore_ascii_case(token.as_bytes()));
     match version {

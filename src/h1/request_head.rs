@@ -13,7 +13,7 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Request, Uri, Version};
 
 use super::fields::{self, digits, last_coding_is_chunked};
-use super::keeps_alive;
+use super::keeps_alive_given;
 use super::{HeadError, ADDED_FIELDS, MAX_CONTENT_LENGTH, MAX_HEADERS};
 
 /// The longest request target taken; longer is answered `414` (the most a `Uri` holds).
@@ -107,12 +107,7 @@ pub(crate) fn take(received: &mut BytesMut, max_head_bytes: usize) -> Result<Opt
     let framed_twice = meaning.coded.is_some() && meaning.length_seen;
     let takes_trailers = meaning.te && super::write::accepts_trailers(&parts.headers);
     Ok(Some(RequestHead {
-        // Without a `Connection` line, HTTP/1.1 persists and HTTP/1.0 does not: no lookup needed.
-        keep_alive: if meaning.connection {
-            keeps_alive(version, &parts.headers)
-        } else {
-            version == Version::HTTP_11
-        } && !framed_twice,
+        keep_alive: keeps_alive_given(version, &parts.headers, meaning.connection) && !framed_twice,
         parts,
         body,
         expects_continue: meaning.expects_continue,

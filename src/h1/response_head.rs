@@ -8,11 +8,11 @@
 //! relay (both framings, a `101` it did not ask for) is decided later, as for hyper's reading.
 
 use bytes::{Bytes, BytesMut};
-use http::header::{self, HeaderName};
+use http::header;
 use http::{HeaderMap, Method, Response, StatusCode, Version};
 
-use super::fields::{self, last_coding_is_chunked, stated_length};
-use super::keeps_alive;
+use super::fields::{self, last_coding_is_chunked, stated_length, Present};
+use super::keeps_alive_given;
 use super::{Framing, HeadError, ADDED_FIELDS, MAX_CONTENT_LENGTH, MAX_HEADERS};
 
 /// The largest response head read, as hyper's client bounds it (its largest read buffer).
@@ -106,14 +106,15 @@ fn take_one(
     let version = fields::version(minor);
     // Room for what the proxy adds (a request ID, the shed and retry fields): growing a map rehashes it.
     let mut headers = HeaderMap::with_capacity(lines.len() + ADDED_FIELDS);
-    let mut seen = Seen::default();
+    // Noted as the lines are read: each lookup of an absent field would hash its name for nothing.
+    let mut seen = Present::default();
     for (name, value) in lines {
         let name = head.get(name).unwrap_or_default();
         let (name, value) = fields::shared_field(name, head.slice(value)).map_err(HeadError::Malformed)?;
         seen.note(&name);
         headers.append(name, value);
     }
-    let Some((body, upgrade)) = framing(status, version, method, &headers, seen)? else {
+    let Some((body, upgrade)) = framing(status, version, method, &headers, &seen)? else {
         return Ok(Some(None));
     };
     let (mut parts, ()) = Response::new(()).into_parts();
@@ -121,37 +122,12 @@ fn take_one(
     parts.version = version;
     parts.headers = headers;
     Ok(Some(Some(ResponseHead {
-        // Without a `Connection` line, HTTP/1.1 persists and HTTP/1.0 does not: no lookup needed.
-        keep_alive: if seen.connection {
-            keeps_alive(version, &parts.headers)
-        } else {
-            version == Version::HTTP_11
-        } && !upgrade,
+        keep_alive: keeps_alive_given(version, &parts.headers, seen.connection) && !upgrade,
         parts,
         reason: reason.and_then(|reason| head.get(reason.clone()).map(|_| head.slice(reason))),
         body,
         upgrade,
     })))
-}
-
-/// Which of the fields that frame a response or keep its connection its head has, noted as its lines are read:
-/// each lookup of an absent one would hash its name for nothing.
-#[derive(Clone, Copy, Default)]
-struct Seen {
-    connection: bool,
-    transfer_encoding: bool,
-    content_length: bool,
-}
-
-impl Seen {
-    fn note(&mut self, name: &HeaderName) {
-        match *name {
-            header::CONNECTION => self.connection = true,
-            header::TRANSFER_ENCODING => self.transfer_encoding = true,
-            header::CONTENT_LENGTH => self.content_length = true,
-            _ => {}
-        }
-    }
 }
 
 /// RFC 9112 §6.3 for a response: its body's framing and whether it leaves HTTP; `None` for an interim `1xx`.
@@ -160,7 +136,7 @@ fn framing(
     version: Version,
     method: &Method,
     headers: &HeaderMap,
-    seen: Seen,
+    seen: &Present,
 ) -> Result<Option<(Framing, bool)>, HeadError> {
     match status.as_u16() {
         101 => return Ok(Some((Framing::Length(0), true))),
