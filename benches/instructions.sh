@@ -10,17 +10,20 @@
 #
 # A BINARY may be the word `haproxy`: HAProxy (nbthread 1, http-reuse always, server maxconn 8), counted the same
 # way for the same requests; or `haproxy-headers`: the same HAProxy also doing the header work floodgate does by
-# default (benches/haproxy_headers.cfg: X-Forwarded-For, -Proto and -Host, a request ID on both messages). Needs valgrind (apt-get install valgrind) and oha (cargo install oha); bench_upstream
-# (cargo build --release --examples) answers at once. Extra proxy flags go in FLOODGATE_FLAGS (e.g. "--log-level
-# warn").
+# default (benches/haproxy_headers.cfg: X-Forwarded-For, -Proto and -Host, a request ID on both messages); both
+# from benches/haproxy_subject.sh. Needs valgrind (apt-get install valgrind) and oha (cargo install oha);
+# bench_upstream (cargo build --release --examples) answers at once. Extra proxy flags go in FLOODGATE_FLAGS (e.g.
+# "--log-format json").
 set -euo pipefail
+# shellcheck source=benches/haproxy_subject.sh
+source "$(dirname "$0")/haproxy_subject.sh"
 binaries=()
 while [ $# -gt 0 ] && [ "$1" != -- ]; do binaries+=("$1"); shift; done
 [ $# -gt 0 ] && shift
 few=${1:-1000}
 many=${2:-5000}
 clients=${3:-4}
-[ ${#binaries[@]} -gt 0 ] || { sed -n '2,15p' "$0" >&2; exit 2; }
+[ ${#binaries[@]} -gt 0 ] || { sed -n '2,16p' "$0" >&2; exit 2; }
 target=${CARGO_TARGET_DIR:-$(dirname "$0")/../target}
 upstream="$target/release/examples/bench_upstream"
 [ -x "$upstream" ] || { echo "build it first: cargo build --release --examples" >&2; exit 2; }
@@ -51,29 +54,10 @@ start_floodgate() {
   done
 }
 
-# Starts HAProxy under valgrind in the background on $1, with the frontend lines $2; returns once it answers (a
-# request both FEW and MANY count).
+# Starts HAProxy (subject $2) under valgrind in the background on $1; returns once it answers (a request both FEW
+# and MANY count).
 start_haproxy() {
-  cat >"$work/haproxy.cfg" <<CFG
-global
-    nbthread 1
-    maxconn 5000
-defaults
-    mode http
-    maxconn 5000
-    timeout connect 2s
-    timeout client 60s
-    timeout server 60s
-    timeout http-keep-alive 60s
-    timeout queue 2s
-    http-reuse always
-frontend fe
-    bind 127.0.0.1:$1
-    default_backend be
-${2:-}
-backend be
-    server app 127.0.0.1:$up_port maxconn 8
-CFG
+  write_haproxy_cfg "$work/haproxy.cfg" "$2" "$1" "$up_port" 8
   valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file="$work/out" haproxy -db -f "$work/haproxy.cfg" \
     >"$work/log" 2>&1 &
   pid=$!
@@ -83,16 +67,12 @@ CFG
   done
 }
 
-haproxy_headers=$(cat "$(dirname "$0")/haproxy_headers.cfg")
-
 # Total instructions of one run of $1 serving $2 requests.
 count() {
   local binary=$1 requests=$2 listen admin pid
   listen=$(port); admin=$(port)
-  if [ "$binary" = haproxy ]; then
-    start_haproxy "$listen"
-  elif [ "$binary" = haproxy-headers ]; then
-    start_haproxy "$listen" "$haproxy_headers"
+  if [ "$binary" = haproxy ] || [ "$binary" = haproxy-headers ]; then
+    start_haproxy "$listen" "$binary"
   else
     start_floodgate "$binary" "$listen" "$admin"
   fi

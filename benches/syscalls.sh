@@ -7,10 +7,13 @@
 #
 # A SUBJECT is a floodgate binary (run with --threads 1) or the word `haproxy` (nbthread 1, http-reuse always,
 # server maxconn CAP), or `haproxy-headers`: that HAProxy also doing floodgate's default header work
-# (benches/haproxy_headers.cfg). LOAD is a request rate (oha, 50 connections) or closed:CLIENTS (wrk -t2, no pause).
+# (benches/haproxy_headers.cfg); both from benches/haproxy_subject.sh. LOAD is a request rate (oha, 50
+# connections) or closed:CLIENTS (wrk -t2, no pause).
 # bench_upstream (cargo build --release --examples) answers after DELAY_MS. Each run: 2 s of warm-up, then 6 s
 # counted. Needs perf (apt-get install linux-perf), oha (cargo install oha) or wrk, and haproxy for that subject.
 set -euo pipefail
+# shellcheck source=benches/haproxy_subject.sh
+source "$(dirname "$0")/haproxy_subject.sh"
 subjects=()
 while [ $# -gt 0 ] && [ "$1" != -- ]; do subjects+=("$1"); shift; done
 [ $# -gt 0 ] && shift
@@ -18,7 +21,7 @@ load=${1:-1000}
 cap=${2:-8}
 delay=${3:-2}
 reps=${4:-2}
-[ ${#subjects[@]} -gt 0 ] || { sed -n '2,12p' "$0" >&2; exit 2; }
+[ ${#subjects[@]} -gt 0 ] || { sed -n '2,13p' "$0" >&2; exit 2; }
 target=${CARGO_TARGET_DIR:-$(dirname "$0")/../target}
 upstream="$target/release/examples/bench_upstream"
 [ -x "$upstream" ] || { echo "build it first: cargo build --release --examples" >&2; exit 2; }
@@ -50,28 +53,7 @@ responses() {
 start() { # SUBJECT LISTEN: starts it in the background
   local subject=$1 listen=$2
   if [ "$subject" = haproxy ] || [ "$subject" = haproxy-headers ]; then
-    local headers=""
-    [ "$subject" = haproxy-headers ] && headers=$(cat "$(dirname "$0")/haproxy_headers.cfg")
-    cat >"$work/haproxy.cfg" <<EOF
-global
-    nbthread 1
-    maxconn 5000
-defaults
-    mode http
-    maxconn 5000
-    timeout connect 2s
-    timeout client 60s
-    timeout server 60s
-    timeout http-keep-alive 60s
-    timeout queue 2s
-    http-reuse always
-frontend fe
-    bind 127.0.0.1:$listen
-    default_backend be_app
-$headers
-backend be_app
-    server app 127.0.0.1:$up_port maxconn $cap
-EOF
+    write_haproxy_cfg "$work/haproxy.cfg" "$subject" "$listen" "$up_port" "$cap"
     haproxy -db -f "$work/haproxy.cfg" >/dev/null 2>&1 &
   else
     "$subject" --listen "127.0.0.1:$listen" --upstream "http://127.0.0.1:$up_port" --max-connections "$cap" \
