@@ -12,6 +12,7 @@
 
 use std::io::{self, ErrorKind};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{ready, Context, Poll, Wake, Waker};
 
@@ -42,6 +43,8 @@ pub(crate) struct Wire {
     pub(crate) socket: Arc<TcpStream>,
     /// Registered for the socket's read readiness while the connection is idle; see [`Stirred`].
     watch: Waker,
+    /// The same waker's own state: whether it was woken since it was last registered.
+    stirred: Arc<Stirred>,
 }
 
 /// Where a stir on an idle connection is told: the pool's closing task, which looks at the wire.
@@ -52,6 +55,8 @@ pub(crate) type StirTell = WeakUnboundedSender<Weak<Wire>>;
 struct Stirred {
     wire: Weak<Wire>,
     tell: StirTell,
+    /// Woken since the watch last registered it: the socket's readiness may have changed.
+    woken: AtomicBool,
 }
 
 impl Wake for Stirred {
@@ -60,6 +65,7 @@ impl Wake for Stirred {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::SeqCst);
         if let Some(tell) = self.tell.upgrade() {
             let _ = tell.send(self.wire.clone());
         }
@@ -86,6 +92,9 @@ pub(crate) struct WireState {
     /// The connection's right to exist, given back by whoever closes the socket first: the connection when it is
     /// let go of, or its watch when the upstream closes it first.
     slot: Option<Slot>,
+    /// The idle watch's waker is registered for the socket's read readiness, found not ready then, and nothing has
+    /// polled that readiness since: until the waker is woken, looking again would only say the same.
+    watched: bool,
     /// The timer the exchanges on the connection bound their wait for an answer with, one at a time, kept between
     /// them: moved on when it fires early, it costs no registration per request. With the thread it was made on:
     /// it fires from that thread's runtime, which may end before another thread's.
@@ -111,24 +120,30 @@ impl Wire {
     }
 
     fn over(transport: Transport, socket: Arc<TcpStream>, tell: StirTell) -> Arc<Wire> {
-        Arc::new_cyclic(|wire| Wire {
-            state: Mutex::new(WireState {
-                transport,
-                received: BytesMut::new(),
-                spent: false,
-                uploading: false,
-                idle: false,
-                gone: false,
-                sent_head: None,
-                slot: None,
-                answer_timer: None,
-            }),
-            upload_over: Notify::new(),
-            socket,
-            watch: Waker::from(Arc::new(Stirred {
+        Arc::new_cyclic(|wire| {
+            let stirred = Arc::new(Stirred {
                 wire: wire.clone(),
                 tell,
-            })),
+                woken: AtomicBool::new(false),
+            });
+            Wire {
+                state: Mutex::new(WireState {
+                    transport,
+                    received: BytesMut::new(),
+                    spent: false,
+                    uploading: false,
+                    idle: false,
+                    gone: false,
+                    sent_head: None,
+                    slot: None,
+                    watched: false,
+                    answer_timer: None,
+                }),
+                upload_over: Notify::new(),
+                socket,
+                watch: Waker::from(stirred.clone()),
+                stirred,
+            }
         })
     }
 
@@ -193,7 +208,10 @@ impl Wire {
 
     /// An exchange takes the connection: what its socket says is the exchange's from here.
     pub(crate) fn take_for_exchange(&self) {
-        self.lock().idle = false;
+        let mut state = self.lock();
+        state.idle = false;
+        // The exchange's reads register its own waker in the watch's place.
+        state.watched = false;
     }
 
     /// No exchange uses the connection any more: the upstream closing it is watched for from here.
@@ -216,8 +234,19 @@ impl Wire {
                 // The upload looks again once the body is out.
                 return true;
             }
+            // A connection given back looks two or three times between exchanges (its answer's end, its return to
+            // the idle list, its next lease); each look registers a waker anew.
+            if state.watched && !self.stirred.woken.load(Ordering::SeqCst) {
+                return true;
+            }
+            // Cleared before the look: a readiness after it wakes the waker, which sets it again.
+            self.stirred.woken.store(false, Ordering::SeqCst);
+            state.watched = false;
             match self.socket.poll_read_ready(&mut cx) {
-                Poll::Pending => return true,
+                Poll::Pending => {
+                    state.watched = true;
+                    return true;
+                }
                 Poll::Ready(Ok(())) => {
                     if !state.quiet() {
                         break;
@@ -292,6 +321,7 @@ impl WireState {
     /// Reads what the socket has into `received`, with at least `room` to spare; `Ok(0)` when the upstream has
     /// closed its side.
     pub(crate) fn poll_fill(&mut self, cx: &mut Context<'_>, room: usize) -> Poll<io::Result<usize>> {
+        self.watched = false;
         self.received.reserve(room);
         match &mut self.transport {
             Transport::Plain(stream) => loop {
@@ -316,6 +346,7 @@ impl WireState {
     /// Reads what the connection has into `buf`, for a tunnel's relay, which holds no buffer between reads (and
     /// takes `received`, what came behind the `101`, first). Nothing added to `buf`: the upstream closed its side.
     pub(crate) fn poll_read_into(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        self.watched = false;
         match &mut self.transport {
             Transport::Plain(stream) => net::poll_read_into(stream, cx, buf),
             Transport::Tls(tls) => Pin::new(&mut **tls).poll_read(cx, buf),
