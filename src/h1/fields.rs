@@ -45,16 +45,24 @@ pub(super) fn last_coding_is_chunked(value: &HeaderValue) -> bool {
 
 /// One header line as httparse tokenized it, as a name and a value; the error names which was invalid.
 pub(super) fn field(line: &httparse::Header<'_>) -> Result<(HeaderName, HeaderValue), &'static str> {
-    let name = HeaderName::from_bytes(line.name.as_bytes()).map_err(|_| "invalid header name")?;
+    let name = read_name(line.name.as_bytes())?;
     let value = HeaderValue::from_bytes(line.value).map_err(|_| "invalid header value")?;
     Ok((name, value))
 }
 
 /// One header line as a name and a value that shares `value`'s bytes; the error names which was invalid.
 pub(super) fn shared_field(name: &[u8], value: bytes::Bytes) -> Result<(HeaderName, HeaderValue), &'static str> {
-    let name = HeaderName::from_bytes(name).map_err(|_| "invalid header name")?;
+    let name = read_name(name)?;
     let value = HeaderValue::from_maybe_shared(value).map_err(|_| "invalid header value")?;
     Ok((name, value))
+}
+
+/// A name httparse read (a token): the usual ones known by their spelling, any other parsed.
+fn read_name(name: &[u8]) -> Result<HeaderName, &'static str> {
+    match super::names::usual(name) {
+        Some(known) => Ok(known),
+        None => HeaderName::from_bytes(name).map_err(|_| "invalid header name"),
+    }
 }
 
 /// A head's lines as the ranges of their names and values, kept while the head is split off its buffer.

@@ -8,6 +8,7 @@
 pub(crate) mod body;
 pub(crate) mod chunked;
 mod fields;
+mod names;
 pub(crate) mod request_head;
 pub(crate) mod response_head;
 pub(crate) mod write;
