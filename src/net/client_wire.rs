@@ -24,7 +24,9 @@ pub(crate) type TlsSession = tokio_rustls::server::TlsStream<SharedStream>;
 /// A client's connection as floodgate's HTTP/1 server sees it.
 pub(crate) struct ClientWire {
     socket: Arc<TcpStream>,
-    tls: Option<Mutex<TlsSession>>,
+    /// Boxed: a TLS session is more than a kilobyte, which every plain client's connection would otherwise carry
+    /// for as long as it idles.
+    tls: Option<Box<Mutex<TlsSession>>>,
 }
 
 impl std::fmt::Debug for ClientWire {
@@ -44,7 +46,7 @@ impl ClientWire {
     pub(crate) fn tls(socket: Arc<TcpStream>, session: TlsSession) -> Arc<ClientWire> {
         Arc::new(ClientWire {
             socket,
-            tls: Some(Mutex::new(session)),
+            tls: Some(Box::new(Mutex::new(session))),
         })
     }
 
@@ -202,4 +204,20 @@ fn is_reset(err: &io::Error) -> bool {
         err.kind(),
         ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted | ErrorKind::BrokenPipe
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What an idle plain client's connection keeps of its wire: a few words, not a TLS session's room.
+    #[test]
+    fn a_plain_clients_wire_is_a_few_words() {
+        assert!(
+            std::mem::size_of::<ClientWire>() <= 32,
+            "{}",
+            std::mem::size_of::<ClientWire>()
+        );
+        assert!(std::mem::size_of::<TlsSession>() > 512, "the box is worth it");
+    }
 }
