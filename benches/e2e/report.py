@@ -105,12 +105,13 @@ def invariant(runs):
 LIMITS = {
     "Cost": "Per response floodgate spends more CPU than HAProxy, most of it in its own code: it makes fewer socket "
     "calls (`benches/syscalls.sh`, perf on the proxy's PID: 2 `recvfrom`, 2 `sendto`, 1.8 `epoll_wait` per response "
-    "at 1,000 req/s, as HAProxy, and none of HAProxy's other calls), but counts 36,600 instructions per response in "
-    "user space as shipped (the dist profile; 38,400 in the release profile) against HAProxy's 28,000 by the same "
-    "count (cachegrind, one thread each). By callgrind the rest goes to the `http` crate's header maps (34 hashes a "
-    "request), the request's futures and the values moved between them, tokio's scheduling and the hop into the "
-    "upstream lane (a oneshot and a slot in its running set per request); saturated, its kernel time per response "
-    "is also higher than HAProxy's (docs/data-path.md, *Status*). Running the exchange on the client's task instead "
+    "at 1,000 req/s, as HAProxy, and none of HAProxy's other calls), but counts 32,800-33,400 instructions per "
+    "response in user space as shipped (the dist profile) against HAProxy's 28,000 by the same count (cachegrind, "
+    "one thread each, 2026-12-07); it also sets `X-Forwarded-*` and a request ID on every request, which this "
+    "HAProxy does not (doing the same costs HAProxy 10,300 more, `benches/haproxy_headers.cfg`). By callgrind the rest goes to building, editing and "
+    "writing the `http` crate's header maps, the request's futures and the values moved between them, and tokio's "
+    "readiness and wakers; saturated, its kernel time per response is also higher than HAProxy's (docs/data-path.md, "
+    "*Status* and *What the head kept as its bytes would take*). Running the exchange on the client's task instead "
     "was measured and lost capacity (docs/data-path.md).",
     "Capacity": "The proxy-bound case is the CPU cost (the Cost target) at saturation: with every process on 2 shared cores, "
     "more CPU per response is fewer responses per second.",
@@ -119,8 +120,8 @@ LIMITS = {
     "the lane's polls among the client connections' tasks are the time left.",
     "HTTP/2": "HTTP/2 clients go through hyper's HTTP/2 server (the h2 crate), which spends more CPU per stream than "
     "HAProxy's multiplexer; proxy-bound (0 ms) that is fewer responses per second, at 2 ms it does not show.",
-    "Idle clients": "An idle HTTP/1 client holds no buffer on floodgate's own server: its task (a 416-byte future), "
-    "tokio's registration of its socket and its `ClientInfo` (docs/data-path.md). HTTP/2 and TLS clients stay on "
+    "Idle clients": "An idle HTTP/1 client holds no buffer on floodgate's own server: its task (a future of under 500 bytes), "
+    "tokio's registration of its socket and its `ClientInfo` (docs/data-path.md). HTTP/2 clients stay on "
     "hyper's server, which keeps 16 KiB of buffers per connection while it idles.",
 }
 
