@@ -50,10 +50,7 @@ impl ClientInfo {
     }
 }
 
-pub(super) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-pub(super) const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-pub(super) const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
-pub(super) const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+pub(super) use crate::h1::{KEEP_ALIVE, X_FORWARDED_FOR, X_FORWARDED_HOST, X_FORWARDED_PROTO};
 pub(super) const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
 /// Removes the hop-by-hop headers of RFC 9110 §7.6.1, including every header the `Connection` field names.

@@ -18,6 +18,7 @@ use std::io;
 use http::{header, HeaderMap, StatusCode, Version};
 
 pub(crate) use fields::Present;
+pub(crate) use names::{KEEP_ALIVE, X_FORWARDED_FOR, X_FORWARDED_HOST, X_FORWARDED_PROTO};
 use response_head::{MAX_INTERIM_HEADS, MAX_RESPONSE_HEAD_BYTES};
 
 /// How many header lines a head may have, as hyper's default; more is answered `431`.

@@ -8,61 +8,78 @@
 
 use http::header::{self, HeaderName};
 
-const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
-const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+use crate::access::X_REQUEST_ID;
+
+/// The fields floodgate sets on a request it sends upstream, and `Keep-Alive`, which it strips: named once here,
+/// where the readers know them, for the rewrite (`forward::head`) too.
+pub(crate) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+pub(crate) const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+pub(crate) const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+pub(crate) const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 
 /// Bit 5 of every byte: set, it lowers an ASCII capital and leaves digits and `-` as they are.
 const FOLD: u64 = 0x2020_2020_2020_2020;
 
-/// `name`'s constant when it is one of the usual names, in any case; `None` says only that it is not one of them.
-/// `name` must be a token, as httparse reads one.
-pub(super) fn usual(name: &[u8]) -> Option<HeaderName> {
-    let is = |lower: &str| spelled(name, lower.as_bytes());
-    // By length first: one or two comparisons a name.
-    let known = match name.len() {
-        2 if is("te") => header::TE,
-        3 if is("via") => header::VIA,
-        3 if is("age") => header::AGE,
-        4 if is("host") => header::HOST,
-        4 if is("date") => header::DATE,
-        4 if is("etag") => header::ETAG,
-        4 if is("vary") => header::VARY,
-        5 if is("range") => header::RANGE,
-        6 if is("accept") => header::ACCEPT,
-        6 if is("cookie") => header::COOKIE,
-        6 if is("server") => header::SERVER,
-        6 if is("origin") => header::ORIGIN,
-        6 if is("expect") => header::EXPECT,
-        7 if is("referer") => header::REFERER,
-        7 if is("upgrade") => header::UPGRADE,
-        7 if is("expires") => header::EXPIRES,
-        8 if is("location") => header::LOCATION,
-        10 if is("user-agent") => header::USER_AGENT,
-        10 if is("connection") => header::CONNECTION,
-        10 if is("set-cookie") => header::SET_COOKIE,
-        10 if is("keep-alive") => KEEP_ALIVE,
-        12 if is("content-type") => header::CONTENT_TYPE,
-        12 if is("x-request-id") => X_REQUEST_ID,
-        13 if is("cache-control") => header::CACHE_CONTROL,
-        13 if is("authorization") => header::AUTHORIZATION,
-        13 if is("last-modified") => header::LAST_MODIFIED,
-        13 if is("accept-ranges") => header::ACCEPT_RANGES,
-        13 if is("if-none-match") => header::IF_NONE_MATCH,
-        14 if is("content-length") => header::CONTENT_LENGTH,
-        15 if is("accept-encoding") => header::ACCEPT_ENCODING,
-        15 if is("accept-language") => header::ACCEPT_LANGUAGE,
-        15 if is("x-forwarded-for") => X_FORWARDED_FOR,
-        16 if is("content-encoding") => header::CONTENT_ENCODING,
-        16 if is("x-forwarded-host") => X_FORWARDED_HOST,
-        17 if is("transfer-encoding") => header::TRANSFER_ENCODING,
-        17 if is("x-forwarded-proto") => X_FORWARDED_PROTO,
-        17 if is("if-modified-since") => header::IF_MODIFIED_SINCE,
-        _ => return None,
+/// Writes the table once: [`usual`] matches a name by its length, then its spelling, and the tests read the same
+/// rows (`ROWS`), so no row goes untested.
+macro_rules! usual_names {
+    ($($len:literal $lower:literal => $name:expr,)*) => {
+        /// `name`'s constant when it is one of the usual names, in any case; `None` says only that it is not one of
+        /// them. `name` must be a token, as httparse reads one.
+        pub(super) fn usual(name: &[u8]) -> Option<HeaderName> {
+            let is = |lower: &str| spelled(name, lower.as_bytes());
+            // By length first: one or two comparisons a name.
+            let known = match name.len() {
+                $($len if is($lower) => $name,)*
+                _ => return None,
+            };
+            Some(known)
+        }
+
+        /// Each row's length (the match's key) and spelling.
+        #[cfg(test)]
+        const ROWS: &[(usize, &str)] = &[$(($len, $lower)),*];
     };
-    Some(known)
+}
+
+usual_names! {
+    2 "te" => header::TE,
+    3 "via" => header::VIA,
+    3 "age" => header::AGE,
+    4 "host" => header::HOST,
+    4 "date" => header::DATE,
+    4 "etag" => header::ETAG,
+    4 "vary" => header::VARY,
+    5 "range" => header::RANGE,
+    6 "accept" => header::ACCEPT,
+    6 "cookie" => header::COOKIE,
+    6 "server" => header::SERVER,
+    6 "origin" => header::ORIGIN,
+    6 "expect" => header::EXPECT,
+    7 "referer" => header::REFERER,
+    7 "upgrade" => header::UPGRADE,
+    7 "expires" => header::EXPIRES,
+    8 "location" => header::LOCATION,
+    10 "user-agent" => header::USER_AGENT,
+    10 "connection" => header::CONNECTION,
+    10 "set-cookie" => header::SET_COOKIE,
+    10 "keep-alive" => KEEP_ALIVE,
+    12 "content-type" => header::CONTENT_TYPE,
+    12 "x-request-id" => X_REQUEST_ID,
+    13 "cache-control" => header::CACHE_CONTROL,
+    13 "authorization" => header::AUTHORIZATION,
+    13 "last-modified" => header::LAST_MODIFIED,
+    13 "accept-ranges" => header::ACCEPT_RANGES,
+    13 "if-none-match" => header::IF_NONE_MATCH,
+    14 "content-length" => header::CONTENT_LENGTH,
+    15 "accept-encoding" => header::ACCEPT_ENCODING,
+    15 "accept-language" => header::ACCEPT_LANGUAGE,
+    15 "x-forwarded-for" => X_FORWARDED_FOR,
+    16 "content-encoding" => header::CONTENT_ENCODING,
+    16 "x-forwarded-host" => X_FORWARDED_HOST,
+    17 "transfer-encoding" => header::TRANSFER_ENCODING,
+    17 "x-forwarded-proto" => X_FORWARDED_PROTO,
+    17 "if-modified-since" => header::IF_MODIFIED_SINCE,
 }
 
 /// Whether the token `name` is `lower` (lowercase letters, digits and `-`) in any case, eight bytes at a time. Of the
@@ -89,47 +106,6 @@ fn word(bytes: &[u8]) -> u64 {
 mod tests {
     use super::*;
 
-    /// Every spelling the table takes, as `from_bytes` reads it.
-    const USUAL: &[&str] = &[
-        "te",
-        "via",
-        "age",
-        "host",
-        "date",
-        "etag",
-        "vary",
-        "range",
-        "accept",
-        "cookie",
-        "server",
-        "origin",
-        "expect",
-        "referer",
-        "upgrade",
-        "expires",
-        "location",
-        "user-agent",
-        "connection",
-        "set-cookie",
-        "keep-alive",
-        "content-type",
-        "x-request-id",
-        "cache-control",
-        "authorization",
-        "last-modified",
-        "accept-ranges",
-        "if-none-match",
-        "content-length",
-        "accept-encoding",
-        "accept-language",
-        "x-forwarded-for",
-        "content-encoding",
-        "x-forwarded-host",
-        "transfer-encoding",
-        "x-forwarded-proto",
-        "if-modified-since",
-    ];
-
     fn title_case(name: &str) -> String {
         let mut up = true;
         name.chars()
@@ -143,7 +119,8 @@ mod tests {
 
     #[test]
     fn each_usual_name_in_any_case_is_what_from_bytes_reads() {
-        for name in USUAL {
+        for &(len, name) in ROWS {
+            assert_eq!(len, name.len(), "{name}: the row's length");
             for spelling in [name.to_string(), name.to_ascii_uppercase(), title_case(name)] {
                 let read = HeaderName::from_bytes(spelling.as_bytes()).expect("a valid name");
                 assert_eq!(usual(spelling.as_bytes()), Some(read), "{spelling}");
@@ -157,7 +134,7 @@ mod tests {
         // a folded comparison could go wrong.
         const TCHAR: &[u8] = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
         let mut tokens: Vec<Vec<u8>> = Vec::new();
-        for name in USUAL {
+        for (_, name) in ROWS {
             for at in 0..name.len() {
                 for &byte in TCHAR {
                     let mut near = name.as_bytes().to_vec();
@@ -191,14 +168,14 @@ mod tests {
             } else {
                 let read = HeaderName::from_bytes(token).expect("a token is a valid name");
                 assert!(
-                    !USUAL.contains(&read.as_str()),
+                    !ROWS.iter().any(|&(_, usual)| usual == read.as_str()),
                     "{:?} is usual but was not taken",
                     String::from_utf8_lossy(token)
                 );
             }
         }
         // Each name at least once per byte (the byte changed to itself), and again where it is a letter in capital.
-        let lengths: usize = USUAL.iter().map(|name| name.len()).sum();
+        let lengths: usize = ROWS.iter().map(|&(len, _)| len).sum();
         assert!(found > lengths, "{found} of the near misses taken, {lengths} or fewer");
     }
 }
