@@ -58,6 +58,7 @@ pub mod forward;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub(crate) mod h1;
+pub(crate) mod kept_timer;
 pub mod metrics;
 pub(crate) mod net;
 pub mod pool;

@@ -344,7 +344,9 @@ async fn hung_upstream_answers_every_queued_request_504_within_request_timeout_a
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_timeout_runs_from_each_exchanges_own_dispatch_on_a_reused_connection() {
     let upstream = Upstream::start().await;
-    let proxy = Proxy::for_upstream(&upstream, 1, &["--request-timeout", "2s"]).await;
+    // One serving thread: a connection's timer is reused only on the thread that made it, and each request here
+    // comes on a connection of its own, which more threads would deal out in turn.
+    let proxy = Proxy::for_upstream(&upstream, 1, &["--request-timeout", "2s", "--threads", "1"]).await;
     // The first exchange's deadline passes while the second, dispatched 1.2 s later, is still within its own.
     assert_eq!(get(proxy.listen, "/delay/1200?first").await.status, StatusCode::OK);
     assert_eq!(get(proxy.listen, "/delay/1500?second").await.status, StatusCode::OK);

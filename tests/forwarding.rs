@@ -806,6 +806,42 @@ async fn a_get_with_a_body_has_it_forwarded_whenever_its_bytes_come() {
     assert_eq!((resp.status, resp.text().as_str()), (StatusCode::OK, "5"));
 }
 
+/// An upstream connection keeps its answer timer between exchanges (`kept_timer`); one left set for the upstream's
+/// 10 s must not let the next exchange, on a route with 200 ms, wait past its own deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routes_shorter_request_timeout_holds_on_a_connection_a_longer_one_used_before() {
+    let upstream = Upstream::start().await;
+    let config = TempConfig::new(&format!(
+        r#"
+threads = 1
+
+[upstreams.app]
+url = "{}"
+max_connections = 1
+request_timeout = "10s"
+
+[[routes]]
+path_prefix = "/quick"
+upstream = "app"
+request_timeout = "200ms"
+
+[[routes]]
+upstream = "app"
+"#,
+        upstream.url()
+    ));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    assert_eq!(get(proxy.listen, "/delay/10").await.status, StatusCode::OK);
+    let started = std::time::Instant::now();
+    assert_eq!(
+        get(proxy.listen, "/quick/delay/3000").await.status,
+        StatusCode::GATEWAY_TIMEOUT
+    );
+    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    // Both went over the one connection: the second took the timer the first left.
+    assert_eq!(upstream.accepted(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_set_their_own_timeouts_strip_their_prefix_and_edit_header_fields_on_one_upstream() {
     let upstream = Upstream::start().await;

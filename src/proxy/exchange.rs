@@ -372,21 +372,11 @@ pub(super) async fn send(
             .as_ref()
             .and_then(|wire| wire.take_answer_timer())
             .unwrap_or_else(|| Box::pin(tokio::time::sleep_until(deadline)));
-        if timer.deadline() > deadline {
-            timer.as_mut().reset(deadline);
-        }
         // In order, no random pick: an answer there by the deadline is taken.
-        let answered = loop {
-            tokio::select! {
-                biased;
-                answered = &mut responded => break Ok(answered),
-                () = timer.as_mut() => {
-                    if tokio::time::Instant::now() >= deadline {
-                        break Err(());
-                    }
-                    timer.as_mut().reset(deadline);
-                }
-            }
+        let answered = tokio::select! {
+            biased;
+            answered = &mut responded => Ok(answered),
+            () = crate::kept_timer::until(timer.as_mut(), deadline) => Err(()),
         };
         if let (Ok(_), Some(wire)) = (&answered, &wire) {
             wire.keep_answer_timer(timer);

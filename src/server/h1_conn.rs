@@ -29,6 +29,7 @@ use crate::h1::request_head::{self, BodyFraming};
 use crate::h1::write::{self, BodySize, LAST_CHUNK};
 use crate::h1::Framing;
 use crate::h1::HeadError;
+use crate::kept_timer;
 use crate::metrics::Metrics;
 use crate::net::ClientWire;
 use crate::tunnel::{Handoff, Tunnel};
@@ -98,23 +99,16 @@ where
         }
         // Idle: no buffer is held until the client sends again.
         let idle_until = Instant::now() + config.client_idle_timeout;
-        received = loop {
-            tokio::select! {
-                biased;
-                waited = std::future::poll_fn(|cx| wire.poll_next_bytes(cx, HEAD_ROOM)) => match waited {
-                    Ok(Some(received)) => break received,
-                    Ok(None) => return Ended::Closed,
-                    Err(err) => return Ended::Error(err),
-                },
-                () = idle_timer.as_mut() => {
-                    // HTTP/1 has no goodbye to send: an idle connection past its time is closed.
-                    if Instant::now() >= idle_until {
-                        return Ended::Closed;
-                    }
-                    idle_timer.as_mut().reset(idle_until);
-                }
-                () = shutdown.cancelled() => return Ended::Closed,
-            }
+        received = tokio::select! {
+            biased;
+            waited = std::future::poll_fn(|cx| wire.poll_next_bytes(cx, HEAD_ROOM)) => match waited {
+                Ok(Some(received)) => received,
+                Ok(None) => return Ended::Closed,
+                Err(err) => return Ended::Error(err),
+            },
+            // HTTP/1 has no goodbye to send: an idle connection past its time is closed.
+            () = kept_timer::until(idle_timer.as_mut(), idle_until) => return Ended::Closed,
+            () = shutdown.cancelled() => return Ended::Closed,
         };
     }
 }
