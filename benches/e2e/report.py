@@ -105,8 +105,8 @@ def invariant(runs):
 LIMITS = {
     "Cost": "Per response floodgate spends more CPU than HAProxy, most of it in its own code: it makes fewer socket "
     "calls (`benches/syscalls.sh`, perf on the proxy's PID: 2 `recvfrom`, 2 `sendto`, 1.8 `epoll_wait` per response "
-    "at 1,000 req/s, as HAProxy, and none of HAProxy's other calls), but counts 32,800-33,400 instructions per "
-    "response in user space as shipped (the dist profile) against HAProxy's 28,000 by the same count (cachegrind, "
+    "at 1,000 req/s, as HAProxy, and none of HAProxy's other calls), but counts about 33,000 instructions per "
+    "response (32,777-33,431 in the day's runs) in user space as shipped (the dist profile) against HAProxy's 28,000 by the same count (cachegrind, "
     "one thread each, 2026-12-07); it also sets `X-Forwarded-*` and a request ID on every request, which this "
     "HAProxy does not (doing the same costs HAProxy 10,300 more, `benches/haproxy_headers.cfg`). By callgrind the rest goes to building, editing and "
     "writing the `http` crate's header maps, the request's futures and the values moved between them, and tokio's "
