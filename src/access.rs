@@ -14,7 +14,7 @@ use http::{header, Method, StatusCode, Version};
 use crate::error::Outcome;
 
 /// The header that carries a request's ID (set by `edge`), read here for the access log's request ID.
-pub const X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
+pub use crate::h1::X_REQUEST_ID;
 
 /// The target of access-log events; the ordinary log leaves it out.
 pub const TARGET: &str = "floodgate::access";

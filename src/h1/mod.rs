@@ -18,6 +18,7 @@ use std::io;
 use http::{header, HeaderMap, StatusCode, Version};
 
 pub(crate) use fields::Present;
+pub use names::X_REQUEST_ID;
 pub(crate) use names::{KEEP_ALIVE, X_FORWARDED_FOR, X_FORWARDED_HOST, X_FORWARDED_PROTO};
 use response_head::{MAX_INTERIM_HEADS, MAX_RESPONSE_HEAD_BYTES};
 

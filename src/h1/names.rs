@@ -8,10 +8,10 @@
 
 use http::header::{self, HeaderName};
 
-use crate::access::X_REQUEST_ID;
-
-/// The fields floodgate sets on a request it sends upstream, and `Keep-Alive`, which it strips: named once here,
-/// where the readers know them, for the rewrite (`forward::head`) too.
+/// The fields floodgate sets on a request it sends upstream (and on its answer, the request ID), and `Keep-Alive`,
+/// which it strips: named once here, where the readers know them, for the rewrite (`forward::head`) and the access
+/// log too.
+pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 pub(crate) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub(crate) const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 pub(crate) const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
