@@ -228,20 +228,17 @@ async fn an_upstream_that_lowers_its_stream_limit_mid_connection_is_obeyed_once_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_above_a_goaways_last_id_are_sent_again_on_a_new_connection_within_the_cap() {
-    // Once a connection has had 2 streams, the upstream says GOAWAY naming the second: the others floodgate had
-    // sent were not processed, and go again on a new connection, dialled only once the first has closed.
+    // Once a connection has all 6 streams, the upstream says GOAWAY naming the second: the 4 after it were not
+    // processed, and go again on a new connection, dialled only once the first has closed.
     let upstream = H2Scripted::start(8, Duration::from_millis(50)).await;
-    upstream.goaway_after(2);
+    upstream.goaway_naming_after(2, 6);
     let proxy = Proxy::for_h2_upstream(&upstream.url(), 1, 8, &[]).await;
     let answers = clients_at_once(&proxy, 6, "/").await;
     assert!(
         answers.iter().all(|(status, _)| *status == StatusCode::OK),
         "{answers:?}"
     );
-    assert!(
-        upstream.unprocessed() >= 1,
-        "some streams were above the GOAWAY's last id"
-    );
+    assert_eq!(upstream.unprocessed(), 4, "the streams above the GOAWAY's last id");
     assert_eq!(upstream.accepted(), 2, "one connection after the first");
     assert_eq!(upstream.peak_connections(), 1, "never two at once: the cap is 1");
     assert_eq!(upstream.answered(), 6, "each request processed once");
@@ -488,7 +485,7 @@ async fn posts_above_a_goaways_last_id_go_again_with_their_bodies_on_the_next_co
     // Three POSTs at once on one connection; once the upstream has all three it says GOAWAY naming the first. The
     // other two were not processed: each goes again, its body as it first went out, on the next connection.
     let upstream = H2Scripted::start(8, Duration::from_millis(100)).await;
-    upstream.goaway_naming_the_first_after(3);
+    upstream.goaway_naming_after(1, 3);
     let proxy = Proxy::for_h2_upstream(&upstream.url(), 1, 8, &[]).await;
     let posts: Vec<_> = (0..3)
         .map(|_| {
@@ -514,6 +511,51 @@ async fn posts_above_a_goaways_last_id_go_again_with_their_bodies_on_the_next_co
         "every body arrived whole where it was processed"
     );
     assert_eq!(upstream.accepted(), 2);
+    assert_eq!(upstream.peak_connections(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posts_refused_by_a_goaway_before_their_bodies_came_go_again_with_them() {
+    // As above, but nothing is read ahead of admission and each body comes only once floodgate has read the
+    // GOAWAY: the two refused streams' bodies are still on their way in when their refusal is, and are read in
+    // before they go again.
+    let upstream = H2Scripted::start(8, Duration::from_secs(1)).await;
+    upstream.goaway_naming_after(1, 3);
+    let proxy = Proxy::for_h2_upstream(&upstream.url(), 1, 8, &["--buffer-request-bytes", "0"]).await;
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let posts: Vec<_> = (0..3)
+        .map(|_| {
+            let (listen, gate) = (proxy.listen, gate.clone());
+            tokio::spawn(async move {
+                let late = futures_util::stream::once(async move {
+                    gate.acquire().await.expect("the gate stays").forget();
+                    Ok::<_, BoxError>(Frame::data(Bytes::from_static(b"ten bytes!")))
+                });
+                let body = http_body_util::StreamBody::new(late).boxed();
+                let mut client = H1Conn::connect(listen).await;
+                client
+                    .try_request(Method::POST, "/posted", body)
+                    .await
+                    .expect("an answer")
+                    .status
+            })
+        })
+        .collect();
+    wait_until_sync("floodgate has read the GOAWAY", Duration::from_secs(5), || {
+        upstream.goaway_read()
+    })
+    .await;
+    gate.add_permits(3);
+    for post in posts {
+        assert_eq!(post.await.unwrap(), StatusCode::OK);
+    }
+    assert_eq!(upstream.unprocessed(), 2, "two were sent above the GOAWAY's last id");
+    assert_eq!(upstream.answered(), 3, "each processed once");
+    assert_eq!(
+        upstream.body_bytes(),
+        30,
+        "every body arrived whole where it was processed"
+    );
     assert_eq!(upstream.peak_connections(), 1);
 }
 

@@ -24,7 +24,7 @@ pub use crate::h1::keeps_alive;
 pub use crate::h1::UpstreamError;
 pub use crate::pool::client::{client_body_error, Upload, UpstreamIncoming};
 pub(crate) use crate::pool::client::{resend, send, SentHead};
-pub(crate) use crate::pool::client_h2::{send as send_h2, Kept, Unsent};
+pub(crate) use crate::pool::client_h2::{send as send_h2, Kept, Unopened, Unsent};
 pub use head::{
     check_host, check_target, check_transfer_coding, drop_underscore_aliases, strip_hop_by_hop, target_host,
     to_upstream, upstream_head, ClientInfo,

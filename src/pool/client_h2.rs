@@ -78,14 +78,24 @@ pub(crate) async fn send(
             let going = matches!(refused, ProxyError::Upstream(UpstreamError::NotProcessed(_))) || session.is_gone();
             if let (true, Some(unsent)) = (going, unsent) {
                 *unsent.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
-                    Some(Box::new(Request::from_parts(parts, body)));
+                    Some(Unopened::Request(Box::new(Request::from_parts(parts, body))));
             }
             return Err(refused);
         }
     };
-    let (answer, stream) = sender
-        .send_request(Request::from_parts(parts, ()), ended)
-        .map_err(|err| failed(session, err))?;
+    let (answer, stream) = match sender.send_request(Request::from_parts(parts, ()), ended) {
+        Ok(opened) => opened,
+        // The GOAWAY came between the sender's readiness and the stream's opening: the head went nowhere and
+        // the body was not read, so the body goes back to meet the exchange's copy of the head.
+        Err(err) => {
+            let refused = failed(session, err);
+            let going = matches!(refused, ProxyError::Upstream(UpstreamError::NotProcessed(_))) || session.is_gone();
+            if let (true, Some(unsent)) = (going, unsent) {
+                *unsent.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Unopened::Body(body));
+            }
+            return Err(refused);
+        }
+    };
     drop(sender);
     let mut upload: Option<Upload> = (!ended).then(|| -> Upload { Box::pin(pump(body, stream, live.clone(), kept)) });
     let mut answer = std::pin::pin!(answer);
@@ -107,7 +117,17 @@ pub(crate) async fn send(
             }
         }
     };
-    let response = head.map_err(|err| failed(session, err))?;
+    let response = match head {
+        Ok(response) => response,
+        Err(err) => {
+            // Refused unprocessed while its body was still on its way in: the rest of the body is read into its
+            // copy (the pump stops sending and keeps reading), so the request can go again whole.
+            if let (true, Some(going)) = (not_processed(&err), upload) {
+                let _ = going.await;
+            }
+            return Err(failed(session, err));
+        }
+    };
     let (parts, recv) = response.into_parts();
     let length = parts
         .headers
@@ -124,7 +144,14 @@ pub(crate) async fn send(
 }
 
 /// Where a request that opened no stream is handed back.
-pub(crate) type Unsent = std::sync::Mutex<Option<UpstreamRequest>>;
+pub(crate) type Unsent = std::sync::Mutex<Option<Unopened>>;
+
+/// What of a request that opened no stream comes back: all of it, or (its head having gone into the refused
+/// stream's making) its untouched body, for the exchange's copy of the head.
+pub(crate) enum Unopened {
+    Request(UpstreamRequest),
+    Body(RequestBody),
+}
 
 /// A copy of a request body as it went out, while it stays small: to send again on another connection if the
 /// upstream says it did not process the stream (above its GOAWAY's last id, `REFUSED_STREAM`).
@@ -164,12 +191,16 @@ fn failed(session: &Session, err: h2::Error) -> ProxyError {
     if err.is_go_away() || err.is_io() {
         session.give_up();
     }
-    let not_processed = (err.is_go_away() && err.is_remote()) || err.reason() == Some(h2::Reason::REFUSED_STREAM);
-    if not_processed {
+    if not_processed(&err) {
         ProxyError::Upstream(UpstreamError::NotProcessed(err))
     } else {
         ProxyError::Upstream(UpstreamError::H2(err))
     }
+}
+
+/// Whether the upstream says it did not process the stream: above its GOAWAY's last id, or refused.
+fn not_processed(err: &h2::Error) -> bool {
+    (err.is_go_away() && err.is_remote()) || err.reason() == Some(h2::Reason::REFUSED_STREAM)
 }
 
 /// Streams the request body out as the upstream's window allows, its trailers last.
@@ -179,23 +210,62 @@ async fn pump(
     live: StreamLive,
     kept: Option<Arc<Kept>>,
 ) -> Result<(), ProxyError> {
-    match pump_all(body, stream, live, kept).await {
+    let mut body = body;
+    match pump_all(&mut body, stream, live, kept.as_deref()).await {
         // The upstream ended the stream with its answer and told us to stop sending (RFC 9113 §8.1): the call is
         // over, not cut short.
         Err(ProxyError::Upstream(UpstreamError::H2(err))) if err.reason() == Some(h2::Reason::NO_ERROR) => Ok(()),
+        // The stream failed under the body, perhaps refused unprocessed (a GOAWAY): what is left of a small body
+        // is read into its copy, for the exchange to send it again whole if it was refused so. Bounded by the
+        // copy's size and the body's idle bound; dropped unawaited if the exchange has no use for it.
+        Err(err @ ProxyError::Upstream(UpstreamError::H2(_) | UpstreamError::BodyCutShort)) => {
+            if let Some(kept) = &kept {
+                keep_the_rest(&mut body, kept).await;
+            }
+            Err(err)
+        }
         pumped => pumped,
     }
 }
 
+/// Reads the rest of a body into its copy, until it ends, fails or outgrows the copy.
+async fn keep_the_rest(body: &mut RequestBody, kept: &Kept) {
+    let lock = || kept.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    loop {
+        {
+            let sent = lock();
+            if sent.ended || sent.too_large {
+                return;
+            }
+        }
+        match body.frame().await {
+            None => lock().ended = true,
+            Some(Err(_)) => return,
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => {
+                    let mut sent = lock();
+                    sent.keep(&data);
+                    sent.ended = body.is_end_stream();
+                }
+                Err(frame) => {
+                    let mut sent = lock();
+                    sent.trailers = frame.into_trailers().ok();
+                    sent.ended = true;
+                }
+            },
+        }
+    }
+}
+
 async fn pump_all(
-    mut body: RequestBody,
+    body: &mut RequestBody,
     mut stream: h2::SendStream<Bytes>,
     _live: StreamLive,
-    kept: Option<Arc<Kept>>,
+    kept: Option<&Kept>,
 ) -> Result<(), ProxyError> {
     let upstream = |err: h2::Error| ProxyError::Upstream(UpstreamError::H2(err));
     let keep = |change: &dyn Fn(&mut SentBody)| {
-        if let Some(kept) = &kept {
+        if let Some(kept) = kept {
             change(&mut kept.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
         }
     };

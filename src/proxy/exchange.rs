@@ -407,11 +407,18 @@ pub(super) async fn send(
                 lease.forbid_reuse();
                 drop(lease);
                 if let (ProxyError::Upstream(UpstreamError::NotProcessed(_)), true) = (&failed, attempts_left > 0) {
-                    // Nothing of it reached the upstream: the request itself if it never opened a stream, else
-                    // a bodiless one's copy.
+                    // Nothing of it reached the upstream: the request itself if it never opened a stream (or its
+                    // untouched body, for the head's copy), else a bodiless one's copy.
                     let whole = unsent
                         .as_deref()
-                        .and_then(|unsent| unsent.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take());
+                        .and_then(|unsent| unsent.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take())
+                        .and_then(|unopened| match unopened {
+                            forward::Unopened::Request(request) => Some(request),
+                            forward::Unopened::Body(body) => again.take().map(|mut head| {
+                                *head.body_mut() = body;
+                                head
+                            }),
+                        });
                     // A body sent whole and kept goes again as it went; one that was not kept cannot.
                     let resent = match (&kept, again.take()) {
                         (None, head) => head,

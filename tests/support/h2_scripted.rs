@@ -1,7 +1,8 @@
 //! An HTTP/2 upstream written frame by frame, for what no server library lets a test do on a live connection:
 //! lower `SETTINGS_MAX_CONCURRENT_STREAMS` mid-connection, and send GOAWAY with a chosen last stream id. It counts
-//! the streams open on each connection and answers each request (`:status 200`, no body) after `delay`, by
-//! stream id order of arrival; a stream above a GOAWAY's last id is never answered (it was not processed).
+//! the streams open on each connection and answers each request (`:status 200`, no body) after `delay` (and
+//! after the GOAWAY, while one is planned), by stream id order of arrival; a stream above a GOAWAY's last id is
+//! never answered (it was not processed).
 
 use super::h2_raw::{frame, PREFACE};
 use super::*;
@@ -36,9 +37,9 @@ struct State {
     /// What the test asked for next: on the next connection's next stream past `after` streams.
     lower_after: Option<(usize, u32)>,
     goaway_after: Option<usize>,
-    /// The GOAWAY names the connection's first stream, not the one that set it off: those between were received
-    /// and are left unprocessed.
-    goaway_names_first: bool,
+    /// The GOAWAY names the connection's n-th stream (from 1), not the one that set it off: those after it were
+    /// received and are left unprocessed.
+    goaway_names: Option<usize>,
     /// Each connection answers this many PINGs, then no more (`None`: every one).
     pings_answered: Option<usize>,
     /// A PING sent right after the GOAWAY came back: the client has read the GOAWAY.
@@ -102,12 +103,12 @@ impl H2Scripted {
         self.state.lock().unwrap().goaway_after = Some(after);
     }
 
-    /// Once a connection has had `after` streams, it sends GOAWAY naming its first: the others it received are
-    /// left unprocessed, never answered (one connection only).
-    pub fn goaway_naming_the_first_after(&self, after: usize) {
+    /// Once a connection has had `after` streams, it sends GOAWAY naming its `nth` (from 1): the others it received
+    /// after that one are left unprocessed, never answered (one connection only).
+    pub fn goaway_naming_after(&self, nth: usize, after: usize) {
         let mut state = self.state.lock().unwrap();
         state.goaway_after = Some(after);
-        state.goaway_names_first = true;
+        state.goaway_names = Some(nth);
     }
 
     /// Each connection answers `n` PINGs, and falls silent to the rest, as a peer whose host has gone would.
@@ -201,13 +202,17 @@ async fn serve(
     // frames sent and not yet acknowledged (the first is the preface's).
     let open_here = Arc::new(Mutex::new(std::collections::HashSet::<u32>::new()));
     let mut seen = 0usize;
-    let mut first_id: Option<u32> = None;
+    // The ids of the streams processed or not, in their order of arrival.
+    let mut ids: Vec<u32> = Vec::new();
     // Each stream's request body bytes, counted as the stream's own once it is answered.
     let received = Arc::new(Mutex::new(std::collections::HashMap::<u32, usize>::new()));
     let mut sent_settings: std::collections::VecDeque<Option<u32>> = [Some(max_streams)].into();
     let mut limit_in_force: Option<u32> = None;
     let mut last_processed: Option<u32> = None;
     let going_away = Arc::new(AtomicBool::new(false));
+    // While a GOAWAY is planned, no stream is answered before it has gone: which streams it leaves unprocessed is
+    // the test's choice, not the scheduler's.
+    let (gone_away, told) = tokio::sync::watch::channel(false);
     let mut pings = 0usize;
     loop {
         let mut head = [0u8; 9];
@@ -244,7 +249,7 @@ async fn serve(
                     continue;
                 }
                 seen += 1;
-                let first = *first_id.get_or_insert(id);
+                ids.push(id);
                 let open_now = {
                     let mut here = open_here.lock().unwrap();
                     here.insert(id);
@@ -260,11 +265,10 @@ async fn serve(
                     let lower = state.lower_after.filter(|(after, _)| seen == *after);
                     // Once, on the first connection to reach it.
                     let goaway = state.goaway_after.filter(|after| seen == *after).map(|_| {
-                        if state.goaway_names_first {
-                            first
-                        } else {
-                            id
-                        }
+                        state
+                            .goaway_names
+                            .and_then(|nth| ids.get(nth - 1).copied())
+                            .unwrap_or(id)
                     });
                     if goaway.is_some() {
                         state.goaway_after = None;
@@ -296,12 +300,18 @@ async fn serve(
                     payload.extend(0u32.to_be_bytes());
                     let _ = out.send(frame(GOAWAY, 0, 0, &payload));
                     let _ = out.send(frame(PING, 0, 0, &GOAWAY_PING));
+                    let _ = gone_away.send(true);
                 }
+                let planned = state.lock().unwrap().goaway_after.is_some();
+                let mut told = told.clone();
                 // A request's body (if any) is not read: the answer goes once `delay` has passed.
                 let _ = flags & END_STREAM;
                 let (out, state, open_here) = (out.clone(), state.clone(), open_here.clone());
                 let (going_away, received) = (going_away.clone(), received.clone());
                 tokio::spawn(async move {
+                    if planned {
+                        let _ = told.wait_for(|gone| *gone).await;
+                    }
                     tokio::time::sleep(delay).await;
                     let mut here = open_here.lock().unwrap();
                     if here.remove(&id) {
