@@ -21,8 +21,15 @@ pub(super) fn digits(bytes: &[u8]) -> Option<u64> {
 
 /// The one length every `Content-Length` line and list element states (`5, 5` is 5), if they all state the same.
 pub(super) fn stated_length(headers: &HeaderMap) -> Option<u64> {
+    // The usual head: one line of digits alone, read as it is (what the list's reading below makes of it too).
+    let all = headers.get_all(header::CONTENT_LENGTH);
+    let mut lines = all.iter();
+    let first = lines.next()?;
+    if lines.next().is_none() && first.as_bytes().iter().all(u8::is_ascii_digit) {
+        return digits(first.as_bytes());
+    }
     let mut length = None;
-    for line in headers.get_all(header::CONTENT_LENGTH) {
+    for line in &all {
         for element in line.to_str().ok()?.split(',') {
             let this = digits(element.trim_matches([' ', '\t']).as_bytes())?;
             if length.is_some_and(|length| length != this) {

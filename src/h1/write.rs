@@ -181,7 +181,16 @@ pub(crate) fn request_head(
     dst.reserve(32 + headers.len() * 32);
     dst.put_slice(method.as_str().as_bytes());
     dst.put_u8(b' ');
-    let _ = write!(dst, "{target}");
+    // What `Display` writes, without its formatting machinery for the usual origin-form target.
+    if target.scheme().is_none() && target.authority().is_none() {
+        dst.put_slice(target.path().as_bytes());
+        if let Some(query) = target.query() {
+            dst.put_u8(b'?');
+            dst.put_slice(query.as_bytes());
+        }
+    } else {
+        let _ = write!(dst, "{target}");
+    }
     dst.put_slice(b" HTTP/1.1\r\n");
     for (name, value) in headers.iter() {
         line(dst, name.as_str().as_bytes(), value.as_bytes());
@@ -349,6 +358,26 @@ mod tests {
         version: Version::HTTP_11,
         keep_alive: true,
     };
+
+    #[test]
+    fn a_request_line_states_its_target_as_display_writes_it() {
+        for target in [
+            "/",
+            "/a/b?x=1&y",
+            "/a?",
+            "/?",
+            "*",
+            "/%20a?q=%2F",
+            "http://example.test:8080/p?q",
+            "example.test:443",
+        ] {
+            let uri: http::Uri = target.parse().unwrap();
+            let mut dst = BytesMut::new();
+            request_head(&mut dst, &Method::GET, &uri, &mut HeaderMap::new(), BodySize::Empty);
+            let wanted = format!("GET {uri} HTTP/1.1\r\n\r\n");
+            assert_eq!(std::str::from_utf8(&dst).unwrap(), wanted, "{target}");
+        }
+    }
 
     #[test]
     fn a_stream_goes_chunked_to_http_1_1_and_until_the_close_to_http_1_0() {
