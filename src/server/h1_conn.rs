@@ -83,8 +83,11 @@ where
         // handles) is held only while it is served, not by every idle connection's task.
         match boxed!(conn.one_request(service(), received, head_until)).await {
             // Bytes of the next request already read (pipelined behind the last one).
+            // It waits for its turn: the thread's upstream lane is polled only between batches of client tasks'
+            // polls, so a poll that answered a whole pipelined batch (a flood's refusals) would hold it back.
             Ok(After::Pipelined(next)) => {
                 received = next;
+                tokio::task::yield_now().await;
                 continue;
             }
             Ok(After::Idle) => {}
