@@ -13,13 +13,16 @@
 # default (benches/haproxy_headers.cfg: X-Forwarded-For, -Proto and -Host, a request ID on both messages); both
 # from benches/haproxy_subject.sh. Needs valgrind (apt-get install valgrind) and oha (cargo install oha);
 # bench_upstream (cargo build --release --examples) answers at once. Extra proxy flags go in FLOODGATE_FLAGS (e.g.
-# "--log-format json").
+# "--log-format json"). CACHE_SIM=yes also simulates the caches (valgrind's model of this machine's) and adds the
+# first-level misses per response: I1 (instructions), D1 reads and D1 writes; several times slower. The kernel's
+# copies into a buffer are not simulated, so a user read of bytes just received counts as a miss however warm.
 set -euo pipefail
 # shellcheck source=benches/haproxy_subject.sh
 source "$(dirname "$0")/haproxy_subject.sh"
 binaries=()
 while [ $# -gt 0 ] && [ "$1" != -- ]; do binaries+=("$1"); shift; done
 [ $# -gt 0 ] && shift
+cache_sim=${CACHE_SIM:-no}
 few=${1:-1000}
 many=${2:-5000}
 clients=${3:-4}
@@ -44,7 +47,7 @@ start_floodgate() {
   # through /proc/self/exe, which under valgrind is valgrind's own binary.
   # shellcheck disable=SC2086
   _RJEM_MALLOC_CONF=${_RJEM_MALLOC_CONF:-dirty_decay_ms:1000,muzzy_decay_ms:0} \
-    valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file="$work/out" \
+    valgrind --tool=cachegrind --cache-sim="$cache_sim" --cachegrind-out-file="$work/out" \
     "$1" --listen "127.0.0.1:$2" --admin "127.0.0.1:$3" --upstream "http://127.0.0.1:$up_port" \
     --max-connections 8 --threads 1 ${FLOODGATE_FLAGS:-} >"$work/log" 2>&1 &
   pid=$!
@@ -58,7 +61,7 @@ start_floodgate() {
 # and MANY count).
 start_haproxy() {
   write_haproxy_cfg "$work/haproxy.cfg" "$2" "$1" "$up_port" 8
-  valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file="$work/out" haproxy -db -f "$work/haproxy.cfg" \
+  valgrind --tool=cachegrind --cache-sim="$cache_sim" --cachegrind-out-file="$work/out" haproxy -db -f "$work/haproxy.cfg" \
     >"$work/log" 2>&1 &
   pid=$!
   for _ in $(seq 1 200); do
@@ -80,12 +83,25 @@ count() {
   grep -q "\[200\] $requests responses" "$work/oha" || { echo "not every request was served:" >&2; cat "$work/oha" >&2; exit 1; }
   kill -TERM "$pid"
   wait "$pid" 2>/dev/null || true
-  awk '/^summary:/{print $2}' "$work/out"
+  # Ir alone, or Ir I1mr D1mr D1mw (of: Ir I1mr ILmr Dr D1mr DLmr Dw D1mw DLmw).
+  if [ "$cache_sim" = yes ]; then
+    awk '/^summary:/{print $2, $3, $6, $9}' "$work/out"
+  else
+    awk '/^summary:/{print $2}' "$work/out"
+  fi
 }
 
 for binary in "${binaries[@]}"; do
   low=$(count "$binary" "$few")
   high=$(count "$binary" "$many")
-  per=$(( (high - low) / (many - few) ))
-  echo "$binary instructions_per_response=$per (runs: $few -> $low, $many -> $high)"
+  if [ "$cache_sim" = yes ]; then
+    # shellcheck disable=SC2086
+    set -- $low $high
+    echo "$binary instructions_per_response=$(( ($5 - $1) / (many - few) ))" \
+      "I1_misses=$(( ($6 - $2) / (many - few) )) D1_read_misses=$(( ($7 - $3) / (many - few) ))" \
+      "D1_write_misses=$(( ($8 - $4) / (many - few) )) (runs: $few, $many)"
+  else
+    per=$(( (high - low) / (many - few) ))
+    echo "$binary instructions_per_response=$per (runs: $few -> $low, $many -> $high)"
+  fi
 done
