@@ -480,26 +480,26 @@ async fn a_storm_of_shed_grpc_calls_never_ends_their_clients_connection() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn posts_above_a_goaways_last_id_go_again_with_their_bodies_on_the_next_connection() {
-    // Three POSTs at once on one connection; once the upstream has all three it says GOAWAY naming the first. The
-    // other two were not processed: each goes again, its body as it first went out, on the next connection.
-    let upstream = H2Scripted::start(8, Duration::from_millis(100)).await;
-    upstream.goaway_naming_after(1, 3);
-    let proxy = Proxy::for_h2_upstream(&upstream.url(), 1, 8, &[]).await;
-    let posts: Vec<_> = (0..3)
-        .map(|_| {
-            let listen = proxy.listen;
+/// Each body POSTed to `/posted` on a connection of its own, all at once; the answers' statuses, in turn.
+fn post_each(listen: std::net::SocketAddr, bodies: Vec<TestBody>) -> Vec<tokio::task::JoinHandle<StatusCode>> {
+    bodies
+        .into_iter()
+        .map(|body| {
             tokio::spawn(async move {
                 let mut client = H1Conn::connect(listen).await;
                 client
-                    .try_request(Method::POST, "/posted", body_full("ten bytes!"))
+                    .try_request(Method::POST, "/posted", body)
                     .await
                     .expect("an answer")
                     .status
             })
         })
-        .collect();
+        .collect()
+}
+
+/// Three POSTs of ten bytes each met a GOAWAY naming the first: all answered, the two above it sent again and
+/// processed once, every body whole where it was processed, one connection at a time.
+async fn two_refused_went_again_whole(upstream: &H2Scripted, posts: Vec<tokio::task::JoinHandle<StatusCode>>) {
     for post in posts {
         assert_eq!(post.await.unwrap(), StatusCode::OK);
     }
@@ -515,6 +515,17 @@ async fn posts_above_a_goaways_last_id_go_again_with_their_bodies_on_the_next_co
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posts_above_a_goaways_last_id_go_again_with_their_bodies_on_the_next_connection() {
+    // Three POSTs at once on one connection; once the upstream has all three it says GOAWAY naming the first. The
+    // other two were not processed: each goes again, its body as it first went out, on the next connection.
+    let upstream = H2Scripted::start(8, Duration::from_millis(100)).await;
+    upstream.goaway_naming_after(1, 3);
+    let proxy = Proxy::for_h2_upstream(&upstream.url(), 1, 8, &[]).await;
+    let posts = post_each(proxy.listen, (0..3).map(|_| body_full("ten bytes!")).collect());
+    two_refused_went_again_whole(&upstream, posts).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn posts_refused_by_a_goaway_before_their_bodies_came_go_again_with_them() {
     // As above, but nothing is read ahead of admission and each body comes only once floodgate has read the
     // GOAWAY: the two refused streams' bodies are still on their way in when their refusal is, and are read in
@@ -523,40 +534,23 @@ async fn posts_refused_by_a_goaway_before_their_bodies_came_go_again_with_them()
     upstream.goaway_naming_after(1, 3);
     let proxy = Proxy::for_h2_upstream(&upstream.url(), 1, 8, &["--buffer-request-bytes", "0"]).await;
     let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
-    let posts: Vec<_> = (0..3)
+    let late_bodies = (0..3)
         .map(|_| {
-            let (listen, gate) = (proxy.listen, gate.clone());
-            tokio::spawn(async move {
-                let late = futures_util::stream::once(async move {
-                    gate.acquire().await.expect("the gate stays").forget();
-                    Ok::<_, BoxError>(Frame::data(Bytes::from_static(b"ten bytes!")))
-                });
-                let body = http_body_util::StreamBody::new(late).boxed();
-                let mut client = H1Conn::connect(listen).await;
-                client
-                    .try_request(Method::POST, "/posted", body)
-                    .await
-                    .expect("an answer")
-                    .status
-            })
+            let gate = gate.clone();
+            let late = futures_util::stream::once(async move {
+                gate.acquire().await.expect("the gate stays").forget();
+                Ok::<_, BoxError>(Frame::data(Bytes::from_static(b"ten bytes!")))
+            });
+            http_body_util::StreamBody::new(late).boxed()
         })
         .collect();
+    let posts = post_each(proxy.listen, late_bodies);
     wait_until_sync("floodgate has read the GOAWAY", Duration::from_secs(5), || {
         upstream.goaway_read()
     })
     .await;
     gate.add_permits(3);
-    for post in posts {
-        assert_eq!(post.await.unwrap(), StatusCode::OK);
-    }
-    assert_eq!(upstream.unprocessed(), 2, "two were sent above the GOAWAY's last id");
-    assert_eq!(upstream.answered(), 3, "each processed once");
-    assert_eq!(
-        upstream.body_bytes(),
-        30,
-        "every body arrived whole where it was processed"
-    );
-    assert_eq!(upstream.peak_connections(), 1);
+    two_refused_went_again_whole(&upstream, posts).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
