@@ -239,81 +239,91 @@ pub(crate) struct RouteEdits<'a> {
 /// first, at the upstream's speed, and the lease given back before the client is sent anything: a slow client
 /// then holds memory, never a slot. Any other body streams, holding the lease until its last byte. A failure while
 /// buffering is answered by the caller (nothing has reached the client yet).
-pub(crate) async fn to_client(
-    response: Response<UpstreamIncoming>,
+///
+/// The answer comes as its head and body, and the future is a block rather than an `async fn`: an async fn keeps
+/// its arguments twice in its state (as arguments and as the locals they are moved into), and this state is part
+/// of every exchange's.
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps its arguments twice in its state"
+)]
+pub(crate) fn to_client<'a>(
+    mut parts: http::response::Parts,
+    mut body: UpstreamIncoming,
     mut lease: Lease,
     watch: bool,
-    budget: &Arc<BufferBudget>,
-    route: RouteEdits<'_>,
-) -> Result<Response<ResponseBody>, ProxyError> {
-    let (mut parts, mut body) = response.into_parts();
-    let present = Present::of(&parts.headers);
-    if let Some(malformed) = malformed(&mut parts, &present) {
-        // Nothing has reached the client yet: it gets a 502, not a response that lies about itself.
-        lease.forbid_reuse();
-        return Err(ProxyError::UpstreamMalformed(malformed));
-    }
-    // An HTTP/2 answer never ends its connection; an HTTP/1 one may.
-    if parts.version != Version::HTTP_2 && !keeps_alive_given(parts.version, &parts.headers, present.connection) {
-        lease.forbid_reuse();
-    }
-    if present.hop_by_hop() {
-        strip_hop_by_hop(&mut parts.headers);
-    }
-    // RFC 9110 §8.6: a 204 has no Content-Length (a 304's states its representation's length, and stays).
-    if parts.status == StatusCode::NO_CONTENT && present.content_length {
-        parts.headers.remove(header::CONTENT_LENGTH);
-    }
-    (route.edit_response)(&mut parts.headers);
-    parts.version = Version::HTTP_11;
-    let limits = lease.pool().limits();
-    let (limit, idle_timeout) = (
-        limits.buffer_response_bytes,
-        route.body_idle_timeout.unwrap_or(limits.body_idle_timeout),
-    );
-    drop(limits);
-    // An empty body (HEAD, 204, 304) ends the exchange as soon as the answer is sent; unknown lengths may be
-    // streams of events, which must not wait for a buffer to fill.
-    let length = body.size_hint().exact().filter(|&length| length <= limit);
-    let reservation = match length {
-        Some(length) if !body.is_end_stream() => budget.reserve(length),
-        _ => None,
-    };
-    let Some(reservation) = reservation else {
-        // Streamed: a first chunk that is already here is looked at before the head goes out, so that a body
-        // broken from its first byte is a 502 rather than a head followed by nothing.
-        let first = match tokio::time::timeout(FIRST_FRAME_WAIT, body.frame()).await {
-            Ok(Some(Err(err))) => {
-                lease.forbid_reuse();
-                return Err(ProxyError::Upstream(err));
-            }
-            Ok(Some(Ok(frame))) => Some(frame),
-            Ok(None) | Err(_) => None,
-        };
-        let streamed = UpstreamBody::new(body, lease, watch, idle_timeout).starting_with(first);
-        return Ok(Response::from_parts(parts, ResponseBody::upstream(streamed)));
-    };
-    // One byte past the length: the read then ends at the body's end, never at the limit.
-    let read = buffer::fill(&mut body, limit.saturating_add(1), idle_timeout, reservation).await;
-    // The body first: a connection whose response is still open must not go back to the pool.
-    match &read {
-        Ok(buffered) if buffered.is_complete() => {}
-        // Failed on the upstream's side: it is done with the request.
-        Err(ReadError::Body(_)) => lease.forbid_reuse(),
-        // Stalled, or going on past its length: the upstream may still be sending.
-        _ => lease.abandon(),
-    }
-    drop(body);
-    drop(lease);
-    let failed = match read {
-        Ok(buffered) if buffered.is_complete() => {
-            let body = UpstreamBody::buffered(buffered, watch, idle_timeout);
-            return Ok(Response::from_parts(parts, ResponseBody::upstream(body)));
+    budget: &'a Arc<BufferBudget>,
+    route: RouteEdits<'a>,
+) -> impl std::future::Future<Output = Result<Response<ResponseBody>, ProxyError>> + 'a {
+    async move {
+        let present = Present::of(&parts.headers);
+        if let Some(malformed) = malformed(&mut parts, &present) {
+            // Nothing has reached the client yet: it gets a 502, not a response that lies about itself.
+            lease.forbid_reuse();
+            return Err(ProxyError::UpstreamMalformed(malformed));
         }
-        // hyper ends a body at its Content-Length; this would be a body going on past it.
-        Ok(_) => ProxyError::UpstreamBodyTooLong,
-        Err(ReadError::Stalled(limit)) => ProxyError::UpstreamTimeout(limit),
-        Err(ReadError::Body(err)) => ProxyError::Upstream(err),
-    };
-    Err(failed)
+        // An HTTP/2 answer never ends its connection; an HTTP/1 one may.
+        if parts.version != Version::HTTP_2 && !keeps_alive_given(parts.version, &parts.headers, present.connection) {
+            lease.forbid_reuse();
+        }
+        if present.hop_by_hop() {
+            strip_hop_by_hop(&mut parts.headers);
+        }
+        // RFC 9110 §8.6: a 204 has no Content-Length (a 304's states its representation's length, and stays).
+        if parts.status == StatusCode::NO_CONTENT && present.content_length {
+            parts.headers.remove(header::CONTENT_LENGTH);
+        }
+        (route.edit_response)(&mut parts.headers);
+        parts.version = Version::HTTP_11;
+        let limits = lease.pool().limits();
+        let (limit, idle_timeout) = (
+            limits.buffer_response_bytes,
+            route.body_idle_timeout.unwrap_or(limits.body_idle_timeout),
+        );
+        drop(limits);
+        // An empty body (HEAD, 204, 304) ends the exchange as soon as the answer is sent; unknown lengths may be
+        // streams of events, which must not wait for a buffer to fill.
+        let length = body.size_hint().exact().filter(|&length| length <= limit);
+        let reservation = match length {
+            Some(length) if !body.is_end_stream() => budget.reserve(length),
+            _ => None,
+        };
+        let Some(reservation) = reservation else {
+            // Streamed: a first chunk that is already here is looked at before the head goes out, so that a body
+            // broken from its first byte is a 502 rather than a head followed by nothing.
+            let first = match tokio::time::timeout(FIRST_FRAME_WAIT, body.frame()).await {
+                Ok(Some(Err(err))) => {
+                    lease.forbid_reuse();
+                    return Err(ProxyError::Upstream(err));
+                }
+                Ok(Some(Ok(frame))) => Some(frame),
+                Ok(None) | Err(_) => None,
+            };
+            let streamed = UpstreamBody::new(body, lease, watch, idle_timeout).starting_with(first);
+            return Ok(Response::from_parts(parts, ResponseBody::upstream(streamed)));
+        };
+        // One byte past the length: the read then ends at the body's end, never at the limit.
+        let read = buffer::fill(&mut body, limit.saturating_add(1), idle_timeout, reservation).await;
+        // The body first: a connection whose response is still open must not go back to the pool.
+        match &read {
+            Ok(buffered) if buffered.is_complete() => {}
+            // Failed on the upstream's side: it is done with the request.
+            Err(ReadError::Body(_)) => lease.forbid_reuse(),
+            // Stalled, or going on past its length: the upstream may still be sending.
+            _ => lease.abandon(),
+        }
+        drop(body);
+        drop(lease);
+        let failed = match read {
+            Ok(buffered) if buffered.is_complete() => {
+                let body = UpstreamBody::buffered(buffered, watch, idle_timeout);
+                return Ok(Response::from_parts(parts, ResponseBody::upstream(body)));
+            }
+            // hyper ends a body at its Content-Length; this would be a body going on past it.
+            Ok(_) => ProxyError::UpstreamBodyTooLong,
+            Err(ReadError::Stalled(limit)) => ProxyError::UpstreamTimeout(limit),
+            Err(ReadError::Body(err)) => ProxyError::Upstream(err),
+        };
+        Err(failed)
+    }
 }

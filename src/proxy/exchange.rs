@@ -129,65 +129,63 @@ impl Rest {
         }
     }
 
-    async fn run(self, lease: Lease) {
-        let Rest {
-            arrived,
-            hold_until,
-            class,
-            recheck_client,
-            window_held,
-            request,
-            answer,
-            watch_body,
-            buffers,
-            route,
-            marks,
-        } = self;
-        // In a storm the client's task may not have run since its client left (clients that give up close): a
-        // request nobody waits for any more is not sent. Its lease goes to the next waiter.
-        if recheck_client.as_deref().is_some_and(net::peer_has_closed) {
-            drop(lease);
-            give(answer, None, None);
-            return;
-        }
-        // Out of the queue: the body now streams upstream, at the upstream's pace.
-        drop(window_held);
-        let left_queue = tokio::time::Instant::now();
-        let waited = left_queue - arrived;
-        lease.pool().metrics.queue_waited_in(class, waited);
-        if let Some(marks) = &marks {
-            marks.admitted(waited);
-        }
-        // The request sent and the response head turned into the client's, in this future itself: a future of its
-        // own would be moved, kilobytes of it, into this one's state.
-        let pool = lease.pool().clone();
-        let mut lease = lease;
-        lease.warn_if_held_past(request.headers());
-        let client_left = || answer.is_closed();
-        let answered = match send(
-            &pool,
-            lease,
-            request,
-            route.request_timeout,
-            &buffers,
-            hold_until,
-            &client_left,
-        )
-        .await
-        {
-            Ok((response, lease)) => {
-                let edits = forward::RouteEdits {
-                    edit_response: &|headers| route.edit_response(headers),
-                    body_idle_timeout: route.body_idle_timeout,
-                };
-                forward::to_client(response, lease, watch_body, &buffers, edits).await
+    /// A block, not an `async fn`: an async fn's arguments are kept twice in its state (as arguments and as the
+    /// locals they are moved into), and this state is every admitted exchange's; the fields are used in place.
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps its arguments twice in its state"
+    )]
+    fn run(self, mut lease: Lease) -> impl Future<Output = ()> {
+        async move {
+            // In a storm the client's task may not have run since its client left (clients that give up close): a
+            // request nobody waits for any more is not sent. Its lease goes to the next waiter.
+            if self.recheck_client.as_deref().is_some_and(net::peer_has_closed) {
+                drop(lease);
+                give(self.answer, None, None);
+                return;
             }
-            Err(err) => Err(err),
-        };
-        if let (Some(marks), Ok(_)) = (&marks, &answered) {
-            marks.answered();
+            // Out of the queue: the body now streams upstream, at the upstream's pace.
+            drop(self.window_held);
+            let left_queue = tokio::time::Instant::now();
+            let waited = left_queue - self.arrived;
+            lease.pool().metrics.queue_waited_in(self.class, waited);
+            if let Some(marks) = &self.marks {
+                marks.admitted(waited);
+            }
+            // The request sent and the response head turned into the client's, in this future itself: a future of
+            // its own would be moved, kilobytes of it, into this one's state.
+            let pool = lease.pool().clone();
+            lease.warn_if_held_past(self.request.headers());
+            let answer = self.answer;
+            let client_left = || answer.is_closed();
+            let route = &self.route;
+            let sent = send(
+                &pool,
+                lease,
+                self.request,
+                route.request_timeout,
+                &self.buffers,
+                self.hold_until,
+                &client_left,
+            )
+            .await;
+            // Taken apart before the next wait, so that no part of it stays in this future's state meanwhile.
+            let answered = match sent {
+                Ok((response, lease)) => {
+                    let (parts, body) = response.into_parts();
+                    let edits = forward::RouteEdits {
+                        edit_response: &|headers| route.edit_response(headers),
+                        body_idle_timeout: route.body_idle_timeout,
+                    };
+                    forward::to_client(parts, body, lease, self.watch_body, &self.buffers, edits).await
+                }
+                Err(err) => Err(err),
+            };
+            if let (Some(marks), Ok(_)) = (&self.marks, &answered) {
+                marks.answered();
+            }
+            give(answer, Some(answered), Some(left_queue.into_std()));
         }
-        give(answer, Some(answered), Some(left_queue.into_std()));
     }
 }
 
@@ -258,198 +256,206 @@ impl LeaseTaker for Handover {
 /// when the upstream has other endpoints: nothing was sent, and the failed endpoint now ranks below the others
 /// (or, after `eject_after` failures, is ejected and the retry waits for a slot the others can take). Enough such
 /// retries for every endpoint to be ejected, at most; then the dial's error is the answer.
-pub(super) async fn send(
-    pool: &Arc<UpstreamPool>,
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps its arguments twice in its state"
+)]
+pub(super) fn send<'a>(
+    pool: &'a Arc<UpstreamPool>,
     mut lease: Lease,
     request: UpstreamRequest,
     request_timeout: Option<std::time::Duration>,
-    buffers: &Arc<BufferBudget>,
+    buffers: &'a Arc<BufferBudget>,
     hold_until: tokio::time::Instant,
-    client_left: &(dyn Fn() -> bool + Sync),
-) -> Result<(Response<UpstreamIncoming>, Lease), ProxyError> {
-    let mut outgoing = Outgoing::Request(request);
-    // One replay at most: of a GET or HEAD, once, on a fresh connection.
-    let mut replayed = false;
-    // Every unsent attempt uses up a stale idle connection or a fresh dial, so this bound is never the limit in
-    // practice; it only guarantees termination.
-    let (max_connections, eject_after, limit) = {
-        let limits = pool.limits();
-        let timeout = request_timeout.unwrap_or(limits.request_timeout);
-        (limits.max_connections, limits.eject_after, timeout)
-    };
-    let mut attempts_left = max_connections.saturating_add(2);
-    // Pauses taken while no endpoint answered (`hold_while_down`).
-    let mut held: u32 = 0;
-    // A failed dial is retried only with other endpoints to go to, and a dead endpoint is chosen at most until
-    // `eject_after` failures eject it: so many retries reach a live endpoint if there is one.
-    let mut dial_retries = match pool.endpoint_count() {
-        0 | 1 => 0,
-        endpoints => endpoints.saturating_mul(eject_after.max(1) as usize),
-    };
-    loop {
-        attempts_left = attempts_left.saturating_sub(1);
-        let reused = lease.reused();
-        let conn = match lease.connection().await {
-            Ok(conn) => conn,
-            Err(err) => {
-                lease.forbid_reuse();
-                drop(lease);
-                if reused && attempts_left > 0 {
-                    // A stale idle connection: nothing was sent on it.
-                    pool.metrics.retried_unsent.inc();
-                    lease = Box::pin(readmit(pool, false)).await?;
-                    continue;
-                }
-                if !reused && dial_retries > 0 {
-                    // A failed dial: nothing was sent, and another endpoint may take it.
-                    dial_retries -= 1;
-                    pool.metrics.retried_unsent.inc();
-                    lease = Box::pin(readmit(pool, false)).await?;
-                    continue;
-                }
-                // `hold_while_down`: no endpoint answers (a restart); nothing was sent, so the request waits, its
-                // slot given back, and dials again, until its own patience runs out.
-                // A client that has left is not held for: its request goes nowhere.
-                let down = matches!(err, ProxyError::Connect(_) | ProxyError::ConnectTimeout(_));
-                if !reused && down && pool.limits().hold_while_down && !client_left() {
-                    let pause =
-                        std::time::Duration::from_millis(50u64 << held.min(5)).min(std::time::Duration::from_secs(1));
-                    held = held.saturating_add(1);
-                    if tokio::time::Instant::now() + pause < hold_until {
-                        if held == 1 {
-                            pool.metrics.held_while_down.inc();
-                        }
-                        tokio::time::sleep(pause).await;
-                        // A pause is not an attempt: the retries once the upstream is back keep their bound.
-                        attempts_left = attempts_left.saturating_add(1);
-                        lease = Box::pin(readmit_until(pool, hold_until)).await?;
-                        continue;
-                    }
-                }
-                return Err(err);
-            }
+    client_left: &'a (dyn Fn() -> bool + Sync),
+) -> impl Future<Output = Result<(Response<UpstreamIncoming>, Lease), ProxyError>> + 'a {
+    // A block, not an `async fn`: an async fn's arguments are kept twice in its state (as arguments and as the
+    // locals they are moved into), and this state is part of every exchange's.
+    async move {
+        let mut outgoing = Outgoing::Request(request);
+        // One replay at most: of a GET or HEAD, once, on a fresh connection.
+        let mut replayed = false;
+        // Every unsent attempt uses up a stale idle connection or a fresh dial, so this bound is never the limit in
+        // practice; it only guarantees termination.
+        let (max_connections, eject_after, limit) = {
+            let limits = pool.limits();
+            let timeout = request_timeout.unwrap_or(limits.request_timeout);
+            (limits.max_connections, limits.eject_after, timeout)
         };
-        let dispatched = Instant::now();
-        let in_flight = pool.in_flight_for_limit();
-        let upload = match &outgoing {
-            Outgoing::Request(request) => request.body().upload(),
-            Outgoing::Replay(_) => None,
+        let mut attempts_left = max_connections.saturating_add(2);
+        // Pauses taken while no endpoint answered (`hold_while_down`).
+        let mut held: u32 = 0;
+        // A failed dial is retried only with other endpoints to go to, and a dead endpoint is chosen at most until
+        // `eject_after` failures eject it: so many retries reach a live endpoint if there is one.
+        let mut dial_retries = match pool.endpoint_count() {
+            0 | 1 => 0,
+            endpoints => endpoints.saturating_mul(eject_after.max(1) as usize),
         };
-        let wire = conn.wire().cloned();
-        let on = wire.clone();
-        let stream = conn.open_stream();
-        // An HTTP/2 stream the upstream may refuse unprocessed (REFUSED_STREAM, a GOAWAY): its head is kept to be
-        // sent again then, whatever its method, with its body as it went out while that stays small.
-        let (mut again, kept) = match (&stream, &outgoing) {
-            (Some(_), Outgoing::Request(request)) => {
-                let bodiless = http_body::Body::is_end_stream(request.body());
-                (
-                    Some(copy_head(request)),
-                    (!bodiless).then(|| Arc::new(forward::Kept::default())),
-                )
-            }
-            _ => (None, None),
-        };
-        let copied = kept.clone();
-        let scheme = pool.origin.scheme.as_str();
-        // A request that finds its HTTP/2 connection going away before its stream opens comes back here, whole.
-        let unsent: Option<Arc<forward::Unsent>> = stream.as_ref().map(|_| Arc::default());
-        let handed_back = unsent.clone();
-        let mut responded = boxed!(async move {
-            match (outgoing, stream, on) {
-                (Outgoing::Request(request), Some((session, live)), _) => {
-                    forward::send_h2(&session, live, scheme, request, handed_back.as_deref(), copied).await
-                }
-                (Outgoing::Request(request), None, Some(on)) => forward::send(&on, request).await,
-                (Outgoing::Replay(head), None, Some(on)) => forward::resend(&on, head).await,
-                _ => Err(ProxyError::Connect("no connection to send on".into())),
-            }
-        });
-        // The connection's timer when it has one: set for an earlier exchange, it fires early at most once and is
-        // moved on then (a later deadline) or at once (an earlier one, a route's shorter `request_timeout`).
-        let deadline = tokio::time::Instant::from_std(dispatched) + limit;
-        let mut timer = wire
-            .as_ref()
-            .and_then(|wire| wire.take_answer_timer())
-            .unwrap_or_else(|| Box::pin(tokio::time::sleep_until(deadline)));
-        // In order, no random pick: an answer there by the deadline is taken.
-        let answered = tokio::select! {
-            biased;
-            answered = &mut responded => Ok(answered),
-            () = crate::kept_timer::until(timer.as_mut(), deadline) => Err(()),
-        };
-        if let (Ok(_), Some(wire)) = (&answered, &wire) {
-            wire.keep_answer_timer(timer);
-        }
-        match answered {
-            Err(()) => {
-                // The upstream was ready for more body and the client had not sent it: the client is the slow one.
-                if upload.as_ref().is_some_and(UploadProgress::awaiting_client) {
-                    lease.abandon();
-                    return Err(ProxyError::ClientTooSlow(limit));
-                }
-                // The upstream may still be working on it: its late answer is waited for, and read, elsewhere.
-                pool.spawn(finish_abandoned(responded, lease));
-                return Err(ProxyError::UpstreamTimeout(limit));
-            }
-            Ok(Ok((response, rest))) => {
-                pool.responded(in_flight, dispatched.elapsed(), lease.endpoint());
-                // The rest of a request body the upstream answered early goes on being sent beside the answer.
-                if let Some(rest) = rest {
-                    pool.spawn(finish_upload(pool.clone(), rest));
-                }
-                if let Some(upload) = upload {
-                    lease.reuse_once_sent(upload);
-                }
-                return Ok((response, lease));
-            }
-            Ok(Err(failed)) => {
-                lease.forbid_reuse();
-                drop(lease);
-                if let (ProxyError::Upstream(UpstreamError::NotProcessed(_)), true) = (&failed, attempts_left > 0) {
-                    // Nothing of it reached the upstream: the request itself if it never opened a stream (or its
-                    // untouched body, for the head's copy), else a bodiless one's copy.
-                    let whole = unsent
-                        .as_deref()
-                        .and_then(|unsent| unsent.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take())
-                        .and_then(|unopened| match unopened {
-                            forward::Unopened::Request(request) => Some(request),
-                            forward::Unopened::Body(body) => again.take().map(|mut head| {
-                                *head.body_mut() = body;
-                                head
-                            }),
-                        });
-                    // A body sent whole and kept goes again as it went; one that was not kept cannot.
-                    let resent = match (&kept, again.take()) {
-                        (None, head) => head,
-                        (Some(kept), head) => {
-                            let body = kept.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).whole();
-                            head.zip(body).map(|(mut head, (data, trailers))| {
-                                *head.body_mut() = RequestBody::resent(data, trailers, buffers);
-                                head
-                            })
-                        }
-                    };
-                    if let Some(request) = whole.or(resent) {
+        loop {
+            attempts_left = attempts_left.saturating_sub(1);
+            let reused = lease.reused();
+            let conn = match lease.connection().await {
+                Ok(conn) => conn,
+                Err(err) => {
+                    lease.forbid_reuse();
+                    drop(lease);
+                    if reused && attempts_left > 0 {
+                        // A stale idle connection: nothing was sent on it.
                         pool.metrics.retried_unsent.inc();
-                        outgoing = Outgoing::Request(request);
                         lease = Box::pin(readmit(pool, false)).await?;
                         continue;
                     }
-                }
-                // A reused connection the upstream closed just as the request went out: a GET or HEAD without a
-                // body is sent again on a fresh one, its head as it went out the first time.
-                if reused && !replayed && matches!(failed, ProxyError::Upstream(_)) {
-                    if let Some(head) = wire.as_ref().and_then(|wire| wire.take_sent_head()) {
-                        tracing::debug!(upstream = %pool.name, "retrying an idempotent request on a fresh connection");
-                        pool.metrics.replayed.inc();
-                        replayed = true;
-                        outgoing = Outgoing::Replay(head);
-                        lease = Box::pin(readmit(pool, true)).await?;
+                    if !reused && dial_retries > 0 {
+                        // A failed dial: nothing was sent, and another endpoint may take it.
+                        dial_retries -= 1;
+                        pool.metrics.retried_unsent.inc();
+                        lease = Box::pin(readmit(pool, false)).await?;
                         continue;
                     }
+                    // `hold_while_down`: no endpoint answers (a restart); nothing was sent, so the request waits, its
+                    // slot given back, and dials again, until its own patience runs out.
+                    // A client that has left is not held for: its request goes nowhere.
+                    let down = matches!(err, ProxyError::Connect(_) | ProxyError::ConnectTimeout(_));
+                    if !reused && down && pool.limits().hold_while_down && !client_left() {
+                        let pause = std::time::Duration::from_millis(50u64 << held.min(5))
+                            .min(std::time::Duration::from_secs(1));
+                        held = held.saturating_add(1);
+                        if tokio::time::Instant::now() + pause < hold_until {
+                            if held == 1 {
+                                pool.metrics.held_while_down.inc();
+                            }
+                            tokio::time::sleep(pause).await;
+                            // A pause is not an attempt: the retries once the upstream is back keep their bound.
+                            attempts_left = attempts_left.saturating_add(1);
+                            lease = Box::pin(readmit_until(pool, hold_until)).await?;
+                            continue;
+                        }
+                    }
+                    return Err(err);
                 }
-                return Err(failed);
+            };
+            let dispatched = Instant::now();
+            let in_flight = pool.in_flight_for_limit();
+            let upload = match &outgoing {
+                Outgoing::Request(request) => request.body().upload(),
+                Outgoing::Replay(_) => None,
+            };
+            let wire = conn.wire().cloned();
+            let on = wire.clone();
+            let stream = conn.open_stream();
+            // An HTTP/2 stream the upstream may refuse unprocessed (REFUSED_STREAM, a GOAWAY): its head is kept to be
+            // sent again then, whatever its method, with its body as it went out while that stays small.
+            let (mut again, kept) = match (&stream, &outgoing) {
+                (Some(_), Outgoing::Request(request)) => {
+                    let bodiless = http_body::Body::is_end_stream(request.body());
+                    (
+                        Some(copy_head(request)),
+                        (!bodiless).then(|| Arc::new(forward::Kept::default())),
+                    )
+                }
+                _ => (None, None),
+            };
+            let copied = kept.clone();
+            let scheme = pool.origin.scheme.as_str();
+            // A request that finds its HTTP/2 connection going away before its stream opens comes back here, whole.
+            let unsent: Option<Arc<forward::Unsent>> = stream.as_ref().map(|_| Arc::default());
+            let handed_back = unsent.clone();
+            let mut responded = boxed!(async move {
+                match (outgoing, stream, on) {
+                    (Outgoing::Request(request), Some((session, live)), _) => {
+                        forward::send_h2(&session, live, scheme, request, handed_back.as_deref(), copied).await
+                    }
+                    (Outgoing::Request(request), None, Some(on)) => forward::send(&on, request).await,
+                    (Outgoing::Replay(head), None, Some(on)) => forward::resend(&on, head).await,
+                    _ => Err(ProxyError::Connect("no connection to send on".into())),
+                }
+            });
+            // The connection's timer when it has one: set for an earlier exchange, it fires early at most once and is
+            // moved on then (a later deadline) or at once (an earlier one, a route's shorter `request_timeout`).
+            let deadline = tokio::time::Instant::from_std(dispatched) + limit;
+            let mut timer = wire
+                .as_ref()
+                .and_then(|wire| wire.take_answer_timer())
+                .unwrap_or_else(|| Box::pin(tokio::time::sleep_until(deadline)));
+            // In order, no random pick: an answer there by the deadline is taken.
+            let answered = tokio::select! {
+                biased;
+                answered = &mut responded => Ok(answered),
+                () = crate::kept_timer::until(timer.as_mut(), deadline) => Err(()),
+            };
+            if let (Ok(_), Some(wire)) = (&answered, &wire) {
+                wire.keep_answer_timer(timer);
+            }
+            match answered {
+                Err(()) => {
+                    // The upstream was ready for more body and the client had not sent it: the client is the slow one.
+                    if upload.as_ref().is_some_and(UploadProgress::awaiting_client) {
+                        lease.abandon();
+                        return Err(ProxyError::ClientTooSlow(limit));
+                    }
+                    // The upstream may still be working on it: its late answer is waited for, and read, elsewhere.
+                    pool.spawn(finish_abandoned(responded, lease));
+                    return Err(ProxyError::UpstreamTimeout(limit));
+                }
+                Ok(Ok((response, rest))) => {
+                    pool.responded(in_flight, dispatched.elapsed(), lease.endpoint());
+                    // The rest of a request body the upstream answered early goes on being sent beside the answer.
+                    if let Some(rest) = rest {
+                        pool.spawn(finish_upload(pool.clone(), rest));
+                    }
+                    if let Some(upload) = upload {
+                        lease.reuse_once_sent(upload);
+                    }
+                    return Ok((response, lease));
+                }
+                Ok(Err(failed)) => {
+                    lease.forbid_reuse();
+                    drop(lease);
+                    if let (ProxyError::Upstream(UpstreamError::NotProcessed(_)), true) = (&failed, attempts_left > 0) {
+                        // Nothing of it reached the upstream: the request itself if it never opened a stream (or its
+                        // untouched body, for the head's copy), else a bodiless one's copy.
+                        let whole = unsent
+                            .as_deref()
+                            .and_then(|unsent| unsent.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take())
+                            .and_then(|unopened| match unopened {
+                                forward::Unopened::Request(request) => Some(request),
+                                forward::Unopened::Body(body) => again.take().map(|mut head| {
+                                    *head.body_mut() = body;
+                                    head
+                                }),
+                            });
+                        // A body sent whole and kept goes again as it went; one that was not kept cannot.
+                        let resent = match (&kept, again.take()) {
+                            (None, head) => head,
+                            (Some(kept), head) => {
+                                let body = kept.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).whole();
+                                head.zip(body).map(|(mut head, (data, trailers))| {
+                                    *head.body_mut() = RequestBody::resent(data, trailers, buffers);
+                                    head
+                                })
+                            }
+                        };
+                        if let Some(request) = whole.or(resent) {
+                            pool.metrics.retried_unsent.inc();
+                            outgoing = Outgoing::Request(request);
+                            lease = Box::pin(readmit(pool, false)).await?;
+                            continue;
+                        }
+                    }
+                    // A reused connection the upstream closed just as the request went out: a GET or HEAD without a
+                    // body is sent again on a fresh one, its head as it went out the first time.
+                    if reused && !replayed && matches!(failed, ProxyError::Upstream(_)) {
+                        if let Some(head) = wire.as_ref().and_then(|wire| wire.take_sent_head()) {
+                            tracing::debug!(upstream = %pool.name, "retrying an idempotent request on a fresh connection");
+                            pool.metrics.replayed.inc();
+                            replayed = true;
+                            outgoing = Outgoing::Replay(head);
+                            lease = Box::pin(readmit(pool, true)).await?;
+                            continue;
+                        }
+                    }
+                    return Err(failed);
+                }
             }
         }
     }

@@ -306,13 +306,17 @@ async fn answer_bare(wire: &ClientWire, status: StatusCode, version: Version, st
 
 /// Writes the answer, head and body; `Ok(true)` when the connection must close after it.
 /// `asked`: the request's method, version and whether it takes trailers.
-async fn write_answer(
-    wire: &ClientWire,
+///
+/// The head is written into the buffer when this is called, and the future holds only what sending takes: an
+/// `async fn` would keep the whole answer in its state, twice (as an argument and as the locals it is taken
+/// apart into), for as long as the body streams.
+fn write_answer<'a>(
+    wire: &'a ClientWire,
     response: Response<ResponseBody>,
     asked: (&Method, Version, bool),
     keep_alive: bool,
     stall: Duration,
-) -> io::Result<bool> {
+) -> impl std::future::Future<Output = io::Result<bool>> + 'a {
     let (method, version, takes_trailers) = asked;
     let (parts, mut body) = response.into_parts();
     let size = if body.is_end_stream() {
@@ -333,66 +337,70 @@ async fn write_answer(
         keep_alive,
     };
     let mut out = BytesMut::new();
-    let written = match write::response_head(&mut out, parts.status, reason, &parts.headers, size, client) {
-        Ok(written) => written,
-        // The relay refuses such an answer before it gets here; should one come, the client gets a 502.
-        Err(_) => {
-            answer_bare(wire, StatusCode::BAD_GATEWAY, version, stall).await?;
-            return Ok(true);
-        }
-    };
-    let sends_body = !matches!(written.encoding, Framing::Length(0));
-    let mut sent: u64 = 0;
-    let mut trailers = None;
-    // A body that is here already goes out with the head in one write.
-    let mut first = if sends_body { body.frame().now_or_never() } else { None };
-    loop {
-        let frame = match first.take() {
-            Some(frame) => frame,
-            None => {
-                if !out.is_empty() {
-                    wire.write_all(&out, stall).await?;
-                    out.clear();
-                }
-                if !sends_body {
-                    break;
-                }
-                body.frame().await
+    let head = write::response_head(&mut out, parts.status, reason, &parts.headers, size, client);
+    drop(parts);
+    async move {
+        let written = match head {
+            Ok(written) => written,
+            // The relay refuses such an answer before it gets here; should one come, the client gets a 502.
+            Err(_) => {
+                answer_bare(wire, StatusCode::BAD_GATEWAY, version, stall).await?;
+                return Ok(true);
             }
         };
-        match frame {
-            None => break,
-            Some(Ok(frame)) => {
-                let data = match frame.into_data() {
-                    Ok(data) => data,
-                    // Trailers go out in the last chunk to a client that takes them, and nowhere else (see
-                    // `h1::write`).
-                    Err(frame) => {
-                        if takes_trailers && written.encoding == Framing::Chunked {
-                            trailers = frame.into_trailers().ok();
-                        }
-                        continue;
+        let sends_body = !matches!(written.encoding, Framing::Length(0));
+        let mut sent: u64 = 0;
+        let mut trailers = None;
+        // A body that is here already goes out with the head in one write.
+        let mut first = if sends_body { body.frame().now_or_never() } else { None };
+        loop {
+            let frame = match first.take() {
+                Some(frame) => frame,
+                None => {
+                    if !out.is_empty() {
+                        wire.write_all(&out, stall).await?;
+                        out.clear();
                     }
-                };
-                sent = sent.saturating_add(data.len() as u64);
-                put_data(wire, &mut out, data, written.encoding, stall).await?;
+                    if !sends_body {
+                        break;
+                    }
+                    body.frame().await
+                }
+            };
+            match frame {
+                None => break,
+                Some(Ok(frame)) => {
+                    let data = match frame.into_data() {
+                        Ok(data) => data,
+                        // Trailers go out in the last chunk to a client that takes them, and nowhere else (see
+                        // `h1::write`).
+                        Err(frame) => {
+                            if takes_trailers && written.encoding == Framing::Chunked {
+                                trailers = frame.into_trailers().ok();
+                            }
+                            continue;
+                        }
+                    };
+                    sent = sent.saturating_add(data.len() as u64);
+                    put_data(wire, &mut out, data, written.encoding, stall).await?;
+                }
+                // The body failed after its head went out: all the client can be told is a cut connection.
+                Some(Err(_)) => return Err(ErrorKind::UnexpectedEof.into()),
             }
-            // The body failed after its head went out: all the client can be told is a cut connection.
-            Some(Err(_)) => return Err(ErrorKind::UnexpectedEof.into()),
         }
-    }
-    if written.encoding == Framing::Chunked {
-        match &trailers {
-            Some(trailers) => write::put_last_chunk_with(&mut out, trailers),
-            None => out.extend_from_slice(LAST_CHUNK),
+        if written.encoding == Framing::Chunked {
+            match &trailers {
+                Some(trailers) => write::put_last_chunk_with(&mut out, trailers),
+                None => out.extend_from_slice(LAST_CHUNK),
+            }
         }
+        if !out.is_empty() {
+            wire.write_all(&out, stall).await?;
+        }
+        // A body that did not come to the length its head stated leaves the client unable to find the next answer.
+        let short = matches!(written.encoding, Framing::Length(stated) if stated != sent);
+        Ok(written.closes || written.encoding == Framing::UntilClose || short)
     }
-    if !out.is_empty() {
-        wire.write_all(&out, stall).await?;
-    }
-    // A body that did not come to the length its head stated leaves the client unable to find the next answer.
-    let short = matches!(written.encoding, Framing::Length(stated) if stated != sent);
-    Ok(written.closes || written.encoding == Framing::UntilClose || short)
 }
 
 /// Puts one piece of the body after what `out` holds, framed by `encoding`; a large piece is written at once,
