@@ -74,27 +74,15 @@ pub(crate) async fn send(
         // The session is going away (a GOAWAY read, a failure) and no stream opened: nothing was sent, and the
         // request goes back whole, body and all, to be sent on another connection.
         Err(err) => {
-            let refused = failed(session, err);
-            let going = matches!(refused, ProxyError::Upstream(UpstreamError::NotProcessed(_))) || session.is_gone();
-            if let (true, Some(unsent)) = (going, unsent) {
-                *unsent.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
-                    Some(Unopened::Request(Box::new(Request::from_parts(parts, body))));
-            }
-            return Err(refused);
+            let whole = Unopened::Request(Box::new(Request::from_parts(parts, body)));
+            return Err(not_opened(session, err, unsent, whole));
         }
     };
     let (answer, stream) = match sender.send_request(Request::from_parts(parts, ()), ended) {
         Ok(opened) => opened,
         // The GOAWAY came between the sender's readiness and the stream's opening: the head went nowhere and
         // the body was not read, so the body goes back to meet the exchange's copy of the head.
-        Err(err) => {
-            let refused = failed(session, err);
-            let going = matches!(refused, ProxyError::Upstream(UpstreamError::NotProcessed(_))) || session.is_gone();
-            if let (true, Some(unsent)) = (going, unsent) {
-                *unsent.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Unopened::Body(body));
-            }
-            return Err(refused);
-        }
+        Err(err) => return Err(not_opened(session, err, unsent, Unopened::Body(body))),
     };
     drop(sender);
     let mut upload: Option<Upload> = (!ended).then(|| -> Upload { Box::pin(pump(body, stream, live.clone(), kept)) });
@@ -198,6 +186,17 @@ fn failed(session: &Session, err: h2::Error) -> ProxyError {
     }
 }
 
+/// The error a request that opened no stream is answered with; when its session is going away, what of it was not
+/// sent goes back in `unsent`, to be sent on another connection.
+fn not_opened(session: &Session, err: h2::Error, unsent: Option<&Unsent>, unopened: Unopened) -> ProxyError {
+    let refused = failed(session, err);
+    let going = matches!(refused, ProxyError::Upstream(UpstreamError::NotProcessed(_))) || session.is_gone();
+    if let (true, Some(unsent)) = (going, unsent) {
+        *unsent.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(unopened);
+    }
+    refused
+}
+
 /// Whether the upstream says it did not process the stream: above its GOAWAY's last id, or refused.
 fn not_processed(err: &h2::Error) -> bool {
     (err.is_go_away() && err.is_remote()) || err.reason() == Some(h2::Reason::REFUSED_STREAM)
@@ -205,12 +204,11 @@ fn not_processed(err: &h2::Error) -> bool {
 
 /// Streams the request body out as the upstream's window allows, its trailers last.
 async fn pump(
-    body: RequestBody,
+    mut body: RequestBody,
     stream: h2::SendStream<Bytes>,
     live: StreamLive,
     kept: Option<Arc<Kept>>,
 ) -> Result<(), ProxyError> {
-    let mut body = body;
     match pump_all(&mut body, stream, live, kept.as_deref()).await {
         // The upstream ended the stream with its answer and told us to stop sending (RFC 9113 §8.1): the call is
         // over, not cut short.
