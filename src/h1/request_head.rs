@@ -8,6 +8,8 @@
 //! is [`super::keeps_alive`]'s answer, the relay's own (it reads a `close` even in a `Connection` line with a
 //! non-ASCII byte, which hyper passes over).
 
+use std::mem::MaybeUninit;
+
 use bytes::BytesMut;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Request, Uri, Version};
@@ -59,9 +61,10 @@ pub(crate) fn parse(received: &[u8], max_head_bytes: usize) -> Result<Option<(Re
 pub(crate) fn take(received: &mut BytesMut, max_head_bytes: usize) -> Result<Option<RequestHead>, HeadError> {
     // First where everything is, while httparse borrows the bytes; then the head is split off and read from.
     let (head_len, method, target, minor, lines) = {
-        let mut lines = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut request = httparse::Request::new(&mut lines);
-        let parsed = request.parse(received);
+        // Left uninitialised: the 3,200 bytes of empty lines cost a request more cache lines than its own head.
+        let mut lines = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+        let mut request = httparse::Request::new(&mut []);
+        let parsed = request.parse_with_uninit_headers(received, &mut lines);
         let Some(head_len) = fields::head_len(parsed, received.len(), max_head_bytes)? else {
             return Ok(None);
         };

@@ -7,6 +7,8 @@
 //! message; `fuzzing::h1_response_head` checks that on every input of the corpus. What floodgate then refuses to
 //! relay (both framings, a `101` it did not ask for) is decided later, as for hyper's reading.
 
+use std::mem::MaybeUninit;
+
 use bytes::{Bytes, BytesMut};
 use http::header;
 use http::{HeaderMap, Method, Response, StatusCode, Version};
@@ -80,9 +82,11 @@ fn take_one(
 ) -> Result<Option<Option<ResponseHead>>, HeadError> {
     // First where everything is, while httparse borrows the bytes; then the head is split off and read from.
     let (head_len, status, minor, reason, lines) = {
-        let mut lines = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut response = httparse::Response::new(&mut lines);
-        let parsed = response.parse(received);
+        // Left uninitialised, as the request head's lines are.
+        let mut lines = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+        let mut response = httparse::Response::new(&mut []);
+        let parsed =
+            httparse::ParserConfig::default().parse_response_with_uninit_headers(&mut response, received, &mut lines);
         let Some(head_len) = fields::head_len(parsed, counted, max_head_bytes)? else {
             return Ok(None);
         };
