@@ -192,7 +192,8 @@ where
         let ready = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut next).poll(cx))).await;
         let polled = match ready {
             Poll::Ready(polled) => polled,
-            Poll::Pending => match tokio::time::timeout(idle, next).await {
+            // Boxed: the wait and its timer would be most of every buffered answer's future, and it is rarely taken.
+            Poll::Pending => match Box::pin(tokio::time::timeout(idle, next)).await {
                 Err(_) => return Err(ReadError::Stalled(idle)),
                 Ok(polled) => polled,
             },

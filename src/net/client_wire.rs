@@ -154,8 +154,10 @@ impl ClientWire {
             match self.socket.try_write(bytes) {
                 Ok(0) => return Err(ErrorKind::WriteZero.into()),
                 Ok(n) => bytes = bytes.get(n..).unwrap_or_default(),
+                // Boxed: a wait with its timer is 300 bytes of every answer's future, and most answers fit the
+                // socket's buffer at once.
                 Err(err) if err.kind() == ErrorKind::WouldBlock => {
-                    tokio::time::timeout(stall, self.socket.writable())
+                    Box::pin(tokio::time::timeout(stall, self.socket.writable()))
                         .await
                         .map_err(|_| io::Error::from(ErrorKind::TimedOut))??;
                 }

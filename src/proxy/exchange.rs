@@ -159,7 +159,9 @@ impl Rest {
             let answer = self.answer;
             let client_left = || answer.is_closed();
             let route = &self.route;
-            let sent = send(
+            // Taken apart in the statement that awaits it, so that no part of it stays in this future's state during
+            // the next wait (a binding matched on is kept whole while any of it is).
+            let (parts, body, lease) = match send(
                 &pool,
                 lease,
                 self.request,
@@ -168,19 +170,22 @@ impl Rest {
                 self.hold_until,
                 &client_left,
             )
-            .await;
-            // Taken apart before the next wait, so that no part of it stays in this future's state meanwhile.
-            let answered = match sent {
+            .await
+            {
                 Ok((response, lease)) => {
                     let (parts, body) = response.into_parts();
-                    let edits = forward::RouteEdits {
-                        edit_response: &|headers| route.edit_response(headers),
-                        body_idle_timeout: route.body_idle_timeout,
-                    };
-                    forward::to_client(parts, body, lease, self.watch_body, &self.buffers, edits).await
+                    (parts, body, lease)
                 }
-                Err(err) => Err(err),
+                Err(err) => {
+                    give(answer, Some(Err(err)), Some(left_queue.into_std()));
+                    return;
+                }
             };
+            let edits = forward::RouteEdits {
+                edit_response: &|headers| route.edit_response(headers),
+                body_idle_timeout: route.body_idle_timeout,
+            };
+            let answered = forward::to_client(parts, body, lease, self.watch_body, &self.buffers, edits).await;
             if let (Some(marks), Ok(_)) = (&self.marks, &answered) {
                 marks.answered();
             }

@@ -297,124 +297,131 @@ impl Proxy {
     }
 
     /// A request's path once it has arrived: refused, a tunnel, or rewritten for its upstream, its small body
-    /// read, admitted and exchanged. One `async fn` on purpose: each future nested in another is moved into it
-    /// whole, and a request's future is kilobytes.
-    pub(crate) async fn serve_routed(
-        &self,
+    /// read, admitted and exchanged. One future on purpose: each future nested in another is moved into it
+    /// whole, and a request's future is kilobytes. A block rather than an `async fn`, which would hold its
+    /// arguments twice (as arguments and as the locals they move into).
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps its arguments twice in its state"
+    )]
+    pub(crate) fn serve_routed<'a>(
+        &'a self,
         request: Request<ClientBody>,
-        client: &Arc<ClientInfo>,
+        client: &'a Arc<ClientInfo>,
         routed: Result<(Arc<UpstreamPool>, Picked), ProxyError>,
         upgrade: Option<HeaderValue>,
-        record: &mut Record,
-    ) -> Answer {
-        let (pool, picked) = match routed {
-            Ok(routed) => routed,
-            Err(refused) => {
-                // As for a shed: an HTTP/2 body still coming is read to its end beside the answer.
-                if request.version() == Version::HTTP_2 && !request.body().is_end_stream() {
-                    drain_refused(request.into_body());
+        record: &'a mut Record,
+    ) -> impl std::future::Future<Output = Answer> + Send + 'a {
+        async move {
+            let (pool, picked) = match routed {
+                Ok(routed) => routed,
+                Err(refused) => {
+                    // As for a shed: an HTTP/2 body still coming is read to its end beside the answer.
+                    if request.version() == Version::HTTP_2 && !request.body().is_end_stream() {
+                        drain_refused(request.into_body());
+                    }
+                    return Err(refused);
                 }
-                return Err(refused);
+            };
+            if let Some(upgrade) = upgrade {
+                // Boxed: an upgrade is rare, and its steps would add their size to every request's future.
+                return Box::pin(self.serve_tunnel(request, client, &pool, &picked, upgrade, record)).await;
             }
-        };
-        if let Some(upgrade) = upgrade {
-            // Boxed: an upgrade is rare, and its steps would add their size to every request's future.
-            return Box::pin(self.serve_tunnel(request, client, &pool, &picked, upgrade, record)).await;
-        }
-        // A client's own deadline runs from when its request arrived, body reading included.
-        let received = tokio::time::Instant::now();
-        let marks = request.extensions().get::<crate::trace::Marks>().cloned();
-        let is_http1 = request.version() <= Version::HTTP_11;
-        // The client asked to hear from us before it sends the body: that answer waits for admission.
-        let awaits_continue = request.headers().contains_key(header::EXPECT);
-        let mut upstream_request = forward::to_upstream(request, client, &pool)?;
-        let route = picked.settings.clone();
-        let mut body_unread = !upstream_request.body().is_end_stream();
-        rewrite(&mut upstream_request, body_unread, &route, &picked, record);
-        let bounds = self.bounds(&pool, &picked, &route, &upstream_request, client, received);
-        if body_unread && !awaits_continue {
-            // Read before admission, so a client that uploads slowly waits without holding a slot. Over HTTP/2 a
-            // body without a length may be a stream the client feeds as answers arrive: it is not waited for.
-            // A client that leaves meanwhile drops this future, and its record counts the abort.
-            let body = upstream_request.body_mut();
-            let all_read = body
-                .buffer(bounds.buffer_limit, is_http1, bounds.request_timeout, &self.buffers)
-                .await?;
-            body_unread = !all_read;
-        }
-        // The queue's clock starts once the body is in: queue_timeout bounds the wait for a slot.
-        let arrived = tokio::time::Instant::now();
-        let patience = Patience {
-            queue_timeout_at: arrived + bounds.queue_timeout,
-            client_deadline: bounds.client_deadline,
-        };
-        // A client's retry beyond its budget goes no further (`retry_budget`); without one, nothing is looked at.
-        let admitted = if pool.retry_budget_allows(upstream_request.headers()) {
-            Ok(())
-        } else {
-            Err(ProxyError::Shed(Shed::RetryBudget))
-        };
-        // Admission decides here and at once; a shed costs the client side nothing more.
-        let admitted = admitted.and_then(|()| {
-            pool.try_admit(false, patience, &bounds.place)
-                .map_err(|refused| match refused {
-                    Refused::Shed(shed) => ProxyError::Shed(shed),
-                    Refused::ClientGone => ProxyError::ClientGone,
-                })
-        });
-        let admitted = match admitted {
-            Ok(admitted) => admitted,
-            Err(refused) => {
-                if body_unread && !is_http1 {
-                    drain_refused((*upstream_request).into_body());
+            // A client's own deadline runs from when its request arrived, body reading included.
+            let received = tokio::time::Instant::now();
+            let marks = request.extensions().get::<crate::trace::Marks>().cloned();
+            let is_http1 = request.version() <= Version::HTTP_11;
+            // The client asked to hear from us before it sends the body: that answer waits for admission.
+            let awaits_continue = request.headers().contains_key(header::EXPECT);
+            let mut upstream_request = forward::to_upstream(request, client, &pool)?;
+            let route = picked.settings.clone();
+            let mut body_unread = !upstream_request.body().is_end_stream();
+            rewrite(&mut upstream_request, body_unread, &route, &picked, record);
+            let bounds = self.bounds(&pool, &picked, &route, &upstream_request, client, received);
+            if body_unread && !awaits_continue {
+                // Read before admission, so a client that uploads slowly waits without holding a slot. Over HTTP/2 a
+                // body without a length may be a stream the client feeds as answers arrive: it is not waited for.
+                // A client that leaves meanwhile drops this future, and its record counts the abort.
+                let body = upstream_request.body_mut();
+                // Boxed: its state is larger than the rest of the request's, and most requests have no body.
+                let all_read =
+                    Box::pin(body.buffer(bounds.buffer_limit, is_http1, bounds.request_timeout, &self.buffers)).await?;
+                body_unread = !all_read;
+            }
+            // The queue's clock starts once the body is in: queue_timeout bounds the wait for a slot.
+            let arrived = tokio::time::Instant::now();
+            let patience = Patience {
+                queue_timeout_at: arrived + bounds.queue_timeout,
+                client_deadline: bounds.client_deadline,
+            };
+            // A client's retry beyond its budget goes no further (`retry_budget`); without one, nothing is looked at.
+            let admitted = if pool.retry_budget_allows(upstream_request.headers()) {
+                Ok(())
+            } else {
+                Err(ProxyError::Shed(Shed::RetryBudget))
+            };
+            // Admission decides here and at once; a shed costs the client side nothing more.
+            let admitted = admitted.and_then(|()| {
+                pool.try_admit(false, patience, &bounds.place)
+                    .map_err(|refused| match refused {
+                        Refused::Shed(shed) => ProxyError::Shed(shed),
+                        Refused::ClientGone => ProxyError::ClientGone,
+                    })
+            });
+            let admitted = match admitted {
+                Ok(admitted) => admitted,
+                Err(refused) => {
+                    if body_unread && !is_http1 {
+                        drain_refused((*upstream_request).into_body());
+                    }
+                    return Err(refused);
                 }
-                return Err(refused);
-            }
-        };
-        // A queued HTTP/2 upload's stream window may fill while it waits: floodgate holds those bytes, so they count.
-        let window_held = match &admitted {
-            Admitted::Queued(_) if body_unread && !is_http1 => {
-                let window = u64::from(crate::buffer::HTTP2_STREAM_WINDOW);
-                let hint = upstream_request.body().size_hint();
-                Some(self.buffers.hold(hint.upper().map_or(window, |left| left.min(window))))
-            }
-            _ => None,
-        };
-        // Everything from the wait in the queue to the response (its body too, when it is buffered) runs on the
-        // upstream side: a freed connection reaches the next queued request, and that request the upstream,
-        // without waiting for any client connection's task to be scheduled.
-        let (answer, answered) = oneshot::channel();
-        let queued = matches!(admitted, Admitted::Queued(_));
-        let admitted = AdmittedExchange {
-            admitted,
-            patience,
-            watched_socket: client.http1_stream.clone().filter(|_| queued && body_unread),
-            rest: Rest {
-                arrived,
-                hold_until: patience.gives_up().0,
-                class: bounds.place.class,
-                // Looked at once more when a queued request's turn comes; one granted at once has just been read.
-                recheck_client: client.http1_stream.clone().filter(|_| queued),
-                window_held,
-                request: upstream_request,
-                answer,
-                // An HTTP/2 client can stop a stream without blocking its socket; its body gets a watchdog.
-                watch_body: !is_http1,
-                buffers: self.buffers.clone(),
-                route,
-                marks,
-            },
-        };
-        // Started on this task when it is the lane's own thread's, without a hop (the lane then runs the rest).
-        self.lane.start_here(admitted.start());
-        // The upstream side stopped (floodgate is exiting) with the exchange on it.
-        let exchanged = answered.await.map_err(|_| ProxyError::Abandoned)?;
-        record.admitted(exchanged.admitted);
-        exchanged.answer.unwrap_or_else(|| {
-            // Its client left while it was queued: it goes unanswered, counted as the client's abort.
-            record.finish(Outcome::ClientAbort);
-            Ok(forward::local_response(&ProxyError::Shed(Shed::QueueTimeout), None))
-        })
+            };
+            // A queued HTTP/2 upload's stream window may fill while it waits: floodgate holds those bytes, so they count.
+            let window_held = match &admitted {
+                Admitted::Queued(_) if body_unread && !is_http1 => {
+                    let window = u64::from(crate::buffer::HTTP2_STREAM_WINDOW);
+                    let hint = upstream_request.body().size_hint();
+                    Some(self.buffers.hold(hint.upper().map_or(window, |left| left.min(window))))
+                }
+                _ => None,
+            };
+            // Everything from the wait in the queue to the response (its body too, when it is buffered) runs on the
+            // upstream side: a freed connection reaches the next queued request, and that request the upstream,
+            // without waiting for any client connection's task to be scheduled.
+            let (answer, answered) = oneshot::channel();
+            let queued = matches!(admitted, Admitted::Queued(_));
+            let admitted = AdmittedExchange {
+                admitted,
+                patience,
+                watched_socket: client.http1_stream.clone().filter(|_| queued && body_unread),
+                rest: Rest {
+                    arrived,
+                    hold_until: patience.gives_up().0,
+                    class: bounds.place.class,
+                    // Looked at once more when a queued request's turn comes; one granted at once has just been read.
+                    recheck_client: client.http1_stream.clone().filter(|_| queued),
+                    window_held,
+                    request: upstream_request,
+                    answer,
+                    // An HTTP/2 client can stop a stream without blocking its socket; its body gets a watchdog.
+                    watch_body: !is_http1,
+                    buffers: self.buffers.clone(),
+                    route,
+                    marks,
+                },
+            };
+            // Started on this task when it is the lane's own thread's, without a hop (the lane then runs the rest).
+            self.lane.start_here(admitted.start());
+            // The upstream side stopped (floodgate is exiting) with the exchange on it.
+            let exchanged = answered.await.map_err(|_| ProxyError::Abandoned)?;
+            record.admitted(exchanged.admitted);
+            exchanged.answer.unwrap_or_else(|| {
+                // Its client left while it was queued: it goes unanswered, counted as the client's abort.
+                record.finish(Outcome::ClientAbort);
+                Ok(forward::local_response(&ProxyError::Shed(Shed::QueueTimeout), None))
+            })
+        }
     }
 
     /// Everything a request takes from its upstream's settings and its route, read once; the head is all it needs.

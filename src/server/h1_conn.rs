@@ -344,7 +344,7 @@ fn write_answer<'a>(
             Ok(written) => written,
             // The relay refuses such an answer before it gets here; should one come, the client gets a 502.
             Err(_) => {
-                answer_bare(wire, StatusCode::BAD_GATEWAY, version, stall).await?;
+                Box::pin(answer_bare(wire, StatusCode::BAD_GATEWAY, version, stall)).await?;
                 return Ok(true);
             }
         };
