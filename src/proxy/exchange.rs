@@ -129,8 +129,7 @@ impl Rest {
         }
     }
 
-    /// A block, not an `async fn`: an async fn's arguments are kept twice in its state (as arguments and as the
-    /// locals they are moved into), and this state is every admitted exchange's; the fields are used in place.
+    /// Sends the request and turns the answer into the client's, the rest's fields used in place.
     #[expect(
         clippy::manual_async_fn,
         reason = "an async fn keeps its arguments twice in its state"
@@ -274,8 +273,6 @@ pub(super) fn send<'a>(
     hold_until: tokio::time::Instant,
     client_left: &'a (dyn Fn() -> bool + Sync),
 ) -> impl Future<Output = Result<(Response<UpstreamIncoming>, Lease), ProxyError>> + 'a {
-    // A block, not an `async fn`: an async fn's arguments are kept twice in its state (as arguments and as the
-    // locals they are moved into), and this state is part of every exchange's.
     async move {
         let mut outgoing = Outgoing::Request(request);
         // One replay at most: of a GET or HEAD, once, on a fresh connection.

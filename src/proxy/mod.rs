@@ -298,8 +298,7 @@ impl Proxy {
 
     /// A request's path once it has arrived: refused, a tunnel, or rewritten for its upstream, its small body
     /// read, admitted and exchanged. One future on purpose: each future nested in another is moved into it
-    /// whole, and a request's future is kilobytes. A block rather than an `async fn`, which would hold its
-    /// arguments twice (as arguments and as the locals they move into).
+    /// whole, and a request's future is kilobytes.
     #[expect(
         clippy::manual_async_fn,
         reason = "an async fn keeps its arguments twice in its state"

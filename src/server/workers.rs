@@ -11,7 +11,7 @@ use crate::upstream_lane::UpstreamLane;
 
 /// A worker's lane is polled before each batch of this many client tasks' polls, each of which answers one request
 /// at most (a pipelined one waits for its next turn): the most a hand-off waits. Each batch ends in a look at the
-/// I/O driver (an `epoll_wait`), so a smaller batch costs CPU under load: 8 cost 7 % more per response than
+/// I/O driver (an `epoll_wait`), so a smaller batch costs CPU under load: 8 cost 8-12 % more per response than
 /// tokio's 61 at saturation (docs/storm.md).
 pub(super) const LANE_EVERY_TASKS: u32 = 61;
 
