@@ -29,6 +29,20 @@ thread_local! {
     static HERE: RefCell<Option<Arc<UpstreamLane>>> = const { RefCell::new(None) };
 }
 
+/// Every lane that runs on a worker thread (or a lane thread of its own), for choosing where a new upstream
+/// connection is opened; a lane leaves it once dropped.
+static WORKER_LANES: Mutex<Vec<std::sync::Weak<UpstreamLane>>> = Mutex::new(Vec::new());
+
+/// How much busier (in tasks) this thread's lane must be than the least busy one before a new connection is opened
+/// there instead: a quarter more, and at least this many more, so that a balanced set never trades work (each move
+/// wakes another thread).
+const BALANCE_SLACK: usize = 2;
+
+/// Whether a lane with `mine` tasks is much busier than one with `theirs`.
+fn much_busier(mine: usize, theirs: usize) -> bool {
+    mine > theirs + BALANCE_SLACK.max(theirs / 4)
+}
+
 /// How many times one poll of the lane takes in what its tasks spawned meanwhile (an upload's rest, an abandoned
 /// exchange's drain) and runs it, rather than leaving it for the next turn after a batch of client tasks.
 const ROUNDS_PER_POLL: usize = 2;
@@ -145,6 +159,11 @@ impl UpstreamLane {
         HERE.with_borrow(Option::clone)
     }
 
+    /// Whether this is the lane of the worker thread the caller is on.
+    pub fn is_here(&self) -> bool {
+        HERE.with_borrow(|here| here.as_deref().is_some_and(|here| std::ptr::eq(here, self)))
+    }
+
     /// How many tasks this lane has been given and not yet ended: a measure of how busy its thread is with upstream
     /// work, for choosing between lanes.
     pub fn load(&self) -> usize {
@@ -210,7 +229,30 @@ impl UpstreamLane {
     /// Makes `lane` the one work spawned from this thread runs in; for a worker thread whose runtime's `block_on`
     /// polls `lane.run()`.
     pub fn make_here(lane: Arc<UpstreamLane>) {
+        let mut lanes = WORKER_LANES.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        lanes.retain(|known| known.strong_count() > 0);
+        if !lanes
+            .iter()
+            .any(|known| std::ptr::eq(known.as_ptr(), Arc::as_ptr(&lane)))
+        {
+            lanes.push(Arc::downgrade(&lane));
+        }
+        drop(lanes);
         HERE.set(Some(lane));
+    }
+
+    /// Where a new upstream connection should be opened instead of this thread's lane: the least busy worker lane,
+    /// when this one is much busier (a quarter more tasks and at least 2 more). A connection's exchanges run where it
+    /// was opened, so the threads' shares of the work follow where the connections were born.
+    pub fn least_busy_elsewhere() -> Option<Arc<UpstreamLane>> {
+        let here = Self::here()?;
+        let lanes = WORKER_LANES.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let least = lanes
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .filter(|lane| !Arc::ptr_eq(lane, &here))
+            .min_by_key(|lane| lane.load())?;
+        much_busier(here.load(), least.load()).then_some(least)
     }
 
     /// Runs the lane's tasks until the returned future is dropped, or the lane is and its last task has ended; to
@@ -286,7 +328,37 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 
-    use super::UpstreamLane;
+    use super::{much_busier, UpstreamLane};
+
+    #[test]
+    fn a_new_connection_goes_to_another_lane_only_when_this_one_is_much_busier() {
+        // At least BALANCE_SLACK more...
+        assert!(!much_busier(4, 2));
+        assert!(much_busier(5, 2));
+        // ...and a quarter more than a busy lane.
+        assert!(!much_busier(20, 16));
+        assert!(much_busier(21, 16));
+        // Never towards the busier lane.
+        assert!(!much_busier(2, 5));
+    }
+
+    #[test]
+    fn a_lane_is_here_only_on_the_thread_that_runs_it() {
+        let lane = UpstreamLane::new();
+        let other = UpstreamLane::new();
+        let seen = std::thread::spawn({
+            let (lane, other) = (lane.clone(), other.clone());
+            move || {
+                UpstreamLane::make_here(lane.clone());
+                (lane.is_here(), other.is_here())
+            }
+        })
+        .join()
+        .expect("the thread ran");
+        assert_eq!(seen, (true, false));
+        // Not on this thread, which runs no lane.
+        assert!(!lane.is_here());
+    }
 
     /// A current-thread runtime whose `block_on` polls `lane` beside `body`, as a serving thread's does.
     fn on_serving_thread(lane: &Arc<UpstreamLane>, body: impl std::future::Future<Output = ()>) {

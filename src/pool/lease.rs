@@ -11,6 +11,7 @@ use super::{Back, Conn, Grant, UpstreamPool};
 use crate::body::UploadProgress;
 use crate::error::ProxyError;
 use crate::error::UpstreamError;
+use crate::upstream_lane::UpstreamLane;
 
 enum Held {
     Conn(Conn),
@@ -56,6 +57,22 @@ impl Lease {
         match std::mem::replace(&mut self.held, Held::GrantBack) {
             Held::Conn(conn) => Some(Grant::Idle(conn)),
             Held::Dial(slot) => Some(Grant::Dial(slot)),
+            Held::Nothing | Held::GrantBack => None,
+        }
+    }
+
+    /// The lane this lease's exchange should run in when it is not the caller's thread's: a reused HTTP/1
+    /// connection's home (the thread whose I/O driver watches its socket: run elsewhere, each answer would wait for
+    /// both threads' turns, docs/storm.md), or for a slot to dial with, the least busy lane when this thread's is
+    /// much busier (the connection is opened where the exchange runs, and stays there).
+    pub fn lane_elsewhere(&self) -> Option<Arc<UpstreamLane>> {
+        match &self.held {
+            Held::Conn(conn) => conn
+                .wire()
+                .and_then(|wire| wire.home())
+                .filter(|home| !home.is_here())
+                .cloned(),
+            Held::Dial(_) => UpstreamLane::least_busy_elsewhere(),
             Held::Nothing | Held::GrantBack => None,
         }
     }

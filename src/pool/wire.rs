@@ -22,6 +22,8 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc::WeakUnboundedSender;
 use tokio::sync::Notify;
 
+use crate::upstream_lane::UpstreamLane;
+
 use super::client::SentHead;
 use super::Slot;
 use crate::net::{self, Peeked, SharedStream};
@@ -45,6 +47,9 @@ pub(crate) struct Wire {
     watch: Waker,
     /// The same waker's own state: whether it was woken since it was last registered.
     stirred: Arc<Stirred>,
+    /// The upstream lane of the worker thread that opened the connection (`None` off floodgate's worker threads):
+    /// its socket's readiness comes from that thread's I/O driver, so its exchanges run there.
+    home: Option<Arc<UpstreamLane>>,
 }
 
 /// Where a stir on an idle connection is told: the pool's closing task, which looks at the wire.
@@ -143,8 +148,14 @@ impl Wire {
                 socket,
                 watch: Waker::from(stirred.clone()),
                 stirred,
+                home: UpstreamLane::here(),
             }
         })
+    }
+
+    /// The lane of the thread whose I/O driver watches the socket, if it was opened on a floodgate worker thread.
+    pub(crate) fn home(&self) -> Option<&Arc<UpstreamLane>> {
+        self.home.as_ref()
     }
 
     /// A panic while the lock was held leaves the state as it was between two polls; `spent` is what matters, and

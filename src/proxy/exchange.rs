@@ -44,6 +44,14 @@ pub(super) struct AdmittedExchange {
 }
 
 impl AdmittedExchange {
+    /// The lane an exchange granted at once must run in when it is not this thread's ([`Lease::lane_elsewhere`]).
+    pub(super) fn lane_elsewhere(&self) -> Option<Arc<UpstreamLane>> {
+        match &self.admitted {
+            Admitted::Now(lease) => lease.lane_elsewhere(),
+            Admitted::Queued(_) => None,
+        }
+    }
+
     /// Waits for a grant if queued, then runs the exchange and sends its answer to the client's task. A client
     /// that leaves while the request is queued takes it out of the queue; one that leaves later does not cancel
     /// the exchange (cancelling would close the upstream connection while the upstream still works on the
@@ -104,7 +112,6 @@ impl Rest {
     ) {
         let handover = Arc::new(Handover {
             rest: std::sync::Mutex::new(Some(self)),
-            origin: UpstreamLane::here(),
         });
         queued.hand_over_to(handover.clone());
         let client_gone = async {
@@ -194,26 +201,11 @@ impl Rest {
 }
 
 /// A queued request's [`Rest`], held for whichever comes first: the grant's thread, which takes it and spawns the
-/// exchange in its own upstream lane (so a lease freed on one worker thread goes back to work at once, without
-/// waiting for the waiter's thread to be scheduled), or the wait's end without a grant, which takes it back to
-/// answer the client.
+/// exchange in the lane of the thread that watches the granted connection, usually its own (so a lease freed on one
+/// worker thread goes back to work at once, without waiting for the waiter's thread to be scheduled), or the wait's
+/// end without a grant, which takes it back to answer the client.
 struct Handover {
     rest: std::sync::Mutex<Option<Rest>>,
-    /// The lane of the client's thread, where the exchange goes instead when the granting thread's lane is much
-    /// busier: otherwise a connection's exchanges stay on whichever thread ran its first, and the threads' shares of
-    /// the work follow where the pool's connections happened to start.
-    origin: Option<Arc<UpstreamLane>>,
-}
-
-/// How much busier (in tasks) the granting thread's lane must be than the client's before a granted exchange goes to
-/// the client's thread: a quarter more, and at least this many more, so that a balanced pair never trades exchanges
-/// (each move wakes another thread, which the storm's hand-off must not wait for).
-const BALANCE_SLACK: usize = 2;
-
-/// Whether an exchange granted on `here`'s thread should run on `origin`'s instead.
-fn busier(here: &UpstreamLane, origin: &UpstreamLane) -> bool {
-    let (here, origin) = (here.load(), origin.load());
-    here > origin + BALANCE_SLACK.max(origin / 4)
 }
 
 impl Handover {
@@ -240,14 +232,14 @@ impl LeaseTaker for Handover {
         let Some(rest) = self.take_back() else {
             return Err(lease);
         };
-        // On a floodgate worker thread, into that thread's lane, unless it is much busier than the client's.
+        // Into this thread's lane, unless the lease's connection is watched by another thread or a new one should be
+        // opened on a less busy thread.
         let pool = lease.pool().clone();
+        let elsewhere = lease.lane_elsewhere();
         let exchange = boxed!(rest.run(lease));
-        match (&self.origin, UpstreamLane::here()) {
-            (Some(origin), Some(here)) if !Arc::ptr_eq(origin, &here) && busier(&here, origin) => {
-                origin.spawn_on(exchange)
-            }
-            _ => pool.spawn_boxed(exchange),
+        match elsewhere {
+            Some(lane) => lane.spawn_on(exchange),
+            None => pool.spawn_boxed(exchange),
         }
         Ok(())
     }
@@ -559,38 +551,4 @@ pub(super) async fn readmit(pool: &Arc<UpstreamPool>, fresh: bool) -> Result<Lea
 enum Outgoing {
     Request(UpstreamRequest),
     Replay(forward::SentHead),
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{busier, UpstreamLane};
-
-    /// A lane given `tasks` tasks that never run (nobody polls it).
-    fn lane_with(tasks: usize) -> std::sync::Arc<UpstreamLane> {
-        let lane = UpstreamLane::new();
-        for _ in 0..tasks {
-            lane.spawn_on(Box::pin(std::future::pending()));
-        }
-        lane
-    }
-
-    #[test]
-    fn a_granted_exchange_goes_to_the_clients_lane_only_when_the_granting_one_is_much_busier() {
-        let (two, four, five, sixteen, twenty, twenty_one) = (
-            lane_with(2),
-            lane_with(4),
-            lane_with(5),
-            lane_with(16),
-            lane_with(20),
-            lane_with(21),
-        );
-        // At least BALANCE_SLACK more...
-        assert!(!busier(&four, &two));
-        assert!(busier(&five, &two));
-        // ...and a quarter more than a busy client's lane.
-        assert!(!busier(&twenty, &sixteen));
-        assert!(busier(&twenty_one, &sixteen));
-        // Never towards the busier lane.
-        assert!(!busier(&two, &five));
-    }
 }

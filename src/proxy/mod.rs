@@ -410,8 +410,12 @@ impl Proxy {
                     marks,
                 },
             };
-            // Started on this task when it is the lane's own thread's, without a hop (the lane then runs the rest).
-            self.lane.start_here(admitted.start());
+            // Started on this task when it is the lane's own thread's, without a hop (the lane then runs the rest);
+            // on a connection another thread watches, or to open one on a less busy thread, in that thread's lane.
+            match admitted.lane_elsewhere() {
+                Some(lane) => lane.spawn_on(admitted.start()),
+                None => self.lane.start_here(admitted.start()),
+            }
             // The upstream side stopped (floodgate is exiting) with the exchange on it.
             let exchanged = answered.await.map_err(|_| ProxyError::Abandoned)?;
             record.admitted(exchanged.admitted);
