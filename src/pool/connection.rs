@@ -185,6 +185,13 @@ impl Conn {
 
     /// An idle HTTP/2 stream that may not start now: its session has its limit's worth at work (the upstream
     /// lowered it, or its other permits are out).
+    /// Whether the connection was opened on a worker thread other than the caller's (its exchanges run there).
+    pub(super) fn homed_elsewhere(&self) -> bool {
+        self.wire()
+            .and_then(|wire| wire.home())
+            .is_some_and(|home| !home.is_here())
+    }
+
     pub(super) fn lacks_room(&self, limits: &UpstreamConfig) -> bool {
         self.session()
             .is_some_and(|session| !session.has_room(limits.max_streams_per_connection))

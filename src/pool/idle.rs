@@ -70,10 +70,25 @@ impl UpstreamPool {
             } else if idle.conn.lacks_room(&limits) {
                 passed_over.push(idle);
             } else {
-                taken = Some(idle.into_conn());
+                taken = Some(idle);
                 break;
             }
         }
+        // With several worker threads, a connection this thread opened rather than a newer one another thread did:
+        // its exchange then runs here, without waking the other thread.
+        if taken.as_ref().is_some_and(|idle| idle.conn.homed_elsewhere()) {
+            let slots = &state.slots;
+            let mine = state.idle.iter().rposition(|idle| {
+                !idle.conn.homed_elsewhere()
+                    && idle.conn.is_usable_idle(&limits)
+                    && !slots.sheds_at(idle.conn.endpoint)
+                    && !idle.conn.lacks_room(&limits)
+            });
+            if let Some(mine) = mine.and_then(|at| state.idle.remove(at)) {
+                passed_over.extend(taken.replace(mine));
+            }
+        }
+        let taken = taken.map(IdleConn::into_conn);
         // Back where they were, in their order.
         while let Some(idle) = passed_over.pop() {
             state.idle.push_back(idle);
