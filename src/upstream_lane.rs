@@ -30,7 +30,8 @@ thread_local! {
 }
 
 /// Every lane that runs on a worker thread (or a lane thread of its own), for choosing where a new upstream
-/// connection is opened; a lane leaves it once dropped.
+/// connection is opened; a lane leaves it once it stops. Process-wide: one server per process runs worker threads
+/// (the binary's `main`).
 static WORKER_LANES: Mutex<Vec<std::sync::Weak<UpstreamLane>>> = Mutex::new(Vec::new());
 
 /// How much busier (in tasks) this thread's lane must be than the least busy one before a new connection is opened
@@ -110,6 +111,11 @@ impl Drop for Stopped {
         };
         drop(tasks);
         self.0.load.store(0, Ordering::Relaxed);
+        // A stopped lane runs nothing sent to it: no new connection may be sent there.
+        WORKER_LANES
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .retain(|known| !std::ptr::eq(known.as_ptr(), Arc::as_ptr(&self.0)));
     }
 }
 
