@@ -29,9 +29,9 @@ thread_local! {
     static HERE: RefCell<Option<Arc<UpstreamLane>>> = const { RefCell::new(None) };
 }
 
-/// Every lane that runs on a worker thread (or a lane thread of its own), for choosing where a new upstream
-/// connection is opened; a lane leaves it once it stops. Process-wide: one server per process runs worker threads
-/// (the binary's `main`).
+/// Every lane that is running (on a worker thread, or a lane thread of its own), for choosing where a new upstream
+/// connection is opened; a lane joins it when its `run` starts and leaves it when that stops. Process-wide: one
+/// server per process runs worker threads (the binary's `main`).
 static WORKER_LANES: Mutex<Vec<std::sync::Weak<UpstreamLane>>> = Mutex::new(Vec::new());
 
 /// How much busier (in tasks) this thread's lane must be than the least busy one before a new connection is opened
@@ -235,15 +235,6 @@ impl UpstreamLane {
     /// Makes `lane` the one work spawned from this thread runs in; for a worker thread whose runtime's `block_on`
     /// polls `lane.run()`.
     pub fn make_here(lane: Arc<UpstreamLane>) {
-        let mut lanes = WORKER_LANES.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        lanes.retain(|known| known.strong_count() > 0);
-        if !lanes
-            .iter()
-            .any(|known| std::ptr::eq(known.as_ptr(), Arc::as_ptr(&lane)))
-        {
-            lanes.push(Arc::downgrade(&lane));
-        }
-        drop(lanes);
         HERE.set(Some(lane));
     }
 
@@ -277,6 +268,11 @@ impl UpstreamLane {
             };
             // The thread that polls this is the one whose client tasks may start work here directly.
             UpstreamLane::make_here(lane.clone());
+            // Running from here until `Stopped` takes it out again: new connections may be sent here.
+            WORKER_LANES
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .push(Arc::downgrade(&lane));
             let _stop = Stopped(lane.clone());
             let mut open = true;
             std::future::poll_fn(move |cx| {

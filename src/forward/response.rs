@@ -239,6 +239,7 @@ pub(crate) struct RouteEdits<'a> {
 /// first, at the upstream's speed, and the lease given back before the client is sent anything: a slow client
 /// then holds memory, never a slot. Any other body streams, holding the lease until its last byte. A failure while
 /// buffering is answered by the caller (nothing has reached the client yet).
+///
 /// The answer comes as its head and body, taken apart by the caller.
 #[expect(
     clippy::manual_async_fn,

@@ -21,6 +21,7 @@ use super::{Slot, UpstreamPool};
 use crate::config::{Origin, UpstreamConfig, UpstreamProtocol};
 use crate::error::ProxyError;
 use crate::net::{self, SharedStream};
+use crate::upstream_lane::UpstreamLane;
 
 /// A live connection to the upstream as a request sees it: an HTTP/1.1 connection, or one stream's permit on an
 /// HTTP/2 session. Dropping it closes it (an HTTP/2 session closes with its last permit).
@@ -183,15 +184,14 @@ impl Conn {
         }
     }
 
-    /// An idle HTTP/2 stream that may not start now: its session has its limit's worth at work (the upstream
-    /// lowered it, or its other permits are out).
-    /// Whether the connection was opened on a worker thread other than the caller's (its exchanges run there).
-    pub(super) fn homed_elsewhere(&self) -> bool {
-        self.wire()
-            .and_then(|wire| wire.home())
-            .is_some_and(|home| !home.is_here())
+    /// The lane of the worker thread that opened this HTTP/1 connection, when that is not the caller's thread: its
+    /// socket's answers are seen by that thread's I/O driver, so its exchanges run there.
+    pub(super) fn home_elsewhere(&self) -> Option<&Arc<UpstreamLane>> {
+        self.wire().and_then(|wire| wire.home()).filter(|home| !home.is_here())
     }
 
+    /// An idle HTTP/2 stream that may not start now: its session has its limit's worth at work (the upstream
+    /// lowered it, or its other permits are out).
     pub(super) fn lacks_room(&self, limits: &UpstreamConfig) -> bool {
         self.session()
             .is_some_and(|session| !session.has_room(limits.max_streams_per_connection))

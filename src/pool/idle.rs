@@ -61,6 +61,9 @@ impl UpstreamPool {
             return state.idle.remove(best).map(IdleConn::into_conn);
         }
         let mut passed_over = Vec::new();
+        // With several worker threads, a usable connection another thread opened is passed over for one this thread
+        // opened (whose exchange then runs here, without waking the other thread); the newest such is the fallback.
+        let mut elsewhere_at = None;
         let mut taken = None;
         while let Some(idle) = state.idle.pop_back() {
             if !idle.conn.is_usable_idle(&limits) || state.slots.sheds_at(idle.conn.endpoint) {
@@ -69,26 +72,15 @@ impl UpstreamPool {
                 state.start_closing(&idle.conn);
             } else if idle.conn.lacks_room(&limits) {
                 passed_over.push(idle);
+            } else if idle.conn.home_elsewhere().is_some() {
+                elsewhere_at.get_or_insert(passed_over.len());
+                passed_over.push(idle);
             } else {
-                taken = Some(idle);
+                taken = Some(idle.into_conn());
                 break;
             }
         }
-        // With several worker threads, a connection this thread opened rather than a newer one another thread did:
-        // its exchange then runs here, without waking the other thread.
-        if taken.as_ref().is_some_and(|idle| idle.conn.homed_elsewhere()) {
-            let slots = &state.slots;
-            let mine = state.idle.iter().rposition(|idle| {
-                !idle.conn.homed_elsewhere()
-                    && idle.conn.is_usable_idle(&limits)
-                    && !slots.sheds_at(idle.conn.endpoint)
-                    && !idle.conn.lacks_room(&limits)
-            });
-            if let Some(mine) = mine.and_then(|at| state.idle.remove(at)) {
-                passed_over.extend(taken.replace(mine));
-            }
-        }
-        let taken = taken.map(IdleConn::into_conn);
+        let taken = taken.or_else(|| elsewhere_at.map(|at| passed_over.remove(at).into_conn()));
         // Back where they were, in their order.
         while let Some(idle) = passed_over.pop() {
             state.idle.push_back(idle);

@@ -67,11 +67,7 @@ impl Lease {
     /// much busier (the connection is opened where the exchange runs, and stays there).
     pub fn lane_elsewhere(&self) -> Option<Arc<UpstreamLane>> {
         match &self.held {
-            Held::Conn(conn) => conn
-                .wire()
-                .and_then(|wire| wire.home())
-                .filter(|home| !home.is_here())
-                .cloned(),
+            Held::Conn(conn) => conn.home_elsewhere().cloned(),
             Held::Dial(_) => UpstreamLane::least_busy_elsewhere(),
             Held::Nothing | Held::GrantBack => None,
         }
