@@ -62,6 +62,10 @@ pub enum ProxyError {
     ClientGone,
     #[error("could not connect to upstream: {0}")]
     Connect(String),
+    /// A slot was issued, but by the time it dialled another generation of the pool (a reload replaced it) had
+    /// taken the last room at every endpoint it could go to: nothing was sent, and the request waits again.
+    #[error("no endpoint has room for another connection")]
+    NoEndpointRoom,
     #[error("connect to upstream timed out after {0:?}")]
     ConnectTimeout(Duration),
     /// The TLS handshake with an `https://` upstream failed (its certificate, the name, a protocol alert).
@@ -243,7 +247,7 @@ impl ProxyError {
             ProxyError::ClientBody(_) => "bad request body\n",
             ProxyError::ClientBodyTimeout(_) | ProxyError::ClientTooSlow(_) => "request body timeout\n",
             ProxyError::ClientGone => "request body incomplete\n",
-            ProxyError::Connect(_) => "upstream connect failed\n",
+            ProxyError::Connect(_) | ProxyError::NoEndpointRoom => "upstream connect failed\n",
             ProxyError::ConnectTimeout(_) => "upstream connect timeout\n",
             ProxyError::UpstreamTls(_) => "upstream TLS handshake failed\n",
             ProxyError::Upstream(_)
@@ -280,6 +284,7 @@ impl ProxyError {
             ProxyError::ClientBodyTimeout(_) | ProxyError::ClientTooSlow(_) => Outcome::ClientTimeout,
             ProxyError::ClientGone => Outcome::ClientAbort,
             ProxyError::Connect(_)
+            | ProxyError::NoEndpointRoom
             | ProxyError::ConnectTimeout(_)
             | ProxyError::UpstreamTls(_)
             | ProxyError::Upstream(_)

@@ -1031,3 +1031,37 @@ async fn reloads_that_move_an_upstream_never_let_its_old_and_new_connections_pas
     );
     load.finish_without_failures().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_queued_in_a_replaced_pool_wait_for_room_at_an_address_the_new_pool_caps() {
+    // The first pool dials 127.0.0.1 only; the reload gives that address a cap of 2 of its own. The old pool's
+    // waiters must wait until its connections there are down to that cap, not be granted a dial no endpoint may
+    // take (each was a `502`).
+    let upstream = Upstream::start_with(UpstreamOptions {
+        any_address: true,
+        ..UpstreamOptions::default()
+    })
+    .await;
+    let port = upstream.addr().port();
+    let at = |ip: &str| format!("http://{ip}:{port}");
+    let config = TempConfig::new(&one_upstream(&at("127.0.0.1"), 4));
+    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let requests = spawn_gets(proxy.listen, 6, "/stall");
+    proxy.wait_queue_depth("a", 2, WAIT).await;
+    wait_until_sync("four requests at the upstream", WAIT, || upstream.inflight() == 4).await;
+
+    std::fs::write(config.path(), two_endpoints(&at("127.0.0.1"), &at("127.0.0.2"), 2)).unwrap();
+    let resp = proxy.admin_request(Method::POST, "/reload", "", None).await;
+    assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+    // Each answer closes its connection: the old pool's slots come back one by one rather than being handed on.
+    upstream.set_close_every(true);
+    upstream.release_stalled();
+    for request in requests {
+        assert_eq!(request.await.unwrap(), StatusCode::OK);
+    }
+    assert!(
+        upstream.peak_connections() <= 4,
+        "{} connections",
+        upstream.peak_connections()
+    );
+}

@@ -351,9 +351,7 @@ impl UpstreamPool {
         let chosen = self.choose_endpoint(&mut slot);
         let list = self.endpoints();
         let Some((endpoint, origin)) = chosen.and_then(|at| list.get(at).map(|(origin, _)| (at, origin))) else {
-            return Err(ProxyError::Connect(
-                "no endpoint has room for another connection".into(),
-            ));
+            return Err(ProxyError::NoEndpointRoom);
         };
         let dialled = self.dial_endpoint(slot, origin, endpoint).await;
         self.dialled(endpoint, dialled.is_ok());

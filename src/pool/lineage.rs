@@ -142,10 +142,17 @@ impl Lineage {
 
     /// Whether `address` has room under the newest generation's cap for it (`own`: the asking generation's).
     pub(super) fn address_has_room(&self, address: &str, own: usize) -> bool {
+        self.room_at(address, own) > 0
+    }
+
+    /// How many more sockets `address` may have under the newest generation's cap for it (`own`: the asking
+    /// generation's).
+    pub(super) fn room_at(&self, address: &str, own: usize) -> usize {
         let addresses = self.addresses();
         let at = addresses.get(address);
         let open = at.map_or(0, |at| at.open);
-        open < own.min(at.and_then(|at| at.cap).unwrap_or(usize::MAX))
+        own.min(at.and_then(|at| at.cap).unwrap_or(usize::MAX))
+            .saturating_sub(open)
     }
 
     /// Counts one more socket at `address` if it has room (see [`Self::address_has_room`]).

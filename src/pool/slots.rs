@@ -151,9 +151,30 @@ impl Slots {
         self.cap
     }
 
-    /// Whether a slot could be issued now: under this pool's cap, and the lineage under the newest pool's.
+    /// Whether a slot could be issued now: under this pool's cap, the lineage under the newest pool's, and an
+    /// endpoint left to dial for it.
     pub(super) fn has_room(&self) -> bool {
-        self.open < self.cap && self.lineage.has_room()
+        self.open < self.cap && self.lineage.has_room() && self.room_to_place()
+    }
+
+    /// Whether one more slot would find an endpoint to count at, beyond the slots issued and not yet counted at one.
+    /// Within one pool the cap in force sees to it; across generations it does not: an older pool still closing
+    /// may hold an address's room under the newest pool's cap for it, and a slot issued with nowhere to dial was a
+    /// `502`.
+    fn room_to_place(&self) -> bool {
+        let placed: usize = self.endpoints.iter().map(|at| at.open).sum();
+        let unplaced = self.open.saturating_sub(placed);
+        let mut room = 0usize;
+        for at in self.endpoints.iter().filter(|at| !at.drained && !at.gone) {
+            let own = at.in_force().saturating_sub(at.open);
+            if own > 0 {
+                room = room.saturating_add(own.min(self.lineage.room_at(&at.address, at.in_force())));
+                if room > unplaced {
+                    return true;
+                }
+            }
+        }
+        false
     }
 
     /// Whether a connection is on its way out (and will free its slot soon).
@@ -174,7 +195,7 @@ impl Slots {
 
     /// Counts one more slot if the cap in force allows it, here and over the lineage.
     pub(super) fn issue(&mut self) -> Option<Issued> {
-        if self.open >= self.cap || !self.lineage.issue() {
+        if self.open >= self.cap || !self.room_to_place() || !self.lineage.issue() {
             return None;
         }
         self.open += 1;
@@ -575,5 +596,35 @@ mod tests {
         assert!(!new.endpoint_has_room(1), "a:1 is full with the old generation's");
         assert!(new.issue_at(1).is_none());
         assert!(new.issue_at(0).is_some(), "b:1 has room");
+    }
+
+    #[test]
+    fn no_slot_is_issued_that_could_find_no_endpoint_under_the_newest_generations_caps() {
+        let url = [("a:1".to_string(), usize::MAX)];
+        let mut old = Slots::for_endpoints(4, &url, None);
+        for _ in 0..3 {
+            assert!(old.issue_at(0).is_some());
+        }
+        let mut new = Slots::for_endpoints(
+            4,
+            &[("a:1".to_string(), 2), ("b:1".to_string(), 2)],
+            Some(old.lineage().clone()),
+        );
+        assert!(
+            !old.has_room() && old.issue().is_none(),
+            "a:1 holds 3 against the newest's 2: the old generation has nowhere to dial"
+        );
+        // The newest has b:1, but one slot issued and not yet placed takes its last room in the lineage's total.
+        let unplaced = new.issue();
+        assert!(unplaced.is_some());
+        assert!(new.issue().is_none());
+        old.take_back(Some(0), None);
+        assert!(!old.has_room(), "a:1 at the newest's cap of 2");
+        assert!(new.has_room(), "a:1 or b:1 for one more");
+        old.take_back(Some(0), None);
+        assert!(old.issue().is_some(), "a:1 has room again");
+        if let Some(unplaced) = unplaced {
+            new.unissue(unplaced);
+        }
     }
 }

@@ -293,6 +293,13 @@ pub(super) fn send<'a>(
                 Err(err) => {
                     lease.forbid_reuse();
                     drop(lease);
+                    if matches!(err, ProxyError::NoEndpointRoom) {
+                        // Another generation of the pool took the room this slot was issued for: nothing was sent,
+                        // and the slot is back. The request waits for room again, at the front, within its patience.
+                        attempts_left = attempts_left.saturating_add(1);
+                        lease = Box::pin(readmit(pool, false)).await?;
+                        continue;
+                    }
                     if reused && attempts_left > 0 {
                         // A stale idle connection: nothing was sent on it.
                         pool.metrics.retried_unsent.inc();
