@@ -61,6 +61,9 @@ impl UpstreamPool {
             return state.idle.remove(best).map(IdleConn::into_conn);
         }
         let mut passed_over = Vec::new();
+        // With several worker threads, a usable connection another thread opened is passed over for one this thread
+        // opened (whose exchange then runs here, without waking the other thread); the newest such is the fallback.
+        let mut elsewhere_at = None;
         let mut taken = None;
         while let Some(idle) = state.idle.pop_back() {
             if !idle.conn.is_usable_idle(&limits) || state.slots.sheds_at(idle.conn.endpoint) {
@@ -69,11 +72,15 @@ impl UpstreamPool {
                 state.start_closing(&idle.conn);
             } else if idle.conn.lacks_room(&limits) {
                 passed_over.push(idle);
+            } else if idle.conn.home_elsewhere().is_some() {
+                elsewhere_at.get_or_insert(passed_over.len());
+                passed_over.push(idle);
             } else {
                 taken = Some(idle.into_conn());
                 break;
             }
         }
+        let taken = taken.or_else(|| elsewhere_at.map(|at| passed_over.remove(at).into_conn()));
         // Back where they were, in their order.
         while let Some(idle) = passed_over.pop() {
             state.idle.push_back(idle);
