@@ -217,6 +217,20 @@ impl UpstreamLane {
         });
     }
 
+    /// `task` to be run by the caller's own task, which awaits it, when the caller is on the thread that runs this
+    /// lane and the lane is running; else `task` back, for [`UpstreamLane::start_here`]. For an exchange granted at
+    /// once with nothing queued (light load): no task is added to the lane and nothing wakes it, and the answer's
+    /// wake-up is the client task's own. If the caller drops it before it ends (its client left), what is left of it
+    /// runs on in this thread's lane: an exchange is never cut off while the upstream may work on it.
+    pub fn inline(&self, task: Task) -> Result<Inline, Task> {
+        let running = self.is_here() && self.running.try_lock().is_ok_and(|running| running.waker.is_some());
+        if running {
+            Ok(Inline { task: Some(task) })
+        } else {
+            Err(task)
+        }
+    }
+
     /// Pushes `task` into the running set and polls the set's ready tasks, unless the set is being polled (a lane
     /// task calling this) or is not running (not started, or ended).
     fn run_now(&self, task: Task) -> Result<(), Task> {
@@ -322,6 +336,49 @@ impl UpstreamLane {
                 runtime.shutdown_background();
             })?;
         Ok(())
+    }
+}
+
+/// Upstream work the client's task runs itself ([`UpstreamLane::inline`]); dropped before it ends, it goes on in the
+/// lane of the thread it was dropped on.
+pub struct Inline {
+    task: Option<Task>,
+}
+
+impl Future for Inline {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        let Some(task) = self.task.as_mut() else {
+            return Poll::Ready(());
+        };
+        // A task that panicked is not handed on to be polled again: it is dropped, and the panic goes on to the
+        // client's task, which answers for it.
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task.as_mut().poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(())) => {
+                self.task = None;
+                Poll::Ready(())
+            }
+            Err(panicked) => {
+                self.task = None;
+                std::panic::resume_unwind(panicked)
+            }
+        }
+    }
+}
+
+impl Drop for Inline {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            // On the thread whose lane made it (client tasks do not move between floodgate's worker threads). A
+            // thread already past its lane (exiting) drops the task, as a stopped lane does.
+            let _ = HERE.try_with(|here| {
+                if let Some(lane) = here.borrow().as_deref() {
+                    lane.spawn_on(task);
+                }
+            });
+        }
     }
 }
 

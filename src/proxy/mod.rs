@@ -412,9 +412,27 @@ impl Proxy {
             };
             // Started on this task when it is the lane's own thread's, without a hop (the lane then runs the rest);
             // on a connection another thread watches, or to open one on a less busy thread, in that thread's lane.
-            match admitted.lane_elsewhere() {
-                Some(lane) => lane.spawn_on(admitted.start()),
-                None => self.lane.start_here(admitted.start()),
+            // Granted at once with nothing queued, on a connection of this thread's: run by this task itself, which
+            // the answer then wakes directly (handed to the lane if this task is dropped first).
+            let inline = match admitted.lane_elsewhere() {
+                Some(lane) => {
+                    lane.spawn_on(admitted.start());
+                    None
+                }
+                None if queued => {
+                    self.lane.start_here(admitted.start());
+                    None
+                }
+                None => match self.lane.inline(admitted.start()) {
+                    Ok(inline) => Some(inline),
+                    Err(task) => {
+                        self.lane.start_here(task);
+                        None
+                    }
+                },
+            };
+            if let Some(inline) = inline {
+                inline.await;
             }
             // The upstream side stopped (floodgate is exiting) with the exchange on it.
             let exchanged = answered.await.map_err(|_| ProxyError::Abandoned)?;
