@@ -54,8 +54,11 @@ impl UpstreamPool {
         }
         let mut state = self.lock();
         if let Some(grant) = self.take_now(&mut state, priority) {
+            let roomy = state.leased.saturating_mul(2) <= state.slots.cap();
             drop(state);
-            return Ok(Admitted::Now(Lease::new(self.clone(), grant)));
+            let mut lease = Lease::new(self.clone(), grant);
+            lease.roomy = roomy;
+            return Ok(Admitted::Now(lease));
         }
         let now = Instant::now();
         if self.stalled_at(&state, now) {

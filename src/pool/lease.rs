@@ -32,6 +32,8 @@ pub struct Lease {
     upload: Option<UploadProgress>,
     /// With `hold_warn_after`: dropped with the lease, which tells its alarm the hold is over.
     alarm: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Granted at once with at most half the cap in force leased, this one included.
+    pub(super) roomy: bool,
     pool: Arc<UpstreamPool>,
 }
 
@@ -48,8 +50,16 @@ impl Lease {
             abandoned: false,
             upload: None,
             alarm: None,
+            roomy: false,
             pool,
         }
+    }
+
+    /// Whether the lease was granted at once while at most half the cap in force was leased: its connection is not
+    /// one a waiter is likely to want soon, so the exchange may run at its client task's pace (see
+    /// `UpstreamLane::inline`) without holding up anyone.
+    pub fn granted_with_room(&self) -> bool {
+        self.roomy
     }
 
     /// The grant a lease that has not been used yet was made from, to hand on to another waiter.

@@ -52,6 +52,14 @@ impl AdmittedExchange {
         }
     }
 
+    /// Granted at once with most of the cap free: the exchange may run in its client's task (see
+    /// [`UpstreamLane::inline`]). Near the cap, or queued, it runs in the lane, whose turn comes before the client
+    /// tasks': on a busy thread a client task's turn can be many milliseconds away, and a connection held that long
+    /// is one the next request waits for.
+    pub(super) fn may_run_inline(&self) -> bool {
+        matches!(&self.admitted, Admitted::Now(lease) if lease.granted_with_room())
+    }
+
     /// Waits for a grant if queued, then runs the exchange and sends its answer to the client's task. A client
     /// that leaves while the request is queued takes it out of the queue; one that leaves later does not cancel
     /// the exchange (cancelling would close the upstream connection while the upstream still works on the

@@ -412,14 +412,14 @@ impl Proxy {
             };
             // Started on this task when it is the lane's own thread's, without a hop (the lane then runs the rest);
             // on a connection another thread watches, or to open one on a less busy thread, in that thread's lane.
-            // Granted at once with nothing queued, on a connection of this thread's: run by this task itself, which
-            // the answer then wakes directly (handed to the lane if this task is dropped first).
+            // Granted at once with most of the cap free, on a connection of this thread's: run by this task itself,
+            // which the answer then wakes directly (handed to the lane if this task is dropped first).
             let inline = match admitted.lane_elsewhere() {
                 Some(lane) => {
                     lane.spawn_on(admitted.start());
                     None
                 }
-                None if queued => {
+                None if !admitted.may_run_inline() => {
                     self.lane.start_here(admitted.start());
                     None
                 }
