@@ -217,13 +217,17 @@ impl UpstreamLane {
         });
     }
 
-    /// `task` to be run by the caller's own task, which awaits it, when the caller is on the thread that runs this
-    /// lane and the lane is running; else `task` back, for [`UpstreamLane::start_here`]. For an exchange granted at
-    /// once with nothing queued (light load): no task is added to the lane and nothing wakes it, and the answer's
-    /// wake-up is the client task's own. If the caller drops it before it ends (its client left), what is left of it
-    /// runs on in this thread's lane: an exchange is never cut off while the upstream may work on it.
+    /// `task` to be run by the caller's own task, which awaits it, when the caller is on a worker thread whose lane
+    /// is running (this lane, or with several worker threads that thread's own); else `task` back, for
+    /// [`UpstreamLane::start_here`]. For an exchange granted at once with most of its upstream's cap free: no task
+    /// is added to the lane and nothing wakes it, and the answer's wake-up is the client task's own. If the caller
+    /// drops it before it ends (its client left), what is left of it runs on in the thread's lane: an exchange is
+    /// never cut off while the upstream may work on it.
     pub fn inline(&self, task: Task) -> Result<Inline, Task> {
-        let running = self.is_here() && self.running.try_lock().is_ok_and(|running| running.waker.is_some());
+        let running = HERE.with_borrow(|here| {
+            here.as_deref()
+                .is_some_and(|lane| lane.running.try_lock().is_ok_and(|running| running.waker.is_some()))
+        });
         if running {
             Ok(Inline { task: Some(task) })
         } else {

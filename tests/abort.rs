@@ -305,3 +305,46 @@ async fn abort_mid_body(proxy: &Proxy, size: u64) {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaving_a_request_granted_at_once_keeps_its_slot_until_the_upstream_is_done() {
+    // A request granted with the cap mostly free is run by its client's own task: when that client leaves, the
+    // exchange must go on elsewhere, holding its slot, while the upstream still works on it, and its answer be
+    // drained so that the connection is kept. One thread: every exchange here is granted on a connection of its own
+    // thread, so the first is run by its client's task.
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::for_upstream(&upstream, N, &["--max-queue", "100", "--threads", "1"]).await;
+    let mut left = RawConn::connect(proxy.listen).await;
+    left.write(b"GET /stall?left=1 HTTP/1.1\r\nHost: client.test\r\n\r\n")
+        .await
+        .unwrap();
+    wait_until_sync("the request at the upstream", Duration::from_secs(5), || {
+        upstream.inflight() == 1
+    })
+    .await;
+    drop(left);
+    metric_reaches(&proxy, &[("upstream", UP), ("outcome", "client_abort")], 1.0)
+        .await
+        .unwrap();
+
+    // The one slot left serves one of two more requests; the other waits for the abandoned exchange's.
+    let more: Vec<_> = (0..2)
+        .map(|i| {
+            let addr = proxy.listen;
+            tokio::spawn(async move { get(addr, &format!("/stall?after={i}")).await.status })
+        })
+        .collect();
+    proxy.wait_queue_depth(UP, 1, Duration::from_secs(5)).await;
+    assert_eq!(upstream.inflight(), N, "the abandoned request and one more");
+    upstream.release_stalled();
+    for request in more {
+        assert_eq!(request.await.unwrap(), StatusCode::OK);
+    }
+    assert_eq!(upstream.peak_inflight(), N, "never more at the upstream than the cap");
+    proxy.wait_in_use_zero(UP, Duration::from_secs(5)).await;
+    assert_eq!(
+        upstream.accepted(),
+        N,
+        "the abandoned answer was drained and its connection kept"
+    );
+}
