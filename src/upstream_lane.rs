@@ -1,6 +1,7 @@
-//! The upstream lane: one future that runs every upstream connection and every admitted exchange, scheduled
-//! ahead of the client connections' tasks, so that refusing a flood of new requests never delays the work
-//! already admitted (`docs/storm.md` has the mechanism and the figures).
+//! The upstream lane: one future that runs every upstream connection and the admitted exchanges, scheduled ahead
+//! of the client connections' tasks, so that refusing a flood of new requests never delays the work already
+//! admitted (`docs/storm.md` has the mechanism and the figures). An exchange the proxy lets its client's task run
+//! itself ([`UpstreamLane::inline`], most of its upstream's cap free) comes here only if that task is dropped first.
 //!
 //! On a current-thread runtime the lane is part of the `block_on` future ([`crate::server::Floodgate::run`]),
 //! which tokio polls before each batch of `event_interval` tasks: at light load nothing changes threads. With
