@@ -966,19 +966,25 @@ fn two_endpoints(first: &str, second: &str, each: usize) -> String {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reloads_that_move_an_upstream_never_let_its_old_and_new_connections_past_the_cap() {
-    // One counting upstream at two addresses (127.0.0.1 and 127.0.0.2): a reload that names the other is a new
-    // pool, while the one it replaces still has busy connections there.
+/// One counting upstream answering at 127.0.0.1 and 127.0.0.2 (a reload that names the other address is a new pool),
+/// `at(ip)` its URL there, and floodgate on a config file that names it at 127.0.0.1 with cap `cap`.
+async fn at_two_addresses(cap: usize) -> (Upstream, impl Fn(&str) -> String, TempConfig, Proxy) {
     let upstream = Upstream::start_with(UpstreamOptions {
         any_address: true,
         ..UpstreamOptions::default()
     })
     .await;
     let port = upstream.addr().port();
-    let at = |ip: &str| format!("http://{ip}:{port}");
-    let config = TempConfig::new(&one_upstream(&at("127.0.0.1"), 4));
+    let at = move |ip: &str| format!("http://{ip}:{port}");
+    let config = TempConfig::new(&one_upstream(&at("127.0.0.1"), cap));
     let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    (upstream, at, config, proxy)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloads_that_move_an_upstream_never_let_its_old_and_new_connections_past_the_cap() {
+    // A reload that names the other address is a new pool, while the one it replaces still has busy connections.
+    let (upstream, at, config, proxy) = at_two_addresses(4).await;
     let load = Load::start(proxy.listen, 24, "/delay/20");
     load.serve_more(20).await;
     for round in 0..40 {
@@ -1037,15 +1043,7 @@ async fn requests_queued_in_a_replaced_pool_wait_for_room_at_an_address_the_new_
     // The first pool dials 127.0.0.1 only; the reload gives that address a cap of 2 of its own. The old pool's
     // waiters must wait until its connections there are down to that cap, not be granted a dial no endpoint may
     // take (each was a `502`).
-    let upstream = Upstream::start_with(UpstreamOptions {
-        any_address: true,
-        ..UpstreamOptions::default()
-    })
-    .await;
-    let port = upstream.addr().port();
-    let at = |ip: &str| format!("http://{ip}:{port}");
-    let config = TempConfig::new(&one_upstream(&at("127.0.0.1"), 4));
-    let proxy = Proxy::start(&["--config", &config.path_str()]).await;
+    let (upstream, at, config, proxy) = at_two_addresses(4).await;
     let requests = spawn_gets(proxy.listen, 6, "/stall");
     proxy.wait_queue_depth("a", 2, WAIT).await;
     wait_until_sync("four requests at the upstream", WAIT, || upstream.inflight() == 4).await;
