@@ -410,10 +410,10 @@ impl Proxy {
                     marks,
                 },
             };
-            // Started on this task when it is the lane's own thread's, without a hop (the lane then runs the rest);
-            // on a connection another thread watches, or to open one on a less busy thread, in that thread's lane.
-            // Granted at once with most of the cap free, on a connection of this thread's: run by this task itself,
-            // which the answer then wakes directly (handed to the lane if this task is dropped first).
+            // On a connection another thread watches, or to open one on a less busy thread: in that thread's lane.
+            // Granted at once with most of the cap free: run by this task itself, which the answer then wakes
+            // directly (handed to the lane if this task is dropped first). Else started on this task, without a hop,
+            // in its thread's lane, which then runs the rest.
             let inline = match admitted.lane_elsewhere() {
                 Some(lane) => {
                     lane.spawn_on(admitted.start());
@@ -423,7 +423,7 @@ impl Proxy {
                     self.lane.start_here(admitted.start());
                     None
                 }
-                None => match self.lane.inline(admitted.start()) {
+                None => match UpstreamLane::inline(admitted.start()) {
                     Ok(inline) => Some(inline),
                     Err(task) => {
                         self.lane.start_here(task);
