@@ -219,10 +219,10 @@ impl UpstreamLane {
     }
 
     /// `task` to be run by the caller's own task, which awaits it, when the caller is on a thread whose lane is
-    /// running (a worker thread's); else `task` back, for [`UpstreamLane::start_here`]. For an exchange granted at once with most of its upstream's cap free: no task
-    /// is added to the lane and nothing wakes it, and the answer's wake-up is the client task's own. If the caller
-    /// drops it before it ends (its client left), what is left of it runs on in the thread's lane: an exchange is
-    /// never cut off while the upstream may work on it.
+    /// running (a worker thread's); else `task` back, for [`UpstreamLane::start_here`]. For an exchange granted at
+    /// once with most of its upstream's cap free: no task is added to the lane and nothing wakes it, and the answer's
+    /// wake-up is the client task's own. If the caller drops it before it ends (its client left), what is left of it
+    /// runs on in the thread's lane: an exchange is never cut off while the upstream may work on it.
     pub fn inline(task: Task) -> Result<Inline, Task> {
         let running = HERE.with_borrow(|here| {
             here.as_deref()

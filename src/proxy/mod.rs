@@ -419,17 +419,21 @@ impl Proxy {
                     lane.spawn_on(admitted.start());
                     None
                 }
-                None if !admitted.may_run_inline() => {
-                    self.lane.start_here(admitted.start());
-                    None
-                }
-                None => match UpstreamLane::inline(admitted.start()) {
-                    Ok(inline) => Some(inline),
-                    Err(task) => {
-                        self.lane.start_here(task);
-                        None
+                None => {
+                    let may_run_inline = admitted.may_run_inline();
+                    let task = admitted.start();
+                    match if may_run_inline {
+                        UpstreamLane::inline(task)
+                    } else {
+                        Err(task)
+                    } {
+                        Ok(inline) => Some(inline),
+                        Err(task) => {
+                            self.lane.start_here(task);
+                            None
+                        }
                     }
-                },
+                }
             };
             if let Some(inline) = inline {
                 inline.await;
